@@ -1,0 +1,71 @@
+// safeckpt/limits.hpp — caps on everything an untrusted file can make us do.
+//
+// Every entry point takes a Limits. A cap that is hit yields
+// ErrorCode::kLimitExceeded naming the cap and the value; it never crashes.
+// All caps are inclusive maxima ("at most N"). Defaults are chosen to be far
+// above what real checkpoints need (survey below) and small enough that a
+// 2-core / 24 GiB CI machine survives a hostile file.
+//
+// Survey the defaults were checked against (PyTorch 2.11 corpus in
+// tests/corpus/torch-2.11 plus Debian PyTorch 1.13 files in tests/):
+//   largest data.pkl: many_tensors.pt (3000 tensors) 0.25 MiB, ~75k opcodes;
+//   most tensors: 3000; deepest container nesting: 6 (training_checkpoint);
+//   largest memo: ~12k entries; longest string: 70000 chars (python_values).
+// A 70B-parameter model saved as one state_dict has ~1000-3000 tensors and a
+// data.pkl of a few MiB, so the defaults leave two orders of magnitude.
+#pragma once
+
+#include <cstdint>
+
+namespace safeckpt {
+
+struct Limits {
+  // Pickle opcodes executed per stream (each opcode counts 1). 64 Mi ops is
+  // ~1000x the largest real state_dict pickle seen; bounds CPU time.
+  std::uint64_t max_pickle_ops = 64ull << 20;
+  // Bytes of one pickle stream (data.pkl or a legacy stream). 1 GiB.
+  std::uint64_t max_pickle_bytes = 1ull << 30;
+  // Objects on the pickle stack plus MARK frames at any moment.
+  std::uint64_t max_stack_depth = 1u << 20;
+  // MARK frames open at once (nesting of MARK ... TUPLE/LIST/DICT).
+  std::uint64_t max_mark_depth = 1u << 16;
+  // Memo entries (PUT/BINPUT/MEMOIZE) and the largest memo index accepted.
+  // Index is capped too: LONG_BINPUT 0xFFFFFFFF must not size a table.
+  std::uint64_t max_memo_entries = 1u << 22;
+  // Value nodes created in total (strings, containers, tensors, ...). Bounds
+  // memory: each node is ~100 bytes, so 16 Mi nodes ~ 1.6 GiB worst case.
+  std::uint64_t max_nodes = 16u << 20;
+  // Bytes of one str/bytes/bytearray/LONG literal (bytes, not characters).
+  std::uint64_t max_string_bytes = 256ull << 20;
+  // Items in one list/tuple/dict/set (dict: key-value pairs).
+  std::uint64_t max_container_items = 16u << 20;
+  // Digits in an arbitrary-precision int (LONG1/LONG4/LONG text), in bytes of
+  // two's complement. 1 KiB = 2466 decimal digits; avoids quadratic printing.
+  std::uint64_t max_long_bytes = 1024;
+  // Tensors rebuilt per file.
+  std::uint64_t max_tensors = 1u << 20;
+  // Dimensions of one tensor. PyTorch's own cap is 64 (c10 MAX_DIMS-ish);
+  // we accept up to 64.
+  std::uint64_t max_tensor_rank = 64;
+  // Sum of storage bytes referenced by one checkpoint. 4 TiB: no real model
+  // is larger; bounds arithmetic and GPU allocation requests.
+  std::uint64_t max_total_storage_bytes = 4ull << 40;
+  // Zip: entries in the central directory. Real torch.save files have
+  // N storages + ~6 records; 1 Mi leaves room for 1 Mi tensors.
+  std::uint64_t max_zip_entries = 1u << 20;
+  // Zip: bytes one deflated record may inflate to (deflate bomb guard).
+  // Storage records are never compressed by PyTorch; data.pkl is small.
+  std::uint64_t max_inflated_bytes = 8ull << 30;
+  // Zip: length of one entry name.
+  std::uint64_t max_zip_name_bytes = 4096;
+  // Legacy sequential-pickle format: storages in the file.
+  std::uint64_t max_legacy_storages = 1u << 20;
+  // Depth of nested value trees when emitting JSON / comparing; iteration is
+  // explicit-stack, this only bounds output size for hostile shared graphs.
+  std::uint64_t max_output_nodes = 64u << 20;
+};
+
+// Small limits for fuzzers and tests: everything still loads the corpus.
+Limits fuzz_limits() noexcept;
+
+}  // namespace safeckpt

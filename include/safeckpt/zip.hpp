@@ -1,0 +1,124 @@
+// safeckpt/zip.hpp — the PyTorch zip container, read as PyTorch's reader sees it.
+//
+// Accepted grammar (anything else is refused or, in the scanner, reported):
+//  1. The file starts with a local header `PK\3\4` (torch's _is_zipfile rule).
+//  2. End of central directory found by scanning back from the end (at most
+//     64 KiB comment); zip64 EOCD record + locator honoured when present or
+//     when classic fields are 0xFFFF/0xFFFFFFFF. Multi-disk archives refused.
+//  3. Central directory entries: method 0 (stored) or 8 (deflate, via zlib);
+//     general-purpose flag bits other than 3 (data descriptor) and 11 (UTF-8)
+//     are anomalies (0x01 encryption, 0x20 patched, 0x40 strong encryption —
+//     CVE-2025-1945); zip64 extra (0x0001) consulted for 64-bit sizes/offset.
+//  4. Local header at the central offset: signature checked, its name must
+//     equal the central name (CVE-2025-1944), its name/extra lengths give the
+//     data offset; local sizes/CRC may be zero (PyTorch writes data descriptors).
+//  5. Every record's [data_offset, data_offset + compressed_size) lies inside
+//     the file, before the central directory, and does not overlap another
+//     record's local header or data.
+//  6. Root folder = text before the first '/' of the FIRST central entry
+//     (caffe2/serialize/inline_container.cc); every entry must be under it.
+//  7. Duplicate names: anomaly; PyTorch (miniz) uses the first central entry.
+//  8. CRC-32 (zlib) is checked on read whenever the stored CRC is non-zero
+//     (PyTorch itself never checks: miniz built with
+//     MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS; set_crc32_options(False) writes 0).
+//
+// Structural damage (no EOCD, truncated central directory, ...) is an error
+// from open(). Ambiguities PyTorch tolerates are collected as anomalies so the
+// scanner can report them; the loader refuses a file that has any.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safeckpt/error.hpp"
+#include "safeckpt/limits.hpp"
+#include "safeckpt/mapped_file.hpp"
+
+namespace safeckpt {
+
+struct ZipEntry {
+  std::string name;                   // full name from the central directory
+  std::uint64_t local_header_offset;  // absolute file offset of `PK\3\4`
+  std::uint64_t data_offset;          // absolute offset of the record bytes
+  std::uint64_t compressed_size;      // bytes in the file
+  std::uint64_t uncompressed_size;    // bytes after inflate
+  std::uint32_t crc32;                // from the central directory; 0 = none
+  std::uint16_t method;               // 0 stored, 8 deflate
+  std::uint16_t flags;                // general purpose bit flags
+  std::uint32_t index;                // position in the central directory
+};
+
+enum class ZipAnomalyKind : std::uint8_t {
+  kDuplicateName,       // second+ entry of a name; PyTorch reads the first
+  kLocalNameMismatch,   // local header name != central name
+  kOutsideRoot,         // entry not under the root folder
+  kFlagBits,            // encryption / patched / unknown flag bits
+  kOverlap,             // records overlap each other
+  kTrailingData,        // bytes after the end of central directory / comment
+  kUnsupportedMethod,   // compression other than stored/deflate
+  kCrcMismatch,         // found by read() with verify on (scanner --verify-data)
+  kGapData,             // bytes between records not belonging to any record
+};
+std::string_view zip_anomaly_name(ZipAnomalyKind k) noexcept;
+
+struct ZipAnomaly {
+  ZipAnomalyKind kind;
+  std::string entry;        // entry name concerned
+  std::uint64_t offset;     // file offset concerned
+  std::string detail;       // human text: what, and which copy PyTorch reads
+};
+
+// Bytes of one record: a borrowed span of the file for stored records, an
+// owned buffer for inflated ones. `bytes` is valid while the RecordBytes and
+// the file it was read from are alive.
+struct RecordBytes {
+  Bytes bytes;
+  std::shared_ptr<std::vector<std::uint8_t>> owned;  // null when borrowed
+};
+
+class ZipArchive {
+ public:
+  // Parses the central directory of `file` (which must outlive the archive).
+  // Errors: kMalformed (no/bad EOCD, truncated CD, bad local header, record
+  // past the end of the file, first entry has no '/'), kLimitExceeded
+  // (more than limits.max_zip_entries, name longer than max_zip_name_bytes),
+  // kUnsupported (multi-disk). Anomalies do not fail open().
+  static Result<ZipArchive> open(Bytes file, const Limits& limits);
+
+  const std::string& root() const noexcept { return root_; }
+  const std::vector<ZipEntry>& entries() const noexcept { return entries_; }
+  const std::vector<ZipAnomaly>& anomalies() const noexcept { return anomalies_; }
+
+  // The entry PyTorch would read for `root/name` (first central entry with
+  // that full name), or nullptr.
+  const ZipEntry* find(std::string_view name_under_root) const;
+  // Same, full name.
+  const ZipEntry* find_full(std::string_view full_name) const;
+
+  // Record bytes (inflated if deflated, capped by limits.max_inflated_bytes).
+  // verify_crc: compare CRC-32 when the stored CRC is non-zero.
+  // Errors: kMalformed (inflate error, size mismatch, CRC mismatch — message
+  // names the record and both CRCs), kLimitExceeded, kUnsupported (method).
+  Result<RecordBytes> read(const ZipEntry& e, bool verify_crc) const;
+
+  // Reports every anomaly as one kMalformed error (first anomaly in the
+  // message, count of the others), or ok if there is none.
+  Status require_no_anomalies() const;
+
+ private:
+  Bytes file_;
+  Limits limits_;
+  std::string root_;
+  std::vector<ZipEntry> entries_;
+  std::vector<ZipAnomaly> anomalies_;
+  std::vector<std::uint32_t> sorted_;  // entry indices sorted by name (first occurrence)
+};
+
+// CRC-32 (zlib) of `data`, continuing from `crc`.
+std::uint32_t crc32_update(std::uint32_t crc, Bytes data) noexcept;
+
+}  // namespace safeckpt

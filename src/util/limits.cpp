@@ -1,0 +1,27 @@
+#include "safeckpt/limits.hpp"
+
+namespace safeckpt {
+
+Limits fuzz_limits() noexcept {
+  Limits l;
+  l.max_pickle_ops = 1u << 16;
+  l.max_pickle_bytes = 1u << 20;
+  l.max_stack_depth = 1u << 12;
+  l.max_mark_depth = 1u << 10;
+  l.max_memo_entries = 1u << 12;
+  l.max_nodes = 1u << 16;
+  l.max_string_bytes = 1u << 16;
+  l.max_container_items = 1u << 14;
+  l.max_long_bytes = 64;
+  l.max_tensors = 1u << 12;
+  l.max_tensor_rank = 16;
+  l.max_total_storage_bytes = 1u << 26;
+  l.max_zip_entries = 1u << 12;
+  l.max_inflated_bytes = 1u << 24;
+  l.max_zip_name_bytes = 1024;
+  l.max_legacy_storages = 1u << 12;
+  l.max_output_nodes = 1u << 18;
+  return l;
+}
+
+}  // namespace safeckpt
