@@ -32,8 +32,10 @@ enum class FileFormat : std::uint8_t {
 
 std::string_view file_format_name(FileFormat f) noexcept;
 
-// Looks at magic bytes only (cheap). For zips, use classify_zip() to split
-// torch.save / TorchScript / PT2 / other.
+// Looks at magic bytes only (cheap). Every file starting `PK\3\4` is
+// reported as kTorchZip (the zip path of torch.load); use classify_zip() to
+// split torch.save / TorchScript / PT2 / other. The order of the checks is
+// listed at the top of src/container/detect.cpp.
 FileFormat sniff_format(Bytes file) noexcept;
 
 // Splits a parsed zip the way PyTorch would: constants.pkl under the root ->
@@ -41,7 +43,9 @@ FileFormat sniff_format(Bytes file) noexcept;
 // `data/aotinductor`) -> PT2; data.pkl under the root -> torch.save; else other.
 FileFormat classify_zip(const ZipArchive& zip) noexcept;
 
-// Full detection: sniff, and for zips parse and classify.
+// Full detection: sniff, and for zips parse and classify. A file that starts
+// `PK\3\4` but does not open (ZipArchive::open error) is kUnknown; call
+// ZipArchive::open for the reason.
 FileFormat detect_format(Bytes file, const Limits& limits);
 
 }  // namespace safeckpt

@@ -161,7 +161,7 @@ using Status = Result<void>;
   auto tmp = (expr);                                             \
   if (!tmp.has_value()) return ::safeckpt::unexpected(std::move(tmp).error()); \
   var = std::move(tmp).value()
-#define SAFECKPT_TRY(var, expr) SAFECKPT_TRY_IMPL(SAFECKPT_CONCAT(scr_try_, __LINE__), var, expr)
+#define SAFECKPT_TRY(var, expr) SAFECKPT_TRY_IMPL(SAFECKPT_CONCAT(scr_try_, __COUNTER__), var, expr)
 #define SAFECKPT_CHECK(expr)                                                      \
   do {                                                                            \
     auto scr_chk_ = (expr);                                                       \

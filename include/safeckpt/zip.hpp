@@ -3,20 +3,35 @@
 // Accepted grammar (anything else is refused or, in the scanner, reported):
 //  1. The file starts with a local header `PK\3\4` (torch's _is_zipfile rule).
 //  2. End of central directory found by scanning back from the end (at most
-//     64 KiB comment); zip64 EOCD record + locator honoured when present or
-//     when classic fields are 0xFFFF/0xFFFFFFFF. Multi-disk archives refused.
+//     64 KiB comment; the last `PK\5\6`, as miniz and CPython take);
+//     zip64 EOCD record + locator honoured when present or when classic
+//     fields are 0xFFFF/0xFFFFFFFF. The zip64 record must sit right before
+//     its locator with no extensible data (CPython reads it there, miniz at
+//     the locator's offset), and each classic field must be its sentinel or
+//     equal the zip64 value. Multi-disk archives refused (kUnsupported). The
+//     central directory lies wholly before the (zip64) EOCD and its entries
+//     fill it exactly.
 //  3. Central directory entries: method 0 (stored) or 8 (deflate, via zlib);
-//     general-purpose flag bits other than 3 (data descriptor) and 11 (UTF-8)
-//     are anomalies (0x01 encryption, 0x20 patched, 0x40 strong encryption —
-//     CVE-2025-1945); zip64 extra (0x0001) consulted for 64-bit sizes/offset.
+//     general-purpose flag bits (central or local) other than 3 (data
+//     descriptor), 11 (UTF-8) and 1-2 (compression level hint; Info-ZIP
+//     `zip -9` sets 0x0002 on every entry) are anomalies (0x01 encryption,
+//     0x20 patched, 0x40 strong encryption — CVE-2025-1945); zip64 extra
+//     (0x0001) consulted for 64-bit sizes/offset, only for 0xFFFFFFFF fields,
+//     in the order usize, csize, offset; a second zip64 block or a badly
+//     framed extra field is malformed (miniz and CPython read them apart).
 //  4. Local header at the central offset: signature checked, its name must
 //     equal the central name (CVE-2025-1944), its name/extra lengths give the
 //     data offset; local sizes/CRC may be zero (PyTorch writes data descriptors).
 //  5. Every record's [data_offset, data_offset + compressed_size) lies inside
 //     the file, before the central directory, and does not overlap another
-//     record's local header or data.
+//     record's local header or data (anomaly kOverlap). Bytes before the
+//     central directory owned by no local header, record or matching data
+//     descriptor are anomaly kGapData; bytes after the EOCD comment are
+//     kTrailingData.
 //  6. Root folder = text before the first '/' of the FIRST central entry
-//     (caffe2/serialize/inline_container.cc); every entry must be under it.
+//     (caffe2/serialize/inline_container.cc); every entry must be under it
+//     (else anomaly kOutsideRoot). No '/' or an empty root is malformed
+//     (PyTorch's writer never produces an empty root).
 //  7. Duplicate names: anomaly; PyTorch (miniz) uses the first central entry.
 //  8. CRC-32 (zlib) is checked on read whenever the stored CRC is non-zero
 //     (PyTorch itself never checks: miniz built with
@@ -100,7 +115,11 @@ class ZipArchive {
   const ZipEntry* find_full(std::string_view full_name) const;
 
   // Record bytes (inflated if deflated, capped by limits.max_inflated_bytes).
-  // verify_crc: compare CRC-32 when the stored CRC is non-zero.
+  // verify_crc: compare CRC-32 when the stored CRC is non-zero. Flag bits
+  // are not consulted (open() reports them): the bytes are those PyTorch
+  // would read, so the scanner can scan them. A CRC mismatch is returned as
+  // an error, not added to anomalies() (read() is const); the scanner maps
+  // it to ZipAnomalyKind::kCrcMismatch.
   // Errors: kMalformed (inflate error, size mismatch, CRC mismatch — message
   // names the record and both CRCs), kLimitExceeded, kUnsupported (method).
   Result<RecordBytes> read(const ZipEntry& e, bool verify_crc) const;

@@ -1,1 +1,264 @@
-// (in progress)
+// Checkpoint accessors and CheckpointBuilder.
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include "checkpoint/builder.hpp"
+#include "safeckpt/checkpoint.hpp"
+#include "torch/object_model.hpp"
+
+namespace safeckpt {
+
+std::string_view layout_name(Layout l) noexcept {
+  switch (l) {
+    case Layout::kStrided: return "strided";
+    case Layout::kSparseCoo: return "sparse_coo";
+    case Layout::kSparseCsr: return "sparse_csr";
+    case Layout::kSparseCsc: return "sparse_csc";
+    case Layout::kSparseBsr: return "sparse_bsr";
+    case Layout::kSparseBsc: return "sparse_bsc";
+  }
+  return "unknown";
+}
+
+std::string_view qscheme_name(QScheme q) noexcept {
+  switch (q) {
+    case QScheme::kNone: return "";
+    case QScheme::kPerTensorAffine: return "per_tensor_affine";
+    case QScheme::kPerTensorSymmetric: return "per_tensor_symmetric";
+    case QScheme::kPerChannelAffine: return "per_channel_affine";
+    case QScheme::kPerChannelSymmetric: return "per_channel_symmetric";
+    case QScheme::kPerChannelAffineFloatQParams: return "per_channel_affine_float_qparams";
+  }
+  return "";
+}
+
+// ---- loader's builder ------------------------------------------------------------
+
+Bytes LoadBuilder::swapped_copy(Bytes in, std::uint32_t unit) {
+  auto buf = std::make_shared<std::vector<std::uint8_t>>(in.begin(), in.end());
+  std::uint8_t* p = buf->data();
+  for (std::size_t i = 0; i + unit <= buf->size(); i += unit) std::reverse(p + i, p + i + unit);
+  Bytes out(buf->data(), buf->size());
+  keep(std::move(buf));
+  return out;
+}
+
+Checkpoint LoadBuilder::finish(FileFormat format, NodeId root, TorchTables&& tables) {
+  ckpt_.format_ = format;
+  ckpt_.root_ = root;
+  ckpt_.tensors_ = std::move(tables.tensors);
+  ckpt_.storages_ = std::move(tables.storages);
+  return std::move(ckpt_);
+}
+
+// ---- accessors ---------------------------------------------------------------------
+
+std::vector<NamedTensor> Checkpoint::state_dict() const {
+  std::vector<NamedTensor> out;
+  std::unordered_set<NodeId> seen_tensor, on_path;
+  struct Frame {
+    NodeId id;
+    std::string prefix;
+    std::size_t next = 0;
+    bool entered = false;
+  };
+  if (root_ == kNoNode) return out;
+  std::vector<Frame> st{{root_, ""}};
+  auto join = [](const std::string& p, const std::string& k) { return p.empty() ? k : p + "." + k; };
+  while (!st.empty()) {
+    Frame& f = st.back();
+    const Node& n = arena_[f.id];
+    if (n.kind == Kind::kTensor) {
+      if (seen_tensor.insert(f.id).second) out.push_back({f.prefix, static_cast<std::uint32_t>(n.i)});
+      st.pop_back();
+      continue;
+    }
+    bool dict = n.kind == Kind::kDict || n.kind == Kind::kOrderedDict || n.kind == Kind::kCounter;
+    bool seq = n.kind == Kind::kList || n.kind == Kind::kTuple;
+    if (!dict && !seq) {
+      st.pop_back();
+      continue;
+    }
+    if (!f.entered) {
+      if (!on_path.insert(f.id).second) {  // cycle
+        st.pop_back();
+        continue;
+      }
+      f.entered = true;
+    }
+    std::size_t step = dict ? 2 : 1;
+    if (f.next >= n.items.size()) {
+      on_path.erase(f.id);
+      st.pop_back();
+      continue;
+    }
+    std::size_t i = f.next;
+    f.next += step;
+    std::string key;
+    if (dict) {
+      const Node& k = arena_[n.items[i]];
+      if (k.kind == Kind::kStr) key = k.text;
+      else if (k.kind == Kind::kInt) key = std::to_string(k.i);
+      else continue;  // other keys do not name tensors
+    } else {
+      key = std::to_string(i);
+    }
+    NodeId child = dict ? n.items[i + 1] : n.items[i];
+    std::string prefix = join(f.prefix, key);
+    st.push_back(Frame{child, std::move(prefix)});
+  }
+  return out;
+}
+
+Result<std::vector<std::uint8_t>> Checkpoint::contiguous_bytes(std::uint32_t index) const {
+  if (index >= tensors_.size()) return make_error(ErrorCode::kInvalidArgument, "tensor index out of range");
+  const TensorInfo& t = tensors_[index];
+  if (t.layout != Layout::kStrided || t.is_meta || t.storage == kNoStorage)
+    return make_error(ErrorCode::kInvalidArgument, "not a strided tensor with storage");
+  const StorageInfo& s = storages_[t.storage];
+  const std::size_t es = dtype_size(t.dtype);
+  const std::uint64_t n = t.numel();
+  std::vector<std::uint8_t> out;
+  if (n == 0) return out;
+  try {
+    out.resize(n * es);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kLimitExceeded, "tensor too large to copy");
+  }
+  const std::size_t rank = t.shape.size();
+  std::vector<std::int64_t> idx(rank, 0);
+  // Views were validated at load: every element index is inside the storage.
+  std::uint64_t off = static_cast<std::uint64_t>(t.storage_offset);
+  for (std::uint64_t e = 0; e < n; ++e) {
+    std::memcpy(out.data() + e * es, s.bytes.data() + off * es, es);
+    for (std::size_t d = rank; d-- > 0;) {
+      if (++idx[d] < t.shape[d]) {
+        off += static_cast<std::uint64_t>(t.stride[d]);
+        break;
+      }
+      off -= static_cast<std::uint64_t>(t.stride[d]) * static_cast<std::uint64_t>(t.shape[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Reads element i of an int32/int64 strided tensor as int64.
+std::int64_t index_value(const std::vector<std::uint8_t>& bytes, DType dt, std::size_t i) {
+  if (dt == DType::kInt32) {
+    std::int32_t v;
+    std::memcpy(&v, bytes.data() + i * 4, 4);
+    return v;
+  }
+  std::int64_t v;
+  std::memcpy(&v, bytes.data() + i * 8, 8);
+  return v;
+}
+
+void add_element(std::uint8_t* dst, const std::uint8_t* src, DType dt) {
+  switch (dt) {
+    case DType::kFloat32: {
+      float a, b;
+      std::memcpy(&a, dst, 4);
+      std::memcpy(&b, src, 4);
+      a += b;
+      std::memcpy(dst, &a, 4);
+      break;
+    }
+    case DType::kFloat64: {
+      double a, b;
+      std::memcpy(&a, dst, 8);
+      std::memcpy(&b, src, 8);
+      a += b;
+      std::memcpy(dst, &a, 8);
+      break;
+    }
+    case DType::kInt64: {
+      std::int64_t a, b;
+      std::memcpy(&a, dst, 8);
+      std::memcpy(&b, src, 8);
+      a += b;
+      std::memcpy(dst, &a, 8);
+      break;
+    }
+    case DType::kInt32: {
+      std::int32_t a, b;
+      std::memcpy(&a, dst, 4);
+      std::memcpy(&b, src, 4);
+      a += b;
+      std::memcpy(dst, &a, 4);
+      break;
+    }
+    default: std::memcpy(dst, src, dtype_size(dt));  // coalesced input: no duplicates to sum
+  }
+}
+
+}  // namespace
+
+Result<std::vector<std::uint8_t>> Checkpoint::dense_bytes(std::uint32_t index) const {
+  if (index >= tensors_.size()) return make_error(ErrorCode::kInvalidArgument, "tensor index out of range");
+  const TensorInfo& t = tensors_[index];
+  if (t.layout == Layout::kStrided) return contiguous_bytes(index);
+  const std::size_t es = dtype_size(t.dtype);
+  std::uint64_t numel = t.numel();
+  std::vector<std::uint8_t> out;
+  try {
+    out.assign(numel * es, 0);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kLimitExceeded, "dense tensor too large");
+  }
+  // Row-major strides of the dense result.
+  std::vector<std::uint64_t> dstride(t.shape.size(), 1);
+  for (std::size_t d = t.shape.size(); d-- > 1;) dstride[d - 1] = dstride[d] * static_cast<std::uint64_t>(t.shape[d]);
+  if (t.layout == Layout::kSparseCoo) {
+    const TensorInfo& it = tensors_[t.sparse_parts[0]];
+    const TensorInfo& vt = tensors_[t.sparse_parts[1]];
+    SAFECKPT_TRY(auto ib, contiguous_bytes(t.sparse_parts[0]));
+    SAFECKPT_TRY(auto vb, contiguous_bytes(t.sparse_parts[1]));
+    std::size_t sdim = static_cast<std::size_t>(it.shape[0]);
+    std::size_t nnz = static_cast<std::size_t>(it.shape[1]);
+    std::uint64_t block = 1;
+    for (std::size_t d = 1; d < vt.shape.size(); ++d) block *= static_cast<std::uint64_t>(vt.shape[d]);
+    for (std::size_t k = 0; k < nnz; ++k) {
+      std::uint64_t off = 0;
+      for (std::size_t d = 0; d < sdim; ++d) {
+        std::int64_t x = index_value(ib, DType::kInt64, d * nnz + k);
+        if (x < 0 || x >= t.shape[d]) return make_error(ErrorCode::kMalformed, "sparse index out of bounds");
+        off += static_cast<std::uint64_t>(x) * dstride[d];
+      }
+      for (std::uint64_t b = 0; b < block; ++b)
+        add_element(out.data() + (off + b) * es, vb.data() + (k * block + b) * es, t.dtype);
+    }
+    return out;
+  }
+  if (t.layout == Layout::kSparseCsr || t.layout == Layout::kSparseCsc) {
+    const TensorInfo& ct = tensors_[t.sparse_parts[0]];
+    SAFECKPT_TRY(auto cb, contiguous_bytes(t.sparse_parts[0]));
+    SAFECKPT_TRY(auto pb, contiguous_bytes(t.sparse_parts[1]));
+    SAFECKPT_TRY(auto vb, contiguous_bytes(t.sparse_parts[2]));
+    bool csr = t.layout == Layout::kSparseCsr;
+    std::int64_t outer = csr ? t.shape[0] : t.shape[1], inner = csr ? t.shape[1] : t.shape[0];
+    if (t.shape.size() != 2 || ct.shape[0] != outer + 1)
+      return make_error(ErrorCode::kMalformed, "compressed indices do not match the shape");
+    std::size_t nplain = pb.size() / dtype_size(tensors_[t.sparse_parts[1]].dtype);
+    for (std::int64_t r = 0; r < outer; ++r) {
+      std::int64_t b = index_value(cb, ct.dtype, static_cast<std::size_t>(r));
+      std::int64_t e = index_value(cb, ct.dtype, static_cast<std::size_t>(r + 1));
+      if (b < 0 || e < b || static_cast<std::size_t>(e) > nplain || static_cast<std::size_t>(e) * es > vb.size())
+        return make_error(ErrorCode::kMalformed, "compressed indices are not monotonic / in range");
+      for (std::int64_t k = b; k < e; ++k) {
+        std::int64_t c = index_value(pb, ct.dtype, static_cast<std::size_t>(k));
+        if (c < 0 || c >= inner) return make_error(ErrorCode::kMalformed, "plain index out of bounds");
+        std::uint64_t off = csr ? static_cast<std::uint64_t>(r * inner + c) : static_cast<std::uint64_t>(c * outer + r);
+        add_element(out.data() + off * es, vb.data() + static_cast<std::size_t>(k) * es, t.dtype);
+      }
+    }
+    return out;
+  }
+  return make_error(ErrorCode::kUnsupported, "densifying block-sparse tensors is not supported");
+}
+
+}  // namespace safeckpt

@@ -1,1 +1,249 @@
-// (in progress)
+// safeckpt::load — format dispatch and the torch.save zip path.
+//
+// Zip checkpoints (torch/serialization.py `_load`, caffe2 inline_container.cc):
+//  1. The archive must have no anomaly (zip.hpp), a root folder, and
+//     `version` or `.data/version` with a value in [1, 10]
+//     (kMaxSupportedFileFormatVersion).
+//  2. `constants.pkl` -> TorchScript: refused (CVE-2025-32434 lesson);
+//     PT2/AOTInductor packages refused; no `data.pkl` -> not a checkpoint.
+//  3. `byteorder` absent -> little; present -> exactly "little" or "big".
+//  4. data.pkl is unpickled with 5-tuple storage pids; storage `key` is the
+//     record `data/<key>`, which must exist and be exactly nbytes long.
+#include <cstring>
+
+#include "checkpoint/builder.hpp"
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/zip.hpp"
+#include "torch/object_model.hpp"
+
+namespace safeckpt {
+namespace {
+
+class ZipStorages final : public StorageProvider {
+ public:
+  ZipStorages(const ZipArchive& zip, TorchTables& tables, LoadBuilder& b, bool big_endian, bool verify_crc,
+              const Limits& limits)
+      : zip_(zip), t_(tables), b_(b), big_(big_endian), verify_(verify_crc), lim_(limits) {}
+
+  Result<std::uint32_t> storage(std::string_view key, DType dtype, std::uint64_t nbytes, std::string_view location,
+                                const OpContext&) override {
+    for (std::uint32_t i = 0; i < t_.storages.size(); ++i) {
+      if (t_.storages[i].key == key) {
+        const StorageInfo& s = t_.storages[i];
+        if (s.dtype != dtype || s.nbytes != nbytes)
+          return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) +
+                                                       "' is referenced with different dtypes or sizes");
+        return i;
+      }
+    }
+    std::string name = "data/" + std::string(key);
+    const ZipEntry* e = zip_.find(name);
+    if (e == nullptr)
+      return make_error(ErrorCode::kMalformed, "storage record '" + zip_.root() + "/" + name + "' is missing");
+    if (e->uncompressed_size != nbytes)
+      return make_error(ErrorCode::kMalformed,
+                        "storage record '" + e->name + "' has " + std::to_string(e->uncompressed_size) +
+                            " bytes but the tensor's persistent id declares " + std::to_string(nbytes) +
+                            " (numel x element size; CVE-2026-24747)");
+    if (nbytes > lim_.max_total_storage_bytes - total_)
+      return make_error(ErrorCode::kLimitExceeded, "storages exceed max_total_storage_bytes");
+    total_ += nbytes;
+    SAFECKPT_TRY(RecordBytes rb, zip_.read(*e, verify_));
+    StorageInfo s;
+    s.key = std::string(key);
+    s.location = std::string(location);
+    s.dtype = dtype;
+    s.nbytes = nbytes;
+    s.record = e->name;
+    s.crc32 = e->crc32;
+    if (e->method == 0) s.file_offset = e->data_offset;
+    if (rb.owned) b_.keep(rb.owned);
+    s.bytes = rb.bytes;
+    if (big_ && dtype_swap_unit(dtype) > 1) {
+      s.swap_unit = dtype_swap_unit(dtype);
+      s.bytes = b_.swapped_copy(rb.bytes, s.swap_unit);
+    }
+    t_.storages.push_back(std::move(s));
+    return static_cast<std::uint32_t>(t_.storages.size() - 1);
+  }
+
+ private:
+  const ZipArchive& zip_;
+  TorchTables& t_;
+  LoadBuilder& b_;
+  bool big_;
+  bool verify_;
+  const Limits& lim_;
+  std::uint64_t total_ = 0;
+};
+
+// After a policy refusal, parse the stream again in the scanner's continue
+// mode so the message names every refused global, not only the first
+// (PyTorch's get_unsafe_globals_in_checkpoint lists them all).
+class RefusedGlobals final : public PickleObserver {
+ public:
+  explicit RefusedGlobals(const Allowlist& a) : allow_(a) {}
+  void on_event(const PickleEvent& e) override {
+    if (e.type != PickleEvent::Type::kImport) return;
+    if (!e.dynamic && !e.dotted && allow_.find(e.name) != nullptr && !Allowlist::is_blocked(e.name)) return;
+    for (const auto& n : names) if (n == e.name) return;
+    names.push_back(e.name);
+  }
+  std::vector<std::string> names;
+
+ private:
+  const Allowlist& allow_;
+};
+
+Error name_all_refused(Error e, Bytes pickle, StorageProvider* provider, TorchTables& tables, PidForm form,
+                       const LoadOptions& opt, const Allowlist& allow) {
+  if (!is_policy_error(e.code())) return e;
+  ValueArena arena;
+  TorchHooks hooks(arena, tables, allow, provider, opt.limits, form);
+  RefusedGlobals seen(allow);
+  PickleOptions po;
+  po.limits = opt.limits;
+  po.continue_after_policy_error = true;
+  (void)run_pickle(pickle, arena, hooks, &seen, po);
+  if (seen.names.size() > 1) {
+    std::string all;
+    for (const auto& n : seen.names) all += (all.empty() ? "" : ", ") + n;
+    return Error(e.code(), e.message() + "\nEvery global this file imports that is not allowlisted: " + all, e.where());
+  }
+  return e;
+}
+
+Result<std::string> small_record(const ZipArchive& zip, const ZipEntry& e, std::size_t max) {
+  if (e.uncompressed_size > max)
+    return make_error(ErrorCode::kMalformed, "record '" + e.name + "' is unexpectedly large (" +
+                                                 std::to_string(e.uncompressed_size) + " bytes)");
+  SAFECKPT_TRY(RecordBytes rb, zip.read(e, true));
+  return std::string(reinterpret_cast<const char*>(rb.bytes.data()), rb.bytes.size());
+}
+
+Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, const Allowlist& allow) {
+  SAFECKPT_TRY(ZipArchive zip, ZipArchive::open(file, opt.limits));
+  SAFECKPT_CHECK(zip.require_no_anomalies());
+  FileFormat kind = classify_zip(zip);
+  if (kind == FileFormat::kTorchScriptZip)
+    return make_error(ErrorCode::kUnsupported,
+                      "TorchScript archive (has constants.pkl and code): it holds executable code; refused. "
+                      "torch.load(weights_only=True) refuses it too since 2.6 (CVE-2025-32434)",
+                      Location{zip.root() + "/constants.pkl"});
+  if (kind == FileFormat::kPt2Archive)
+    return make_error(ErrorCode::kUnsupported, "PT2 / AOTInductor package (may hold native code); not a torch.save checkpoint");
+  const ZipEntry* pkl = zip.find("data.pkl");
+  if (pkl == nullptr)
+    return make_error(ErrorCode::kUnsupported, "zip archive without " + zip.root() + "/data.pkl: not a torch.save checkpoint");
+
+  // version / .data/version (caffe2/serialize/versions.h: 1 <= v <= 10)
+  const ZipEntry* ver = zip.find(".data/version");
+  if (ver == nullptr) ver = zip.find("version");
+  if (ver == nullptr)
+    return make_error(ErrorCode::kMalformed, "archive has no 'version' record (PyTorch requires it)", Location{zip.root()});
+  SAFECKPT_TRY(std::string vtext, small_record(zip, *ver, 64));
+  {
+    std::uint64_t v = 0;
+    std::size_t i = 0;
+    while (i < vtext.size() && vtext[i] >= '0' && vtext[i] <= '9' && v < 1000) v = v * 10 + static_cast<std::uint64_t>(vtext[i++] - '0');
+    if (i == 0 || v < 1 || v > 10)
+      return make_error(ErrorCode::kUnsupported, "archive format version '" + vtext.substr(0, 16) +
+                                                     "' is outside the supported range 1..10",
+                        Location{ver->name});
+  }
+  bool big = false;
+  if (const ZipEntry* bo = zip.find("byteorder")) {
+    SAFECKPT_TRY(std::string order, small_record(zip, *bo, 16));
+    if (order == "big") big = true;
+    else if (order != "little")
+      return make_error(ErrorCode::kMalformed, "byteorder record must be 'little' or 'big'", Location{bo->name});
+  }
+  if (pkl->uncompressed_size > opt.limits.max_pickle_bytes)
+    return make_error(ErrorCode::kLimitExceeded, "data.pkl larger than max_pickle_bytes", Location{pkl->name});
+  SAFECKPT_TRY(RecordBytes pbytes, zip.read(*pkl, true));
+
+  TorchTables tables;
+  ZipStorages storages(zip, tables, b, big, opt.verify_storage_crc, opt.limits);
+  TorchHooks hooks(b.arena(), tables, allow, &storages, opt.limits, PidForm::kZip);
+  PickleOptions po;
+  po.limits = opt.limits;
+  po.record = pkl->name;
+  auto run = run_pickle(pbytes.bytes, b.arena(), hooks, nullptr, po);
+  if (!run) {
+    TorchTables scratch;
+    ZipStorages again(zip, scratch, b, big, false, opt.limits);
+    return unexpected(
+        name_all_refused(std::move(run).error(), pbytes.bytes, &again, scratch, PidForm::kZip, opt, allow));
+  }
+  PickleResult pr = *run;
+  if (pr.end_offset != pbytes.bytes.size())
+    return make_error(ErrorCode::kMalformed, "bytes after STOP in data.pkl", Location{pkl->name, pr.end_offset});
+  return b.finish(FileFormat::kTorchZip, pr.root, std::move(tables));
+}
+
+Result<Checkpoint> load_bare_pickle(LoadBuilder& b, Bytes file, const LoadOptions& opt, const Allowlist& allow) {
+  TorchTables tables;
+  TorchHooks hooks(b.arena(), tables, allow, nullptr, opt.limits, PidForm::kZip);
+  PickleOptions po;
+  po.limits = opt.limits;
+  po.record = "<pickle>";
+  auto run = run_pickle(file, b.arena(), hooks, nullptr, po);
+  if (!run) {
+    TorchTables scratch;
+    return unexpected(name_all_refused(std::move(run).error(), file, nullptr, scratch, PidForm::kZip, opt, allow));
+  }
+  PickleResult pr = *run;
+  if (pr.end_offset != file.size())
+    return make_error(ErrorCode::kMalformed, "bytes after the pickle's STOP (several concatenated pickles?)",
+                      Location{"<pickle>", pr.end_offset});
+  return b.finish(FileFormat::kBarePickle, pr.root, std::move(tables));
+}
+
+Result<Checkpoint> load_impl(LoadBuilder& b, const LoadOptions& opt) {
+  const Allowlist& allow = opt.allowlist != nullptr ? *opt.allowlist : Allowlist::default_policy();
+  Bytes file = b.file_bytes();
+  FileFormat f = sniff_format(file);
+  switch (f) {
+    case FileFormat::kTorchZip:
+    case FileFormat::kTorchScriptZip:
+    case FileFormat::kPt2Archive:
+    case FileFormat::kOtherZip: return load_zip(b, file, opt, allow);
+    case FileFormat::kLegacyPickle: return load_legacy(b, file, opt, allow);
+    case FileFormat::kBarePickle: return load_bare_pickle(b, file, opt, allow);
+    case FileFormat::kEmpty: return make_error(ErrorCode::kMalformed, "empty file");
+    default:
+      return make_error(ErrorCode::kUnsupported, std::string("not a PyTorch checkpoint: detected ") +
+                                                     std::string(file_format_name(f)) +
+                                                     " (torch.load cannot read it either)");
+  }
+}
+
+Result<Checkpoint> run_load(LoadBuilder& b, const LoadOptions& opt) {
+  try {
+    return load_impl(b, opt);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kLimitExceeded, "out of memory while loading");
+  }
+}
+
+}  // namespace
+
+Result<Checkpoint> load(const std::filesystem::path& path, const LoadOptions& options) {
+  SAFECKPT_TRY(MappedFile f, MappedFile::open(path));
+  LoadBuilder b(std::move(f));
+  auto r = run_load(b, options);
+  if (!r) r.error().at_record(path.string());
+  return r;
+}
+
+Result<Checkpoint> load_bytes(Bytes data, const LoadOptions& options) {
+  LoadBuilder b(data);
+  return run_load(b, options);
+}
+
+Result<Checkpoint> load_buffer(std::vector<std::uint8_t> data, const LoadOptions& options) {
+  LoadBuilder b(MappedFile::from_buffer(std::move(data)));
+  return run_load(b, options);
+}
+
+}  // namespace safeckpt

@@ -1,1 +1,142 @@
-// (in progress)
+// src/container/detect.cpp — file format by content (include/safeckpt/detect.hpp).
+//
+// sniff_format checks, in this order (first match wins):
+//  1. empty file                                  -> kEmpty
+//  2. `PK\3\4` at 0 (torch's _is_zipfile)          -> kTorchZip (unclassified zip)
+//  3. "PYTORCH1" at 0 (inline_container.cc)        -> kPreviewPytorch1
+//  4. "ustar" at 257 (POSIX tar; torch tries tarfile before the legacy pickle)
+//                                                  -> kLegacyTar
+//  5. u64le N, 2 <= N <= size - 8, byte 8 == '{'   -> kSafetensors
+//  6. "\x93NUMPY"                                  -> kNumpyNpy
+//  7. gzip 1F 8B, bzip2 "BZh", xz FD 37 7A 58 5A 00, zstd 28 B5 2F FD,
+//     7z 37 7A BC AF 27 1C, rar "Rar!\x1a\x07"     -> kGzip ... kRar
+//     (before 8-9: '(' and 'R' are also pickle opcodes)
+//  8. the legacy magic number pickle 0x1950A86A20F9469CFC6C in any protocol
+//     (torch/serialization.py _legacy_load; see legacy_magic_length) -> kLegacyPickle
+//  9. first byte PROTO (0x80) or a protocol 0/1 opcode that can start a
+//     pickle (kPickleFirstOpcodes)               -> kBarePickle
+//     (lenient on purpose: torch.load(weights_only=False) would unpickle it;
+//     CVE-2025-10155 hides a raw pickle behind a checkpoint extension)
+// 10. anything else                               -> kUnknown
+#include "safeckpt/detect.hpp"
+
+#include <array>
+#include <cstring>
+#include <string_view>
+
+namespace safeckpt {
+namespace {
+
+bool starts_with(Bytes f, std::string_view magic, std::size_t at = 0) noexcept {
+  return at <= f.size() && magic.size() <= f.size() - at &&
+         std::memcmp(f.data() + at, magic.data(), magic.size()) == 0;
+}
+
+// The ten little-endian bytes of 0x1950A86A20F9469CFC6C (LONG1 payload).
+constexpr std::string_view kMagicLong1 = "\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+// Protocol 0/1 pickle the same number as text: LONG "<decimal>L\n".
+constexpr std::string_view kMagicText = "L119547037146038801333356L\n";
+
+// True when `f` starts with the legacy magic-number pickle:
+//   protocol 0/1: LONG "119547037146038801333356L\n"
+//   protocol 2/3: PROTO n, LONG1 10 <magic>
+//   protocol 4/5: PROTO n, FRAME <u64>, LONG1 10 <magic>  (pickle frames it)
+bool is_legacy_magic(Bytes f) noexcept {
+  if (starts_with(f, kMagicText)) return true;
+  if (f.size() < 2 || f[0] != 0x80) return false;
+  if (starts_with(f, kMagicLong1, 2)) return true;
+  return f.size() > 11 && f[2] == 0x95 && starts_with(f, kMagicLong1, 11);
+}
+
+// Protocol 0/1 opcodes (CPython Lib/pickle.py) that can be the first opcode
+// of a pickle: those that push onto an empty stack without a memo. The rest
+// (t, d, l, s, a, R, g, '.', ...) need a stack item, a MARK or a memo entry,
+// so a file starting with them fails at its first byte in any unpickler.
+constexpr std::string_view kPickleFirstOpcodes = "(NIJKMLFGSTUVXPc]})";
+
+// safetensors: u64le header length N, then N bytes of JSON starting with '{'.
+bool is_safetensors(Bytes f) noexcept {
+  if (f.size() < 9) return false;
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | f[static_cast<std::size_t>(i)];
+  return n >= 2 && n <= f.size() - 8 && f[8] == '{';
+}
+
+}  // namespace
+
+std::string_view file_format_name(FileFormat f) noexcept {
+  switch (f) {
+    case FileFormat::kTorchZip: return "torch_zip";
+    case FileFormat::kTorchScriptZip: return "torchscript_zip";
+    case FileFormat::kPt2Archive: return "pt2_archive";
+    case FileFormat::kOtherZip: return "other_zip";
+    case FileFormat::kLegacyPickle: return "legacy_pickle";
+    case FileFormat::kLegacyTar: return "legacy_tar";
+    case FileFormat::kBarePickle: return "bare_pickle";
+    case FileFormat::kSafetensors: return "safetensors";
+    case FileFormat::kNumpyNpy: return "numpy_npy";
+    case FileFormat::kPreviewPytorch1: return "preview_pytorch1";
+    case FileFormat::kGzip: return "gzip";
+    case FileFormat::kBzip2: return "bzip2";
+    case FileFormat::kXz: return "xz";
+    case FileFormat::kZstd: return "zstd";
+    case FileFormat::k7z: return "7z";
+    case FileFormat::kRar: return "rar";
+    case FileFormat::kEmpty: return "empty";
+    case FileFormat::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+FileFormat sniff_format(Bytes f) noexcept {
+  using namespace std::string_view_literals;
+  if (f.empty()) return FileFormat::kEmpty;
+  if (starts_with(f, "PK\x03\x04"sv)) return FileFormat::kTorchZip;
+  if (starts_with(f, "PYTORCH1"sv)) return FileFormat::kPreviewPytorch1;
+  if (starts_with(f, "ustar"sv, 257)) return FileFormat::kLegacyTar;
+  if (is_safetensors(f)) return FileFormat::kSafetensors;
+  if (starts_with(f, "\x93NUMPY"sv)) return FileFormat::kNumpyNpy;
+  if (starts_with(f, "\x1f\x8b"sv)) return FileFormat::kGzip;
+  if (starts_with(f, "BZh"sv)) return FileFormat::kBzip2;
+  if (starts_with(f, "\xfd\x37\x7a\x58\x5a\x00"sv)) return FileFormat::kXz;
+  if (starts_with(f, "\x28\xb5\x2f\xfd"sv)) return FileFormat::kZstd;
+  if (starts_with(f, "\x37\x7a\xbc\xaf\x27\x1c"sv)) return FileFormat::k7z;
+  if (starts_with(f, "Rar!\x1a\x07"sv)) return FileFormat::kRar;
+  if (is_legacy_magic(f)) return FileFormat::kLegacyPickle;
+  if (f[0] == 0x80 || kPickleFirstOpcodes.find(static_cast<char>(f[0])) != std::string_view::npos) {
+    return FileFormat::kBarePickle;
+  }
+  return FileFormat::kUnknown;
+}
+
+// PT2 layout (torch/export/pt2_archive/constants.py, docs "PT2 Archive
+// Spec"): `<root>/archive_format` holds "pt2"; AOTInductor packages keep
+// compiled code under `<root>/data/aotinductor/` (.so, .cubin,
+// .wrapper.so ...). Any of these marks executable content. Checked after
+// constants.pkl (TorchScript, what torch.load itself tests) and before
+// data.pkl.
+FileFormat classify_zip(const ZipArchive& zip) noexcept {
+  if (zip.find("constants.pkl") != nullptr) return FileFormat::kTorchScriptZip;
+  if (zip.find("archive_format") != nullptr) return FileFormat::kPt2Archive;
+  const std::string aoti_dir = zip.root() + "/data/aotinductor/";
+  for (const ZipEntry& e : zip.entries()) {
+    const std::string_view n = e.name;
+    if (n.ends_with(".so") || n.ends_with(".cubin") || n.starts_with(aoti_dir))
+      return FileFormat::kPt2Archive;
+  }
+  if (zip.find("data.pkl") != nullptr) return FileFormat::kTorchZip;
+  return FileFormat::kOtherZip;
+}
+
+// A zip that does not open (structural damage) is kUnknown: it is neither a
+// checkpoint PyTorch reads nor something we can classify; callers that need
+// the reason call ZipArchive::open themselves.
+FileFormat detect_format(Bytes file, const Limits& limits) {
+  const FileFormat f = sniff_format(file);
+  if (f != FileFormat::kTorchZip) return f;
+  auto zip = ZipArchive::open(file, limits);
+  if (!zip) return FileFormat::kUnknown;
+  return classify_zip(*zip);
+}
+
+}  // namespace safeckpt
