@@ -99,9 +99,11 @@ class ZipArchive {
  public:
   // Parses the central directory of `file` (which must outlive the archive).
   // Errors: kMalformed (no/bad EOCD, truncated CD, bad local header, record
-  // past the end of the file, first entry has no '/'), kLimitExceeded
-  // (more than limits.max_zip_entries, name longer than max_zip_name_bytes),
-  // kUnsupported (multi-disk). Anomalies do not fail open().
+  // past the end of the file, first entry has no '/' or an empty root folder,
+  // inconsistent zip64 records or extra fields), kLimitExceeded (more than
+  // limits.max_zip_entries, name longer than max_zip_name_bytes, out of
+  // memory), kUnsupported (multi-disk, zip64 extensible data). Anomalies do
+  // not fail open().
   static Result<ZipArchive> open(Bytes file, const Limits& limits);
 
   const std::string& root() const noexcept { return root_; }
@@ -129,6 +131,10 @@ class ZipArchive {
   Status require_no_anomalies() const;
 
  private:
+  // open() without its std::bad_alloc guard (open() turns one into
+  // kLimitExceeded, so no exception leaves the library).
+  static Result<ZipArchive> open_unguarded(Bytes file, const Limits& limits);
+
   Bytes file_;
   Limits limits_;
   std::string root_;

@@ -511,6 +511,16 @@ std::uint32_t crc32_update(std::uint32_t crc, Bytes data) noexcept {
 }
 
 Result<ZipArchive> ZipArchive::open(Bytes file, const Limits& limits) {
+  // The big allocations are checked one by one below; this also covers the
+  // small ones (names, anomaly texts) so that nothing throws out of open().
+  try {
+    return open_unguarded(file, limits);
+  } catch (const std::bad_alloc&) {
+    return fail(ErrorCode::kLimitExceeded, "out of memory while reading the central directory", 0);
+  }
+}
+
+Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) {
   const std::uint64_t size = file.size();
   // Grammar item 1: torch's _is_zipfile looks at the first four bytes only.
   if (size < 4 || le32(file, 0) != kSigLocal) {
@@ -820,7 +830,7 @@ const ZipEntry* ZipArchive::find(std::string_view name_under_root) const {
   return &entries_[*it];
 }
 
-Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const {
+Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const try {
   if (!in_bounds(file_.size(), e.data_offset, e.compressed_size)) {
     return fail(ErrorCode::kInvalidArgument,
                 "entry " + quote_name(e.name) + " does not belong to this archive", e.data_offset, e.name);
@@ -849,6 +859,9 @@ Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const {
     }
   }
   return r;
+} catch (const std::bad_alloc&) {
+  return fail(ErrorCode::kLimitExceeded, "out of memory reading record " + std::string(e.name), e.data_offset,
+              e.name);
 }
 
 Status ZipArchive::require_no_anomalies() const {
