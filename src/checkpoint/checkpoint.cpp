@@ -49,6 +49,7 @@ Checkpoint LoadBuilder::finish(FileFormat format, NodeId root, TorchTables&& tab
   ckpt_.root_ = root;
   ckpt_.tensors_ = std::move(tables.tensors);
   ckpt_.storages_ = std::move(tables.storages);
+  for (auto& o : tables.owned) keep(std::move(o));
   return std::move(ckpt_);
 }
 

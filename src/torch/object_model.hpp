@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -39,6 +41,8 @@ namespace safeckpt {
 struct TorchTables {
   std::vector<TensorInfo> tensors;
   std::vector<StorageInfo> storages;
+  // Bytes of storages decoded from the pickle itself (numpy arrays).
+  std::vector<std::shared_ptr<std::vector<std::uint8_t>>> owned;
 };
 
 class StorageProvider {
@@ -89,7 +93,14 @@ class TorchHooks final : public PickleHooks {
   StorageProvider* provider_;
   const Limits& lim_;
   PidForm pid_form_;
-  std::unordered_map<NodeId, std::uint32_t> numpy_objects_;  // internal numpy states
+  // numpy objects under construction: dtype descriptors (code, byte order)
+  // and arrays awaiting their BUILD state.
+  struct NumpyState {
+    bool is_array = false;
+    std::string code;     // dtype code, e.g. "f8" (dtypes)
+    char order = '=';     // byte order from the dtype's BUILD state
+  };
+  std::unordered_map<NodeId, NumpyState> numpy_objects_;
 };
 
 }  // namespace safeckpt

@@ -235,3 +235,47 @@ TEST_CASE("state_dict view flattens names") {
   CHECK(names.count("rng_state") == 1);
   CHECK(names.count("optimizer.state.0.exp_avg") == 1);
 }
+
+TEST_CASE("numpy values load with allowlist/numpy.allow as tensors and numbers") {
+  fs::path dir = corpus_dir("torch-1.13");
+  json rec = read_json(dir / "numpy_values.json");
+  fs::path file = dir / "numpy_values.pt";
+  auto refused = safeckpt::load(file);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code() == safeckpt::ErrorCode::kDisallowedGlobal);
+  safeckpt::Allowlist allow = with_files({"numpy.allow"});
+  safeckpt::LoadOptions opt;
+  opt.allowlist = &allow;
+  auto r = safeckpt::load(file, opt);
+  REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+  json ours = json::parse(*safeckpt::to_json(*r));
+  // Recorded by PyTorch 1.13 + numpy 1.24 (value_unrestricted): acc is a
+  // float64 scalar, step an int64 scalar (repr "5"), arr a float32 array.
+  std::map<std::string, json> got, exp;
+  for (auto& kv : ours["$dict"]) got[kv[0].get<std::string>()] = kv[1];
+  for (auto& kv : rec["value_unrestricted"]["$dict"]) exp[kv[0].get<std::string>()] = kv[1];
+  CHECK(got["acc"] == exp["acc"]);
+  CHECK(got["step"]["$int"] == exp["step"]["repr"]);
+  CHECK(got["arr"]["$tensor"]["dtype"] == "float32");
+  CHECK(got["arr"]["$tensor"]["shape"] == json::array({2, 3}));
+  // The array's bytes, as real numpy reads them from the same file.
+  const char* py = "/usr/bin/python3";
+  if (!fs::exists(py)) {
+    MESSAGE("SKIP: /usr/bin/python3 (Debian PyTorch) not installed; array bytes not cross-checked");
+    return;
+  }
+  std::string cmd = std::string(py) +
+                    " -c \"import torch,hashlib,sys; d=torch.load(sys.argv[1],weights_only=False); "
+                    "print(hashlib.sha256(d['arr'].tobytes()).hexdigest())\" " +
+                    file.string() + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[128] = {0};
+  std::string out = fgets(buf, sizeof buf, p) ? std::string(buf) : std::string();
+  int rc = pclose(p);
+  if (rc != 0 || out.size() < 64) {
+    MESSAGE("SKIP: python3 with torch/numpy not usable here; array bytes not cross-checked");
+    return;
+  }
+  CHECK(got["arr"]["$tensor"]["sha256"] == out.substr(0, 64));
+}
