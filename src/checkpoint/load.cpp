@@ -10,6 +10,7 @@
 //  4. data.pkl is unpickled with 5-tuple storage pids; storage `key` is the
 //     record `data/<key>`, which must exist and be exactly nbytes long.
 #include <cstring>
+#include <unordered_map>
 
 #include "checkpoint/builder.hpp"
 #include "safeckpt/checkpoint.hpp"
@@ -27,14 +28,12 @@ class ZipStorages final : public StorageProvider {
 
   Result<std::uint32_t> storage(std::string_view key, DType dtype, std::uint64_t nbytes, std::string_view location,
                                 const OpContext&) override {
-    for (std::uint32_t i = 0; i < t_.storages.size(); ++i) {
-      if (t_.storages[i].key == key) {
-        const StorageInfo& s = t_.storages[i];
-        if (s.dtype != dtype || s.nbytes != nbytes)
-          return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) +
-                                                       "' is referenced with different dtypes or sizes");
-        return i;
-      }
+    if (auto it = by_key_.find(std::string(key)); it != by_key_.end()) {
+      const StorageInfo& s = t_.storages[it->second];
+      if (s.dtype != dtype || s.nbytes != nbytes)
+        return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) +
+                                                     "' is referenced with different dtypes or sizes");
+      return it->second;
     }
     std::string name = "data/" + std::string(key);
     const ZipEntry* e = zip_.find(name);
@@ -64,10 +63,13 @@ class ZipStorages final : public StorageProvider {
       s.bytes = b_.swapped_copy(rb.bytes, s.swap_unit);
     }
     t_.storages.push_back(std::move(s));
-    return static_cast<std::uint32_t>(t_.storages.size() - 1);
+    auto idx = static_cast<std::uint32_t>(t_.storages.size() - 1);
+    by_key_.emplace(t_.storages.back().key, idx);
+    return idx;
   }
 
  private:
+  std::unordered_map<std::string, std::uint32_t> by_key_;  // storages are shared per key
   const ZipArchive& zip_;
   TorchTables& t_;
   LoadBuilder& b_;
