@@ -1,0 +1,288 @@
+// safeckpt/cuda.hpp — storage bytes straight into GPU memory, and DLPack export.
+//
+// The CUDA layer sits at the edge (STYLE.md): it knows byte ranges, not pickle
+// or zip. The host loader validates a checkpoint, then hands this layer one
+// StorageSource per storage (a file range, or bytes it already holds, e.g. an
+// inflated deflate record) and gets back a DeviceArena: one device allocation
+// with each storage at 256-byte alignment. Tensors are then exported as DLPack
+// views of the arena whose deleters keep the arena alive.
+//
+// This header includes no CUDA header: device pointers are `void*`, streams
+// are not exposed. Link safeckpt::cuda (built only when the CUDA toolkit is
+// found; it defines SAFECKPT_HAVE_CUDA for its consumers).
+//
+// Pipeline (docs/gpu-loading.md): N reader threads take fixed-size chunks in
+// storage order, read each into a slot of a pinned staging ring (pread, or
+// O_DIRECT when the file is not in the page cache), compute the chunk's CRC-32
+// on the bytes just read (combined per storage with crc32_combine), and queue
+// cudaMemcpyAsync on one of S streams; a byte swap, when asked, is a small
+// in-place kernel on the same stream after the copy. One completion thread
+// waits on per-chunk events, recycles slots and marks storages ready. Host
+// memory is bounded by the ring; device memory beyond the tensors is the
+// 256-byte alignment padding plus CUDA's own stream/event/module state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "safeckpt/dlpack.hpp"
+#include "safeckpt/dtype.hpp"
+#include "safeckpt/error.hpp"
+
+#if DLPACK_MAJOR_VERSION != 1
+#error "safeckpt/cuda.hpp needs DLPack 1.x (DLManagedTensorVersioned); another dlpack.h came first"
+#endif
+
+namespace safeckpt::cuda {
+
+namespace detail {
+struct EngineState;  // defined in src/cuda/transfer.cpp
+}  // namespace detail
+
+// Every storage starts at a multiple of this in the arena (cudaMalloc's own
+// alignment; DLPack's recommended data alignment).
+inline constexpr std::uint64_t kArenaAlignment = 256;
+
+// ---------------------------------------------------------------------------
+// Devices
+
+// Number of CUDA devices; 0 when there is no driver or no device (the CUDA
+// error is swallowed: callers use this to decide whether to skip).
+int device_count() noexcept;
+
+// "NVIDIA H200, sm_90, 139.8 GiB, driver 13.0, runtime 13.0" or an error
+// (kDevice) for a bad index.
+Result<std::string> device_description(int device);
+
+// Bytes free and total on `device` (cudaMemGetInfo). Creates the context if
+// needed. Errors: kDevice.
+struct DeviceMemory {
+  std::uint64_t free_bytes = 0;
+  std::uint64_t total_bytes = 0;
+};
+Result<DeviceMemory> device_memory(int device);
+
+// ---------------------------------------------------------------------------
+// Transfer engine
+
+// One storage to place on the device, as the host loader found it.
+struct StorageSource {
+  // Byte range [file_offset, file_offset + nbytes) of the file passed to
+  // load(). Ignored when host_bytes is set.
+  std::uint64_t file_offset = 0;
+  std::uint64_t nbytes = 0;
+  // Byte-order conversion: 1 = none; 2, 4 or 8 = reverse the bytes of each
+  // unit of that size (dtype_swap_unit(dtype) of a big-endian checkpoint).
+  // nbytes must be a multiple of it (else kInvalidArgument).
+  std::uint32_t swap_unit = 1;
+  // CRC-32 (zlib / zip polynomial) of the nbytes as stored in the file, i.e.
+  // before any byte swap; 0 = don't check. Checked only with verify_crc.
+  std::uint32_t expected_crc32 = 0;
+  // Non-null: the bytes are already in host memory (nbytes of them, owned by
+  // the caller and alive until load() returns) instead of a file range.
+  const std::uint8_t* host_bytes = nullptr;
+};
+
+enum class IoMode : std::uint8_t {
+  // O_DIRECT when a sample of the file's pages (mincore) shows it is mostly
+  // not in the page cache and the file system accepts O_DIRECT; pread
+  // otherwise. Never picks kMmapRegister (see gpu_bench for when it wins).
+  kAuto = 0,
+  // Buffered pread into the pinned ring (fast from the page cache).
+  kPread = 1,
+  // O_DIRECT pread into the pinned ring: reads 4096-aligned supersets of each
+  // chunk, so any offset works; bypasses (and does not fill) the page cache.
+  // Falls back to kPread if the file system refuses O_DIRECT.
+  kODirect = 2,
+  // mmap the file, cudaHostRegister(read-only) disjoint page-aligned blocks
+  // of it from the reader threads, copy straight from the mapping, unregister
+  // each block when its copies are done. No staging copy; pages fault in from
+  // the page cache (or disk) during registration. Falls back to kPread when
+  // the device cannot register read-only memory. Measured 7.8-10 GB/s warm
+  // on the H200 machine against 34-45 for kPread (registration dominates),
+  // which is why kAuto never picks it.
+  kMmapRegister = 3,
+};
+std::string_view io_mode_name(IoMode mode) noexcept;
+
+struct TransferOptions {
+  // CUDA device index.
+  int device = 0;
+  // Pinned staging ring, at most this many bytes. Slots are pinned lazily,
+  // one chunk at a time and one slot at a time, only when every slot is busy,
+  // so a small load pins little; they stay pinned for the engine's next load.
+  // Pinning runs at 1.5-2.7 GB/s on the H200 machine whatever the method
+  // (bench/RESULTS.md), so a fresh engine pays ~0.5 ms per MiB of ring it
+  // grows: keep one engine per process. Default 128 MiB (32 slots of 4 MiB);
+  // the issue caps the default at 512 MiB. >= chunk_bytes, <= 16 GiB.
+  std::uint64_t ring_bytes = 128ull << 20;
+  // Bytes per read / per cudaMemcpyAsync. A multiple of 4096, 64 KiB..1 GiB.
+  // 4 MiB: on the H200 machine 4 MiB beat 8 and 16 MiB in both runs (45 vs
+  // 43 vs 39 GB/s; 38 vs 32 vs -), 2 MiB was as fast (bench/RESULTS.md).
+  std::uint64_t chunk_bytes = 4ull << 20;
+  // Reader threads; 0 = min(16, hardware threads). One page-cache pread
+  // thread moves ~3 GB/s, so 12-16 are needed to approach the PCIe link
+  // (8 readers 38 GB/s, 12-16 readers 38-45 GB/s; 24 no better). At most 256.
+  unsigned reader_threads = 0;
+  // CUDA streams the copies are spread over. 1..64.
+  unsigned streams = 4;
+  IoMode io_mode = IoMode::kAuto;
+  // Compare each storage's CRC-32 with StorageSource::expected_crc32 (when
+  // nonzero). Costs CPU on the reader threads; see bench/RESULTS.md.
+  bool verify_crc = true;
+  // Called once per storage as soon as its bytes (swapped, CRC checked) are
+  // complete on the device: from the engine's completion thread, or from the
+  // calling thread for empty storages. Not called after a failure; storages
+  // already reported are freed with the arena when load() then fails. Must
+  // not throw and must not call back into the engine. May be empty.
+  std::function<void(std::size_t storage_index)> on_storage_ready;
+};
+
+// Measurements of one load() call.
+struct LoadStats {
+  std::uint64_t bytes = 0;             // storage bytes delivered to the device
+  std::uint64_t arena_bytes = 0;       // device bytes allocated (incl. padding)
+  double seconds = 0;                  // load() wall time, call to return
+  double seconds_to_first_storage = 0; // call until the first storage completes on the device
+  std::uint64_t peak_ring_bytes = 0;   // most staging bytes in use at once
+  std::uint64_t ring_bytes_pinned = 0; // staging pinned by the engine after this load
+  IoMode io_mode = IoMode::kAuto;      // mode actually used for file ranges
+  unsigned reader_threads = 0;
+  unsigned streams = 0;
+  std::uint64_t chunks = 0;            // reads + copies issued
+  double gb_per_s() const noexcept { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+// Owns one device allocation holding every storage of one load. Move-only;
+// frees the memory on destruction (on the device it was allocated on). All
+// copies and swaps have completed when load() returns it, so any stream may
+// read it. Share it (std::shared_ptr) to export DLPack tensors.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  DeviceArena(DeviceArena&& o) noexcept;
+  DeviceArena& operator=(DeviceArena&& o) noexcept;
+  ~DeviceArena();
+
+  int device() const noexcept { return device_; }
+  // Base device pointer; null when nothing was allocated (all storages empty).
+  void* base() const noexcept { return base_; }
+  std::uint64_t size_bytes() const noexcept { return size_; }
+  std::size_t storage_count() const noexcept { return count_; }
+  // Device pointer of storage i (256-byte aligned); null for an empty storage.
+  // i < storage_count(), else null.
+  void* storage_data(std::size_t i) const noexcept;
+  std::uint64_t storage_nbytes(std::size_t i) const noexcept;
+
+  // Synchronous copy of storage i back to host memory (tests, debugging).
+  // out.size() must equal storage_nbytes(i). Errors: kInvalidArgument, kDevice.
+  Status copy_to_host(std::size_t i, std::span<std::uint8_t> out) const;
+
+  // Frees now. Errors from cudaFree are ignored (the memory is gone either way).
+  void reset() noexcept;
+
+ private:
+  friend class TransferEngine;
+  int device_ = 0;
+  void* base_ = nullptr;
+  std::uint64_t size_ = 0;
+  std::size_t count_ = 0;
+  // Per storage: offset in the arena and size (2 * count_ entries).
+  std::unique_ptr<std::uint64_t[]> layout_;
+};
+
+// Streams, events and the pinned ring for one device, reused across loads
+// (pinning is slow: ~0.4 ms per MiB, docs/gpu-loading.md). Move-only. One
+// load() at a time per engine (calls are serialized internally).
+class TransferEngine {
+ public:
+  // Validates options, selects the device, creates the streams. Pins nothing
+  // yet. Errors: kInvalidArgument (options), kDevice.
+  static Result<TransferEngine> create(const TransferOptions& options);
+
+  TransferEngine(TransferEngine&&) noexcept;
+  TransferEngine& operator=(TransferEngine&&) noexcept;
+  ~TransferEngine();
+
+  // Places every source on the device. `file` may be empty when every source
+  // has host_bytes. On any failure the arena and all in-flight work are
+  // released before returning; the engine stays usable.
+  // Errors:
+  //   kInvalidArgument  bad swap_unit, nbytes not a multiple of swap_unit,
+  //                     offset + nbytes overflows, no file for a file range;
+  //   kMalformed        a range ends past the end of the file (names the
+  //                     storage index, range and file size); CRC mismatch
+  //                     (names the storage index, expected and computed CRC);
+  //   kIo               open/read failed or the file shrank (errno text);
+  //   kDevice           a CUDA call failed (cudaGetErrorString), including
+  //                     out of device memory for the arena.
+  Result<DeviceArena> load(const std::filesystem::path& file, std::span<const StorageSource> sources,
+                           LoadStats* stats = nullptr);
+
+  const TransferOptions& options() const noexcept;
+  // Pinned staging currently held (grows up to options().ring_bytes).
+  std::uint64_t pinned_bytes() const noexcept;
+
+ private:
+  explicit TransferEngine(std::unique_ptr<detail::EngineState> impl);
+  std::unique_ptr<detail::EngineState> impl_;
+};
+
+// One-shot: create an engine, load, drop the engine (the ring is unpinned).
+Result<DeviceArena> load_storages(const std::filesystem::path& file, std::span<const StorageSource> sources,
+                                  const TransferOptions& options = {}, LoadStats* stats = nullptr);
+
+// CRC-32 (zip/zlib polynomial) as the engine computes it: carry-less multiply
+// folding when the CPU has PCLMULQDQ, zlib's crc32 otherwise. `crc` is the
+// running value (0 to start), like zlib's crc32().
+std::uint32_t crc32_update(std::uint32_t crc, const std::uint8_t* data, std::size_t n) noexcept;
+
+// ---------------------------------------------------------------------------
+// DLPack export
+
+// DType -> DLDataType (lanes 1). bool -> kDLBool/8, bfloat16 -> kDLBfloat/16,
+// complex32/64/128 -> kDLComplex/32/64/128, float8_e5m2 / e4m3fn / e5m2fnuz /
+// e4m3fnuz / e8m0fnu -> the kDLFloat8_* codes, uint16/32/64 -> kDLUInt.
+// Errors: kUnsupported for quantized types (qint8, quint8, qint32, quint4x2,
+// quint2x4: their scale/zero point has no DLPack field), packed sub-byte
+// types (float4_e2m1fn_x2) and the untyped bits* types.
+Result<DLDataType> dlpack_dtype(DType dtype);
+
+// One strided view into a device storage, in PyTorch's terms.
+struct TensorView {
+  void* storage_data = nullptr;        // device pointer of the storage's byte 0
+  std::uint64_t storage_nbytes = 0;    // for bounds checking
+  int device = 0;                      // CUDA device index
+  DType dtype = DType::kFloat32;
+  std::span<const std::int64_t> shape;    // sizes, each >= 0
+  std::span<const std::int64_t> strides;  // elements, same length as shape, each >= 0
+  std::int64_t storage_offset = 0;        // elements, >= 0
+};
+
+// Builds a DLPack tensor viewing `view`: data points at the first element
+// (storage_data + storage_offset * itemsize, byte_offset 0, as PyTorch and
+// CuPy produce; NULL for a tensor with no elements), shape and strides copied.
+// The deleter destroys the struct and releases `owner`, which must keep the
+// storage alive (the std::shared_ptr<DeviceArena>). The versioned form sets
+// version {1, 1} and, when read_only, DLPACK_FLAG_BITMASK_READ_ONLY.
+// Errors: kUnsupported (dtype, see dlpack_dtype), kInvalidArgument (rank >
+// 64, shape/strides length mismatch, negative size/stride/offset, null owner
+// or data), kMalformed (the view reaches past storage_nbytes; checked without
+// overflow).
+Result<DLManagedTensorVersioned*> to_dlpack_versioned(const TensorView& view, std::shared_ptr<const void> owner,
+                                                      bool read_only = true);
+Result<DLManagedTensor*> to_dlpack_legacy(const TensorView& view, std::shared_ptr<const void> owner);
+
+// The view of storage i of a shared arena (fills storage_data, storage_nbytes
+// and device); the caller sets dtype, shape, strides and storage_offset.
+TensorView arena_view(const DeviceArena& arena, std::size_t storage_index) noexcept;
+
+}  // namespace safeckpt::cuda
