@@ -1,0 +1,79 @@
+// safeckpt/device_checkpoint.hpp — a checkpoint loaded into GPU memory.
+//
+// load_to_device() runs the same verified host loader as safeckpt::load
+// (value tree, allowlist, view checks — no shortcuts), then streams every
+// storage's bytes from the file to the device through the transfer engine
+// (safeckpt/cuda.hpp): reader threads -> fixed pinned ring -> cudaMemcpyAsync,
+// CRC-32 of stored records checked on the reader threads (when enabled),
+// big-endian storages swapped on the device. Nothing is handed out on
+// failure: the device arena is freed and the error returned.
+//
+// Tensors keep their host metadata (Checkpoint::tensors()); their bytes live
+// in one device arena. Views share their device storage, as on the host.
+// Only in safeckpt::cuda (link safeckpt::cuda); the core never includes CUDA.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/cuda.hpp"
+
+namespace safeckpt::cuda {
+
+struct DeviceLoadOptions {
+  LoadOptions load;  // host parsing rules (allowlist, limits); its CRC flag is ignored
+  // Target like torch's map_location: "cuda" / "cuda:N". Every storage goes
+  // there whatever location it was saved with.
+  std::string map_location = "cuda:0";
+  TransferOptions transfer;  // .device is set from map_location
+};
+
+// A strided tensor on the device, ready to bind by name.
+struct DeviceTensor {
+  std::string name;                   // state_dict name ("" for a top-level tensor)
+  std::uint32_t tensor;               // index into checkpoint().tensors()
+  DType dtype;
+  std::vector<std::int64_t> shape;    // elements
+  std::vector<std::int64_t> stride;   // elements
+  void* data;                         // device pointer of the first element (null if numel == 0)
+  std::uint64_t nbytes;               // numel x element size
+  int device;
+};
+
+class DeviceCheckpoint {
+ public:
+  const Checkpoint& checkpoint() const noexcept { return *host_; }
+  const DeviceArena& arena() const noexcept { return *arena_; }
+  int device() const noexcept { return arena_->device(); }
+  // Device pointer of storage i (Checkpoint::storages() order).
+  void* storage_data(std::uint32_t storage) const noexcept { return arena_->storage_data(storage); }
+
+  // Named strided tensors (Checkpoint::state_dict() order). Sparse, meta and
+  // quantized tensors are skipped (their parts are tensors of their own).
+  std::vector<DeviceTensor> tensors() const;
+
+  // DLPack export of tensor `index` (Checkpoint::tensors() order); the
+  // capsule keeps the device arena alive. Errors: kInvalidArgument (not a
+  // strided tensor with storage), kUnsupported (dtype without a DLPack code).
+  Result<DLManagedTensorVersioned*> to_dlpack(std::uint32_t index, bool read_only = true) const;
+  Result<DLManagedTensor*> to_dlpack_legacy(std::uint32_t index) const;
+
+ private:
+  friend Result<DeviceCheckpoint> load_to_device(const std::filesystem::path&, const DeviceLoadOptions&,
+                                                 TransferEngine*, LoadStats*);
+  Result<TensorView> view(std::uint32_t index) const;
+  std::shared_ptr<Checkpoint> host_;
+  std::shared_ptr<DeviceArena> arena_;
+};
+
+// Loads `path` (torch.save zip, legacy format) onto the GPU. `engine`:
+// reuse one per process to keep the pinned ring (nullptr = one-shot).
+// Errors: everything safeckpt::load returns, plus kInvalidArgument (bad
+// map_location) and the transfer engine's (kDevice, kIo, kMalformed on CRC).
+Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options = {},
+                                        TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
+
+}  // namespace safeckpt::cuda
