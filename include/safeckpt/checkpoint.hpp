@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,12 @@ Result<Checkpoint> load(const std::filesystem::path& path, const LoadOptions& op
 Result<Checkpoint> load_bytes(Bytes data, const LoadOptions& options = {});
 // Same, taking ownership of a buffer.
 Result<Checkpoint> load_buffer(std::vector<std::uint8_t> data, const LoadOptions& options = {});
+// Same, reading everything from a callback first (pipes, sockets, archives
+// inside archives). `read(buf, n)` returns bytes read, 0 at the end, -1 on
+// error. At most `max_bytes` are accepted. Errors: as load(), plus kIo
+// (callback failed) and kLimitExceeded (input larger than max_bytes).
+Result<Checkpoint> load_reader(const std::function<std::int64_t(std::uint8_t*, std::size_t)>& read,
+                               std::uint64_t max_bytes, const LoadOptions& options = {});
 
 // How `torch.load` describes a refused global, with our remedy:
 // "... GLOBAL os.system was not an allowed global ... allow it with

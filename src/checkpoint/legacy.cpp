@@ -13,6 +13,8 @@
 //     once, every storage of (4) listed;
 //  6. per key, in that order: u64 little-endian element count equal to the
 //     persistent id's numel, then count x element_size bytes (little-endian).
+#include <algorithm>
+
 #include "checkpoint/builder.hpp"
 #include "torch/object_model.hpp"
 
@@ -65,7 +67,12 @@ Result<Checkpoint> load_legacy(LoadBuilder& b, Bytes file, const LoadOptions& op
     PickleOptions po;
     po.limits = opt.limits;
     po.record = std::string("legacy ") + name + " pickle";
-    auto r = run_pickle(file.subspan(pos), b.arena(), hooks, nullptr, po);
+    // Each stream is parsed from here to its STOP; storage data follows the
+    // last ones, so cap the span rather than the file (a multi-GiB legacy
+    // checkpoint has small pickles).
+    Bytes rest = file.subspan(pos);
+    auto r = run_pickle(rest.first(std::min<std::size_t>(rest.size(), opt.limits.max_pickle_bytes)), b.arena(), hooks,
+                        nullptr, po);
     if (!r) {
       Error e = std::move(r).error();
       if (e.where().offset != Location::kNoOffset) e.where().offset += pos;  // report file offsets

@@ -243,6 +243,13 @@ Result<Checkpoint> load_bytes(Bytes data, const LoadOptions& options) {
   return run_load(b, options);
 }
 
+Result<Checkpoint> load_reader(const std::function<std::int64_t(std::uint8_t*, std::size_t)>& read,
+                               std::uint64_t max_bytes, const LoadOptions& options) {
+  SAFECKPT_TRY(MappedFile f, MappedFile::from_reader(read, max_bytes));
+  LoadBuilder b(std::move(f));
+  return run_load(b, options);
+}
+
 Result<Checkpoint> load_buffer(std::vector<std::uint8_t> data, const LoadOptions& options) {
   LoadBuilder b(MappedFile::from_buffer(std::move(data)));
   return run_load(b, options);

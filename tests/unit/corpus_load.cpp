@@ -7,6 +7,7 @@
 //               on the GPU machine when the files were made; README there).
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -278,4 +279,38 @@ TEST_CASE("numpy values load with allowlist/numpy.allow as tensors and numbers")
     return;
   }
   CHECK(got["arr"]["$tensor"]["sha256"] == out.substr(0, 64));
+}
+
+TEST_CASE("the three entry points (path, bytes, read callback) agree") {
+  fs::path f = corpus_dir("torch-2.11") / "mlp_state_dict.pt";
+  auto a = safeckpt::load(f);
+  REQUIRE(a.has_value());
+  std::ifstream in(f, std::ios::binary);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto b = safeckpt::load_bytes(bytes);
+  REQUIRE(b.has_value());
+  std::size_t pos = 0;
+  auto reader = [&](std::uint8_t* out, std::size_t n) -> std::int64_t {
+    std::size_t k = std::min<std::size_t>(n, std::min<std::size_t>(1000, bytes.size() - pos));  // short reads
+    std::memcpy(out, bytes.data() + pos, k);
+    pos += k;
+    return static_cast<std::int64_t>(k);
+  };
+  auto c = safeckpt::load_reader(reader, 1u << 20);
+  REQUIRE(c.has_value());
+  CHECK(*safeckpt::to_json(*a) == *safeckpt::to_json(*b));
+  CHECK(*safeckpt::to_json(*a) == *safeckpt::to_json(*c));
+  pos = 0;
+  auto too_big = safeckpt::load_reader(reader, 100);
+  REQUIRE_FALSE(too_big.has_value());
+  CHECK(too_big.error().code() == safeckpt::ErrorCode::kLimitExceeded);
+}
+
+TEST_CASE("legacy files: max_pickle_bytes caps each stream, not the whole file") {
+  fs::path f = corpus_dir("torch-2.11") / "legacy_format.pt";
+  safeckpt::LoadOptions o;
+  o.limits.max_pickle_bytes = 700;  // every stream is smaller; the file (with storage data) is not
+  REQUIRE(fs::file_size(f) > o.limits.max_pickle_bytes);
+  auto r = safeckpt::load(f, o);
+  CHECK_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
 }
