@@ -22,7 +22,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 void warm(const char* path) {
   int fd = ::open(path, O_RDONLY);
@@ -51,7 +53,8 @@ double pinned_ceiling(std::uint64_t bytes, int device) {
     while (done < bytes) {
       std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(16u << 20, bytes - done));
       std::size_t off = static_cast<std::size_t>(done % (chunk - n + 1));
-      cudaMemcpyAsync(static_cast<char*>(dev) + off, static_cast<char*>(host) + off, n, cudaMemcpyHostToDevice, s[k++ % 4]);
+      cudaMemcpyAsync(static_cast<char*>(dev) + off, static_cast<char*>(host) + off, n, cudaMemcpyHostToDevice,
+                      s[k++ % 4]);
       done += n;
     }
     cudaDeviceSynchronize();
@@ -74,8 +77,10 @@ int main(int argc, char** argv) {
   int device = 0, runs = 3;
   for (int i = 2; i + 1 < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--device") device = std::stoi(argv[++i]);
-    else if (a == "--runs") runs = std::stoi(argv[++i]);
+    if (a == "--device")
+      device = std::stoi(argv[++i]);
+    else if (a == "--runs")
+      runs = std::stoi(argv[++i]);
   }
   cudaSetDevice(device);
   cudaFree(nullptr);  // create the context outside the timed regions
@@ -90,8 +95,8 @@ int main(int argc, char** argv) {
   safeckpt::cuda::DeviceLoadOptions o;
   o.map_location = "cuda:" + std::to_string(device);
   std::printf("| %-46s | %8s | %7s | %14s |\n", "what (warm page cache)", "s", "GB/s", "first tensor ms");
-  std::printf("|%s|%s|%s|%s|\n", std::string(48, '-').c_str(), std::string(10, '-').c_str(), std::string(9, '-').c_str(),
-              std::string(16, '-').c_str());
+  std::printf("|%s|%s|%s|%s|\n", std::string(48, '-').c_str(), std::string(10, '-').c_str(),
+              std::string(9, '-').c_str(), std::string(16, '-').c_str());
   std::uint64_t bytes = 0;
   double best = 1e30, first = 0, parse_s = 0;
   for (int r = 0; r < runs + 1; ++r) {  // run 0 pins the engine's ring
@@ -116,7 +121,7 @@ int main(int argc, char** argv) {
   std::printf("| %-46s | %8.3f | %7.1f | %14.1f |\n", "load_to_device (parse + verify + transfer)", best,
               static_cast<double>(bytes) / best / 1e9, first);
   std::printf("| %-46s | %8.3f | %7s | %14s |\n", "  of which host parse/verify (metadata)", parse_s, "-", "-");
-  std::printf("\n%.1f GB of storages; load_to_device = %.0f%% of the pinned ceiling\n", static_cast<double>(bytes) / 1e9,
-              100.0 * static_cast<double>(bytes) / best / 1e9 / ceiling);
+  std::printf("\n%.1f GB of storages; load_to_device = %.0f%% of the pinned ceiling\n",
+              static_cast<double>(bytes) / 1e9, 100.0 * static_cast<double>(bytes) / best / 1e9 / ceiling);
   return 0;
 }

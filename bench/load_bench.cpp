@@ -106,9 +106,12 @@ int main(int argc, char** argv) {
   fs::path keep;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--gib" && i + 1 < argc) gib = std::stoi(argv[++i]);
-    else if (a == "--corpus" && i + 1 < argc) corpus = argv[++i];
-    else if (a == "--keep" && i + 1 < argc) keep = argv[++i];
+    if (a == "--gib" && i + 1 < argc)
+      gib = std::stoi(argv[++i]);
+    else if (a == "--corpus" && i + 1 < argc)
+      corpus = argv[++i];
+    else if (a == "--keep" && i + 1 < argc)
+      keep = argv[++i];
   }
   fs::path many = corpus / "many_tensors.pt";
   fs::path big = keep.empty() ? fs::temp_directory_path() / "safeckpt_load_bench.pt" : keep;

@@ -108,7 +108,9 @@ void register_inspect(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "Load a checkpoint with the weights-only rules and describe it");
   cmd->add_option("file", args->file, "checkpoint file (.pt, .pth, .bin, legacy, bare pickle)")->required();
-  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable)")->expected(1)->allow_extra_args(false);
+  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false);
   cmd->add_flag("--json", args->json, "print the value tree as JSON (tests/data/corpus/README.md schema)");
   cmd->add_flag("--no-hashes", args->no_hashes, "JSON without sha256 fields (does not read tensor bytes)");
   cmd->add_flag("--no-verify-data", args->no_verify_data, "skip CRC-32 checks of storage records");

@@ -35,24 +35,51 @@ namespace safeckpt {
 // What the loader does with an allowlisted global.
 enum class Builtin : std::uint16_t {
   kGeneric = 0,  // allowlisted, not modelled: kObject node
-  kOrderedDict, kCounter, kSet, kFrozenSet, kByteArray, kComplex, kSlice, kCodecsEncode,
-  kSize, kDevice, kDtype, kGetLayout, kQScheme, kTensorClass, kParameter,
-  kStorageClass,     // legacy typed storage class (torch.FloatStorage ...): carries a dtype
-  kTypedStorage, kUntypedStorage,
-  kRebuildTensor, kRebuildTensorV2, kRebuildTensorV3, kRebuildParameter, kRebuildParameterWithState,
-  kRebuildQTensor, kRebuildSparseTensor, kRebuildMetaTensorNoStorage, kRebuildWrapperSubclass,
-  kRebuildDeviceTensorFromCpuTensor, kRebuildDeviceTensorFromNumpy, kRebuildFromTypeV2,
-  kNumpyReconstruct, kNumpyNdarray, kNumpyDtype, kNumpyScalar, kNumpyDTypeClass,
+  kOrderedDict,
+  kCounter,
+  kSet,
+  kFrozenSet,
+  kByteArray,
+  kComplex,
+  kSlice,
+  kCodecsEncode,
+  kSize,
+  kDevice,
+  kDtype,
+  kGetLayout,
+  kQScheme,
+  kTensorClass,
+  kParameter,
+  kStorageClass,  // legacy typed storage class (torch.FloatStorage ...): carries a dtype
+  kTypedStorage,
+  kUntypedStorage,
+  kRebuildTensor,
+  kRebuildTensorV2,
+  kRebuildTensorV3,
+  kRebuildParameter,
+  kRebuildParameterWithState,
+  kRebuildQTensor,
+  kRebuildSparseTensor,
+  kRebuildMetaTensorNoStorage,
+  kRebuildWrapperSubclass,
+  kRebuildDeviceTensorFromCpuTensor,
+  kRebuildDeviceTensorFromNumpy,
+  kRebuildFromTypeV2,
+  kNumpyReconstruct,
+  kNumpyNdarray,
+  kNumpyDtype,
+  kNumpyScalar,
+  kNumpyDTypeClass,
 };
 
 struct AllowEntry {
-  std::string name;          // canonical "module.qualname" as it appears in GLOBAL
+  std::string name;  // canonical "module.qualname" as it appears in GLOBAL
   Builtin builtin = Builtin::kGeneric;
   DType dtype = DType::kUInt8;  // for kDtype / kStorageClass
-  std::string handled_as;    // the known name it is built like ("" = itself)
+  std::string handled_as;       // the known name it is built like ("" = itself)
   std::string comment;
-  std::string source;        // "default" or the file/API that added it
-  bool user = false;         // added by the user (torch: add_safe_globals)
+  std::string source;  // "default" or the file/API that added it
+  bool user = false;   // added by the user (torch: add_safe_globals)
 };
 
 class Allowlist {

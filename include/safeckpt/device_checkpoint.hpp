@@ -33,13 +33,13 @@ struct DeviceLoadOptions {
 
 // A strided tensor on the device, ready to bind by name.
 struct DeviceTensor {
-  std::string name;                   // state_dict name ("" for a top-level tensor)
-  std::uint32_t tensor;               // index into checkpoint().tensors()
+  std::string name;      // state_dict name ("" for a top-level tensor)
+  std::uint32_t tensor;  // index into checkpoint().tensors()
   DType dtype;
-  std::vector<std::int64_t> shape;    // elements
-  std::vector<std::int64_t> stride;   // elements
-  void* data;                         // device pointer of the first element (null if numel == 0)
-  std::uint64_t nbytes;               // numel x element size
+  std::vector<std::int64_t> shape;   // elements
+  std::vector<std::int64_t> stride;  // elements
+  void* data;                        // device pointer of the first element (null if numel == 0)
+  std::uint64_t nbytes;              // numel x element size
   int device;
 };
 

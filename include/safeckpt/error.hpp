@@ -56,9 +56,9 @@ constexpr bool is_policy_error(ErrorCode c) noexcept {
 // Where in the input an error was found. Unknown fields stay empty / kNoOffset.
 struct Location {
   static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
-  std::string record;                  // zip record ("archive/data.pkl") or stream name
-  std::uint64_t offset = kNoOffset;    // byte offset inside `record` (or the file)
-  std::string opcode;                  // pickle opcode name, e.g. "REDUCE"
+  std::string record;                // zip record ("archive/data.pkl") or stream name
+  std::uint64_t offset = kNoOffset;  // byte offset inside `record` (or the file)
+  std::string opcode;                // pickle opcode name, e.g. "REDUCE"
 };
 
 class Error {
@@ -94,7 +94,9 @@ struct Unexpected {
 inline Unexpected make_error(ErrorCode code, std::string message, Location where = {}) {
   return Unexpected{Error(code, std::move(message), std::move(where))};
 }
-inline Unexpected unexpected(Error e) { return Unexpected{std::move(e)}; }
+inline Unexpected unexpected(Error e) {
+  return Unexpected{std::move(e)};
+}
 
 // A value or an Error, with std::expected's member names. [[nodiscard]] so a
 // dropped error is a compile warning (-Werror in CI).
@@ -104,8 +106,7 @@ class [[nodiscard]] Result {
   using value_type = T;
   Result(const T& v) : v_(std::in_place_index<0>, v) {}
   Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}
-  template <class U, std::enable_if_t<std::is_constructible_v<T, U&&> &&
-                                          !std::is_same_v<std::decay_t<U>, Result> &&
+  template <class U, std::enable_if_t<std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, Result> &&
                                           !std::is_same_v<std::decay_t<U>, Unexpected> &&
                                           !std::is_same_v<std::decay_t<U>, Error>,
                                       int> = 0>
@@ -157,13 +158,13 @@ using Status = Result<void>;
 // Result<T>; SAFECKPT_CHECK(expr) propagates a failed Result<void>/Result<T>.
 #define SAFECKPT_CONCAT_INNER(a, b) a##b
 #define SAFECKPT_CONCAT(a, b) SAFECKPT_CONCAT_INNER(a, b)
-#define SAFECKPT_TRY_IMPL(tmp, var, expr)                        \
-  auto tmp = (expr);                                             \
+#define SAFECKPT_TRY_IMPL(tmp, var, expr)                                      \
+  auto tmp = (expr);                                                           \
   if (!tmp.has_value()) return ::safeckpt::unexpected(std::move(tmp).error()); \
   var = std::move(tmp).value()
 #define SAFECKPT_TRY(var, expr) SAFECKPT_TRY_IMPL(SAFECKPT_CONCAT(scr_try_, __COUNTER__), var, expr)
-#define SAFECKPT_CHECK(expr)                                                      \
-  do {                                                                            \
-    auto scr_chk_ = (expr);                                                       \
+#define SAFECKPT_CHECK(expr)                                                               \
+  do {                                                                                     \
+    auto scr_chk_ = (expr);                                                                \
     if (!scr_chk_.has_value()) return ::safeckpt::unexpected(std::move(scr_chk_).error()); \
   } while (0)

@@ -19,8 +19,8 @@
 namespace safeckpt {
 
 struct JsonOptions {
-  bool hashes = true;   // compute sha256 fields (reads every storage byte)
-  int indent = 1;       // -1 = compact
+  bool hashes = true;  // compute sha256 fields (reads every storage byte)
+  int indent = 1;      // -1 = compact
   std::uint64_t max_output_nodes = 64u << 20;
 };
 

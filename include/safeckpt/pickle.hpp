@@ -65,9 +65,9 @@ struct OpContext {
 // is allowed and whether or not its result is ever used.
 struct PickleEvent {
   enum class Type : std::uint8_t {
-    kImport,     // GLOBAL / STACK_GLOBAL / INST / OBJ class / EXTn
-    kCall,       // REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST
-    kBuild,      // BUILD (state applied to an object)
+    kImport,  // GLOBAL / STACK_GLOBAL / INST / OBJ class / EXTn
+    kCall,    // REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST
+    kBuild,   // BUILD (state applied to an object)
     kPersistentId,
   };
   Type type;

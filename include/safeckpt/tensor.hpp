@@ -18,11 +18,11 @@ namespace safeckpt {
 inline constexpr std::uint32_t kNoStorage = 0xFFFFFFFFu;
 
 struct StorageInfo {
-  std::string key;          // persistent-id key ("0", "1", ... or legacy pointer text)
-  std::string location;     // saved device tag: "cpu", "cuda:0", ...
-  DType dtype;              // storage dtype (uint8 for UntypedStorage)
-  std::uint64_t nbytes;     // = numel x dtype_size(dtype); equals the record size
-  std::string record;       // "archive/data/0", or "legacy storage <key>"
+  std::string key;       // persistent-id key ("0", "1", ... or legacy pointer text)
+  std::string location;  // saved device tag: "cpu", "cuda:0", ...
+  DType dtype;           // storage dtype (uint8 for UntypedStorage)
+  std::uint64_t nbytes;  // = numel x dtype_size(dtype); equals the record size
+  std::string record;    // "archive/data/0", or "legacy storage <key>"
   // Absolute file offset of the bytes when the record is stored
   // uncompressed in the file (for direct-to-GPU reads); kNoOffset otherwise.
   std::uint64_t file_offset = Location::kNoOffset;
@@ -37,7 +37,11 @@ enum class Layout : std::uint8_t { kStrided, kSparseCoo, kSparseCsr, kSparseCsc,
 std::string_view layout_name(Layout l) noexcept;  // "strided", "sparse_coo", ...
 
 enum class QScheme : std::uint8_t {
-  kNone, kPerTensorAffine, kPerTensorSymmetric, kPerChannelAffine, kPerChannelSymmetric,
+  kNone,
+  kPerTensorAffine,
+  kPerTensorSymmetric,
+  kPerChannelAffine,
+  kPerChannelSymmetric,
   kPerChannelAffineFloatQParams
 };
 std::string_view qscheme_name(QScheme q) noexcept;  // "per_tensor_affine", ...
@@ -46,14 +50,14 @@ struct TensorInfo {
   Layout layout = Layout::kStrided;
   DType dtype = DType::kFloat32;
   std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> stride;   // in elements (strided only)
-  std::int64_t storage_offset = 0;    // in elements
-  std::uint32_t storage = kNoStorage; // index into Checkpoint::storages(); kNoStorage for meta/sparse
+  std::vector<std::int64_t> stride;    // in elements (strided only)
+  std::int64_t storage_offset = 0;     // in elements
+  std::uint32_t storage = kNoStorage;  // index into Checkpoint::storages(); kNoStorage for meta/sparse
   bool requires_grad = false;
-  bool is_parameter = false;          // nn.Parameter
-  bool is_meta = false;               // _rebuild_meta_tensor_no_storage
-  bool conj = false, neg = false;     // _rebuild_tensor_v2 metadata flags
-  std::string device;                 // device override (_rebuild_device_tensor_from_cpu_tensor), else ""
+  bool is_parameter = false;       // nn.Parameter
+  bool is_meta = false;            // _rebuild_meta_tensor_no_storage
+  bool conj = false, neg = false;  // _rebuild_tensor_v2 metadata flags
+  std::string device;              // device override (_rebuild_device_tensor_from_cpu_tensor), else ""
   // Quantized (dtype_is_quantized): per-tensor scale/zero point, or
   // per-channel scales/zero points tensors (indices) and axis.
   QScheme qscheme = QScheme::kNone;

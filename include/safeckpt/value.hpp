@@ -28,23 +28,42 @@ using NodeId = std::uint32_t;
 inline constexpr NodeId kNoNode = 0xFFFFFFFFu;
 
 enum class Kind : std::uint8_t {
-  kNone, kBool, kInt, kBigInt, kFloat, kComplex,
-  kStr, kBytes, kByteArray,
-  kList, kTuple, kSet, kFrozenSet, kSlice,
-  kDict, kOrderedDict, kCounter,
-  kSize, kDtype, kDevice, kLayout, kQScheme,
-  kTensor, kStorage,
-  kGlobal, kObject,
+  kNone,
+  kBool,
+  kInt,
+  kBigInt,
+  kFloat,
+  kComplex,
+  kStr,
+  kBytes,
+  kByteArray,
+  kList,
+  kTuple,
+  kSet,
+  kFrozenSet,
+  kSlice,
+  kDict,
+  kOrderedDict,
+  kCounter,
+  kSize,
+  kDtype,
+  kDevice,
+  kLayout,
+  kQScheme,
+  kTensor,
+  kStorage,
+  kGlobal,
+  kObject,
 };
 
 std::string_view kind_name(Kind k) noexcept;
 
 struct Node {
   Kind kind = Kind::kNone;
-  bool flag = false;           // kBool value
-  std::int64_t i = 0;          // kInt value; kTensor: tensor index; kStorage: storage index;
-                               // kDtype: DType; kGlobal: handled-as id (internal)
-  double re = 0, im = 0;       // kFloat (re), kComplex
+  bool flag = false;      // kBool value
+  std::int64_t i = 0;     // kInt value; kTensor: tensor index; kStorage: storage index;
+                          // kDtype: DType; kGlobal: handled-as id (internal)
+  double re = 0, im = 0;  // kFloat (re), kComplex
   // kStr (UTF-8), kBytes/kByteArray (raw), kBigInt (decimal, '-' sign),
   // kGlobal/kObject (canonical "module.qualname"), kDevice ("cuda:1"),
   // kLayout ("sparse_coo"), kQScheme ("per_tensor_affine").
@@ -53,7 +72,7 @@ struct Node {
   // order). kSlice: start, stop, step. kSize: kInt nodes. kObject: [args, state]
   // (either may be kNoNode).
   std::vector<NodeId> items;
-  // kOrderedDict: its `_metadata` attribute (set by BUILD), else kNoNode.
+  // kOrderedDict: the dict its BUILD state set as attributes (e.g. {"_metadata": ...}), else kNoNode.
   NodeId attrs = kNoNode;
 };
 

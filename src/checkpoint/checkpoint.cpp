@@ -1,10 +1,11 @@
 // Checkpoint accessors and CheckpointBuilder.
+#include "safeckpt/checkpoint.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
 #include "checkpoint/builder.hpp"
-#include "safeckpt/checkpoint.hpp"
 #include "torch/object_model.hpp"
 
 namespace safeckpt {
@@ -99,9 +100,12 @@ std::vector<NamedTensor> Checkpoint::state_dict() const {
     std::string key;
     if (dict) {
       const Node& k = arena_[n.items[i]];
-      if (k.kind == Kind::kStr) key = k.text;
-      else if (k.kind == Kind::kInt) key = std::to_string(k.i);
-      else continue;  // other keys do not name tensors
+      if (k.kind == Kind::kStr)
+        key = k.text;
+      else if (k.kind == Kind::kInt)
+        key = std::to_string(k.i);
+      else
+        continue;  // other keys do not name tensors
     } else {
       key = std::to_string(i);
     }

@@ -122,9 +122,15 @@ class Emitter {
  private:
   static bool is_container(Kind k) {
     switch (k) {
-      case Kind::kList: case Kind::kTuple: case Kind::kSet: case Kind::kFrozenSet: case Kind::kSlice:
-      case Kind::kDict: case Kind::kOrderedDict: case Kind::kCounter: case Kind::kObject:
-        return true;
+      case Kind::kList:
+      case Kind::kTuple:
+      case Kind::kSet:
+      case Kind::kFrozenSet:
+      case Kind::kSlice:
+      case Kind::kDict:
+      case Kind::kOrderedDict:
+      case Kind::kCounter:
+      case Kind::kObject: return true;
       default: return false;
     }
   }
@@ -229,7 +235,8 @@ class Emitter {
       case Kind::kFloat: return json{{"$float", python_float_repr(n.re)}};
       case Kind::kComplex: return json{{"$complex", {python_float_repr(n.re), python_float_repr(n.im)}}};
       case Kind::kStr: return json(n.text);
-      case Kind::kBytes: return json{{"$bytes", to_hex({reinterpret_cast<const std::uint8_t*>(n.text.data()), n.text.size()})}};
+      case Kind::kBytes:
+        return json{{"$bytes", to_hex({reinterpret_cast<const std::uint8_t*>(n.text.data()), n.text.size()})}};
       case Kind::kByteArray:
         return json{{"$bytearray", to_hex({reinterpret_cast<const std::uint8_t*>(n.text.data()), n.text.size()})}};
       case Kind::kSize: {

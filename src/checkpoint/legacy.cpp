@@ -31,7 +31,8 @@ class LegacyStorages final : public StorageProvider {
     for (std::uint32_t i = 0; i < t_.storages.size(); ++i) {
       if (t_.storages[i].key == key) {
         if (t_.storages[i].dtype != dtype || t_.storages[i].nbytes != nbytes)
-          return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) + "' referenced with different types");
+          return make_error(ErrorCode::kMalformed,
+                            "storage '" + std::string(key) + "' referenced with different types");
         return i;
       }
     }
@@ -105,13 +106,15 @@ Result<Checkpoint> load_legacy(LoadBuilder& b, Bytes file, const LoadOptions& op
     done[idx] = true;
     StorageInfo& s = tables.storages[idx];
     if (file.size() - pos < 8)
-      return make_error(ErrorCode::kMalformed, "truncated storage data for key '" + s.key + "'", Location{s.record, pos});
+      return make_error(ErrorCode::kMalformed, "truncated storage data for key '" + s.key + "'",
+                        Location{s.record, pos});
     std::uint64_t count = 0;
     for (int i = 0; i < 8; ++i) count |= std::uint64_t{file[pos + static_cast<std::uint64_t>(i)]} << (8 * i);
     std::uint64_t es = dtype_size(s.dtype);
     if (count != s.nbytes / es)
-      return make_error(ErrorCode::kMalformed, "storage has wrong size: expected " + std::to_string(s.nbytes / es) +
-                                                   " elements, file says " + std::to_string(count),
+      return make_error(ErrorCode::kMalformed,
+                        "storage has wrong size: expected " + std::to_string(s.nbytes / es) + " elements, file says " +
+                            std::to_string(count),
                         Location{s.record, pos});
     pos += 8;
     if (s.nbytes > file.size() - pos)
@@ -122,7 +125,8 @@ Result<Checkpoint> load_legacy(LoadBuilder& b, Bytes file, const LoadOptions& op
   }
   for (std::size_t i = 0; i < done.size(); ++i)
     if (!done[i])
-      return make_error(ErrorCode::kMalformed, "storage '" + tables.storages[i].key + "' is missing from the storage keys");
+      return make_error(ErrorCode::kMalformed,
+                        "storage '" + tables.storages[i].key + "' is missing from the storage keys");
   if (pos != file.size())
     return make_error(ErrorCode::kMalformed, std::to_string(file.size() - pos) + " bytes after the last storage",
                       Location{"legacy file", pos});

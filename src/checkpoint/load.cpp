@@ -31,8 +31,8 @@ class ZipStorages final : public StorageProvider {
     if (auto it = by_key_.find(std::string(key)); it != by_key_.end()) {
       const StorageInfo& s = t_.storages[it->second];
       if (s.dtype != dtype || s.nbytes != nbytes)
-        return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) +
-                                                     "' is referenced with different dtypes or sizes");
+        return make_error(ErrorCode::kMalformed,
+                          "storage '" + std::string(key) + "' is referenced with different dtypes or sizes");
       return it->second;
     }
     std::string name = "data/" + std::string(key);
@@ -40,10 +40,10 @@ class ZipStorages final : public StorageProvider {
     if (e == nullptr)
       return make_error(ErrorCode::kMalformed, "storage record '" + zip_.root() + "/" + name + "' is missing");
     if (e->uncompressed_size != nbytes)
-      return make_error(ErrorCode::kMalformed,
-                        "storage record '" + e->name + "' has " + std::to_string(e->uncompressed_size) +
-                            " bytes but the tensor's persistent id declares " + std::to_string(nbytes) +
-                            " (numel x element size; CVE-2026-24747)");
+      return make_error(ErrorCode::kMalformed, "storage record '" + e->name + "' has " +
+                                                   std::to_string(e->uncompressed_size) +
+                                                   " bytes but the tensor's persistent id declares " +
+                                                   std::to_string(nbytes) + " (numel x element size; CVE-2026-24747)");
     if (nbytes > lim_.max_total_storage_bytes - total_)
       return make_error(ErrorCode::kLimitExceeded, "storages exceed max_total_storage_bytes");
     total_ += nbytes;
@@ -88,7 +88,8 @@ class RefusedGlobals final : public PickleObserver {
   void on_event(const PickleEvent& e) override {
     if (e.type != PickleEvent::Type::kImport) return;
     if (!e.dynamic && !e.dotted && allow_.find(e.name) != nullptr && !Allowlist::is_blocked(e.name)) return;
-    for (const auto& n : names) if (n == e.name) return;
+    for (const auto& n : names)
+      if (n == e.name) return;
     names.push_back(e.name);
   }
   std::vector<std::string> names;
@@ -133,30 +134,35 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
                       "torch.load(weights_only=True) refuses it too since 2.6 (CVE-2025-32434)",
                       Location{zip.root() + "/constants.pkl"});
   if (kind == FileFormat::kPt2Archive)
-    return make_error(ErrorCode::kUnsupported, "PT2 / AOTInductor package (may hold native code); not a torch.save checkpoint");
+    return make_error(ErrorCode::kUnsupported,
+                      "PT2 / AOTInductor package (may hold native code); not a torch.save checkpoint");
   const ZipEntry* pkl = zip.find("data.pkl");
   if (pkl == nullptr)
-    return make_error(ErrorCode::kUnsupported, "zip archive without " + zip.root() + "/data.pkl: not a torch.save checkpoint");
+    return make_error(ErrorCode::kUnsupported,
+                      "zip archive without " + zip.root() + "/data.pkl: not a torch.save checkpoint");
 
   // version / .data/version (caffe2/serialize/versions.h: 1 <= v <= 10)
   const ZipEntry* ver = zip.find(".data/version");
   if (ver == nullptr) ver = zip.find("version");
   if (ver == nullptr)
-    return make_error(ErrorCode::kMalformed, "archive has no 'version' record (PyTorch requires it)", Location{zip.root()});
+    return make_error(ErrorCode::kMalformed, "archive has no 'version' record (PyTorch requires it)",
+                      Location{zip.root()});
   SAFECKPT_TRY(std::string vtext, small_record(zip, *ver, 64));
   {
     std::uint64_t v = 0;
     std::size_t i = 0;
-    while (i < vtext.size() && vtext[i] >= '0' && vtext[i] <= '9' && v < 1000) v = v * 10 + static_cast<std::uint64_t>(vtext[i++] - '0');
+    while (i < vtext.size() && vtext[i] >= '0' && vtext[i] <= '9' && v < 1000)
+      v = v * 10 + static_cast<std::uint64_t>(vtext[i++] - '0');
     if (i == 0 || v < 1 || v > 10)
-      return make_error(ErrorCode::kUnsupported, "archive format version '" + vtext.substr(0, 16) +
-                                                     "' is outside the supported range 1..10",
+      return make_error(ErrorCode::kUnsupported,
+                        "archive format version '" + vtext.substr(0, 16) + "' is outside the supported range 1..10",
                         Location{ver->name});
   }
   bool big = false;
   if (const ZipEntry* bo = zip.find("byteorder")) {
     SAFECKPT_TRY(std::string order, small_record(zip, *bo, 16));
-    if (order == "big") big = true;
+    if (order == "big")
+      big = true;
     else if (order != "little")
       return make_error(ErrorCode::kMalformed, "byteorder record must be 'little' or 'big'", Location{bo->name});
   }

@@ -33,8 +33,8 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
     const StorageInfo& s = storages[i];
     StorageSource& src = sources[i];
     src.nbytes = s.nbytes;
-    bool in_file = s.file_offset != Location::kNoOffset && s.file_offset <= file.size() &&
-                   s.nbytes <= file.size() - s.file_offset;
+    bool in_file =
+        s.file_offset != Location::kNoOffset && s.file_offset <= file.size() && s.nbytes <= file.size() - s.file_offset;
     if (in_file) {
       // Stored record (or legacy raw storage): read straight from the file;
       // big-endian files are swapped on the device.
@@ -49,8 +49,8 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
   }
   TransferOptions to = options.transfer;
   to.device = device;
-  Result<DeviceArena> arena = engine != nullptr ? engine->load(path, sources, stats)
-                                                : load_storages(path, sources, to, stats);
+  Result<DeviceArena> arena =
+      engine != nullptr ? engine->load(path, sources, stats) : load_storages(path, sources, to, stats);
   if (!arena) {
     Error e = std::move(arena).error();
     e.at_record(path.string());
@@ -67,7 +67,8 @@ Result<TensorView> DeviceCheckpoint::view(std::uint32_t index) const {
   if (index >= ts.size()) return make_error(ErrorCode::kInvalidArgument, "tensor index out of range");
   const TensorInfo& t = ts[index];
   if (t.layout != Layout::kStrided || t.storage == kNoStorage || t.is_meta)
-    return make_error(ErrorCode::kInvalidArgument, "tensor " + std::to_string(index) + " is not a strided tensor with a storage");
+    return make_error(ErrorCode::kInvalidArgument,
+                      "tensor " + std::to_string(index) + " is not a strided tensor with a storage");
   TensorView v = arena_view(*arena_, t.storage);
   v.dtype = t.dtype;
   v.shape = t.shape;

@@ -241,12 +241,13 @@ class Machine {
       if (pos_ == frame_end_) {
         frame_end_ = 0;  // frame fully consumed: continue with the stream
       } else if (n > frame_end_ - pos_) {
-        return malformed("argument crosses the end of the current FRAME (frame ends at " +
-                         std::to_string(frame_end_) + ")");
+        return malformed("argument crosses the end of the current FRAME (frame ends at " + std::to_string(frame_end_) +
+                         ")");
       }
     }
-    if (n > d_.size() - pos_) return malformed("pickle data truncated: need " + std::to_string(n) + " bytes, " +
-                                               std::to_string(d_.size() - pos_) + " left");
+    if (n > d_.size() - pos_)
+      return malformed("pickle data truncated: need " + std::to_string(n) + " bytes, " +
+                       std::to_string(d_.size() - pos_) + " left");
     Bytes b = d_.subspan(pos_, n);
     pos_ += n;
     return b;
@@ -263,7 +264,8 @@ class Machine {
     if (frame_end_ != 0 && pos_ == frame_end_) frame_end_ = 0;
     const void* nl = std::memchr(d_.data() + pos_, '\n', limit - pos_);
     if (nl == nullptr)
-      return malformed(frame_end_ != 0 ? "line crosses the end of the current FRAME" : "pickle data truncated in a text line");
+      return malformed(frame_end_ != 0 ? "line crosses the end of the current FRAME"
+                                       : "pickle data truncated in a text line");
     std::size_t end = static_cast<std::size_t>(static_cast<const std::uint8_t*>(nl) - d_.data());
     if (end - pos_ > lim_.max_string_bytes)
       return fail(ErrorCode::kLimitExceeded, "text argument longer than max_string_bytes");
@@ -272,8 +274,9 @@ class Machine {
     return s;
   }
   Status check_len(std::uint64_t n, std::uint64_t cap, const char* what) {
-    if (n > cap) return fail(ErrorCode::kLimitExceeded, std::string(what) + " of " + std::to_string(n) +
-                                                            " bytes exceeds the limit of " + std::to_string(cap));
+    if (n > cap)
+      return fail(ErrorCode::kLimitExceeded, std::string(what) + " of " + std::to_string(n) +
+                                                 " bytes exceeds the limit of " + std::to_string(cap));
     if (n > d_.size() - pos_)
       return malformed(std::string(what) + " declares " + std::to_string(n) + " bytes but only " +
                        std::to_string(d_.size() - pos_) + " remain");
@@ -382,7 +385,8 @@ class Machine {
   }
   Status push_long_bytes(Bytes b) {
     if (b.size() > lim_.max_long_bytes)
-      return fail(ErrorCode::kLimitExceeded, "integer of " + std::to_string(b.size()) + " bytes exceeds max_long_bytes");
+      return fail(ErrorCode::kLimitExceeded,
+                  "integer of " + std::to_string(b.size()) + " bytes exceeds max_long_bytes");
     Node n;
     bool neg = !b.empty() && (b[b.size() - 1] & 0x80);
     // Fits int64 if every byte past the 8th is sign extension and byte 7 agrees.
@@ -452,9 +456,9 @@ Status Machine::do_global(std::string_view module, std::string_view name) {
   bool dotted = name.find('.') != std::string_view::npos;
   emit(PickleEvent::Type::kImport, canon, std::string(module), std::string(name), false, dotted);
   if (dotted || module.empty() || name.empty()) {
-    SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedGlobal,
-                                "global '" + canon + "' " +
-                                    (dotted ? "walks attributes (dotted name); refused" : "has an empty module or name"))));
+    SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedGlobal, "global '" + canon + "' " +
+                                                                  (dotted ? "walks attributes (dotted name); refused"
+                                                                          : "has an empty module or name"))));
     Node g;
     g.kind = Kind::kGlobal;
     g.text = canon;
@@ -491,8 +495,8 @@ Status Machine::do_call(NodeId callable, NodeId args) {
 Status Machine::do_append(NodeId target, const std::vector<NodeId>& items) {
   Node& t = arena_[target];
   if (t.kind != Kind::kList)
-    return policy(Error(ErrorCode::kDisallowedOperation,
-                        "Can only append to lists, but got " + std::string(kind_name(t.kind))));
+    return policy(
+        Error(ErrorCode::kDisallowedOperation, "Can only append to lists, but got " + std::string(kind_name(t.kind))));
   if (items.size() > lim_.max_container_items - std::min<std::uint64_t>(lim_.max_container_items, t.items.size()))
     return fail(ErrorCode::kLimitExceeded, "list with more than max_container_items items");
   t.items.insert(t.items.end(), items.begin(), items.end());
@@ -530,8 +534,8 @@ Status Machine::do_setitems(NodeId target, const std::vector<NodeId>& kv) {
 Status Machine::do_additems(NodeId target, const std::vector<NodeId>& items) {
   Kind k = arena_[target].kind;
   if (k != Kind::kSet)
-    return policy(Error(ErrorCode::kDisallowedOperation, "Can only ADDITEMS to a set, but got " +
-                                                             std::string(kind_name(k))));
+    return policy(
+        Error(ErrorCode::kDisallowedOperation, "Can only ADDITEMS to a set, but got " + std::string(kind_name(k))));
   for (NodeId it : items) {
     auto key = keys_.key_of(arena_, it, lim_);
     if (!key) {
@@ -567,7 +571,8 @@ Status Machine::push_int_text(std::string_view line, bool is_long) {
   if (is_long && !line.empty() && line.back() == 'L') line.remove_suffix(1);
   std::string digits;
   bool neg = false;
-  if (!parse_decimal_int(line, digits, neg)) return malformed("invalid literal for int: '" + std::string(line.substr(0, 40)) + "'");
+  if (!parse_decimal_int(line, digits, neg))
+    return malformed("invalid literal for int: '" + std::string(line.substr(0, 40)) + "'");
   if (digits.size() > lim_.max_long_bytes * 3) return fail(ErrorCode::kLimitExceeded, "integer literal too long");
   std::int64_t v = 0;
   auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
@@ -581,7 +586,8 @@ Status Machine::push_int_text(std::string_view line, bool is_long) {
 
 Result<PickleResult> Machine::run() {
   if (d_.size() > lim_.max_pickle_bytes)
-    return make_error(ErrorCode::kLimitExceeded, "pickle of " + std::to_string(d_.size()) + " bytes exceeds max_pickle_bytes",
+    return make_error(ErrorCode::kLimitExceeded,
+                      "pickle of " + std::to_string(d_.size()) + " bytes exceeds max_pickle_bytes",
                       Location{opt_.record, 0, ""});
   std::uint64_t ops = 0;
   for (;;) {
@@ -590,7 +596,8 @@ Result<PickleResult> Machine::run() {
     op_ = 0;
     if (pos_ >= d_.size()) return malformed("pickle data was truncated (no STOP)");
     if (++ops > lim_.max_pickle_ops)
-      return fail(ErrorCode::kLimitExceeded, "more than max_pickle_ops (" + std::to_string(lim_.max_pickle_ops) + ") opcodes");
+      return fail(ErrorCode::kLimitExceeded,
+                  "more than max_pickle_ops (" + std::to_string(lim_.max_pickle_ops) + ") opcodes");
     {
       SAFECKPT_TRY(Bytes b, read(1));
       op_ = b[0];
@@ -619,7 +626,8 @@ Result<PickleResult> Machine::run() {
         return PickleResult{stack_.back(), pos_, max_protocol_};
       }
       case op::kMark:
-        if (marks_.size() >= lim_.max_mark_depth) return fail(ErrorCode::kLimitExceeded, "MARK nesting exceeds max_mark_depth");
+        if (marks_.size() >= lim_.max_mark_depth)
+          return fail(ErrorCode::kLimitExceeded, "MARK nesting exceeds max_mark_depth");
         marks_.push_back(stack_.size());
         break;
       case op::kPop:
@@ -872,7 +880,8 @@ Result<PickleResult> Machine::run() {
         SAFECKPT_TRY(auto line, read_line());
         std::uint64_t idx = 0;
         auto [ptr, ec] = std::from_chars(line.data(), line.data() + line.size(), idx);
-        if (line.empty() || ec != std::errc() || ptr != line.data() + line.size()) return malformed("invalid PUT index");
+        if (line.empty() || ec != std::errc() || ptr != line.data() + line.size())
+          return malformed("invalid PUT index");
         SAFECKPT_CHECK(memo_put(idx));
         break;
       }
@@ -891,7 +900,8 @@ Result<PickleResult> Machine::run() {
         SAFECKPT_TRY(auto line, read_line());
         std::uint64_t idx = 0;
         auto [ptr, ec] = std::from_chars(line.data(), line.data() + line.size(), idx);
-        if (line.empty() || ec != std::errc() || ptr != line.data() + line.size()) return malformed("invalid GET index");
+        if (line.empty() || ec != std::errc() || ptr != line.data() + line.size())
+          return malformed("invalid GET index");
         SAFECKPT_CHECK(memo_get(idx));
         break;
       }
@@ -935,8 +945,8 @@ Result<PickleResult> Machine::run() {
         emit(PickleEvent::Type::kImport, canon, std::string(module), std::string(name), false,
              name.find('.') != std::string_view::npos);
         emit(PickleEvent::Type::kCall, canon);
-        SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedGlobal,
-                                    "INST opcode imports and calls '" + canon + "'; refused")));
+        SAFECKPT_CHECK(
+            policy(Error(ErrorCode::kDisallowedGlobal, "INST opcode imports and calls '" + canon + "'; refused")));
         SAFECKPT_TRY(NodeId ph, refused_placeholder(canon));
         SAFECKPT_CHECK(push(ph));
         break;
@@ -964,9 +974,8 @@ Result<PickleResult> Machine::run() {
         }
         std::string name = "<ext:" + std::to_string(code) + ">";
         emit(PickleEvent::Type::kImport, name);
-        SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedGlobal,
-                                    "extension registry code " + std::to_string(code) +
-                                        " (copyreg import by number); refused")));
+        SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedGlobal, "extension registry code " + std::to_string(code) +
+                                                                      " (copyreg import by number); refused")));
         SAFECKPT_TRY(NodeId ph, refused_placeholder(name));
         SAFECKPT_CHECK(push(ph));
         break;
@@ -1026,8 +1035,9 @@ Result<PickleResult> Machine::run() {
         SAFECKPT_TRY(auto line, read_line());
         (void)line;
         emit(PickleEvent::Type::kPersistentId, "");
-        SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedOperation,
-                                    "text persistent id (PERSID, protocol 0) refused: torch.load cannot read it either")));
+        SAFECKPT_CHECK(
+            policy(Error(ErrorCode::kDisallowedOperation,
+                         "text persistent id (PERSID, protocol 0) refused: torch.load cannot read it either")));
         SAFECKPT_TRY(NodeId ph, refused_placeholder("<persistent id>"));
         SAFECKPT_CHECK(push(ph));
         break;

@@ -1,10 +1,11 @@
 // Opcode names and Python-2 name mapping.
+#include "pickle/opcodes.hpp"
+
 #include <array>
 #include <map>
 #include <string>
 #include <utility>
 
-#include "pickle/opcodes.hpp"
 #include "safeckpt/pickle.hpp"
 
 namespace safeckpt {
@@ -119,26 +120,58 @@ constexpr std::array<std::pair<Pair, Pair>, 24> kNameMapping{{
 
 // CPython Lib/_compat_pickle.py IMPORT_MAPPING (module renames).
 constexpr std::array<Pair, 40> kImportMapping{{
-    {"__builtin__", "builtins"}, {"copy_reg", "copyreg"}, {"Queue", "queue"},
-    {"SocketServer", "socketserver"}, {"ConfigParser", "configparser"}, {"repr", "reprlib"},
-    {"tkFileDialog", "tkinter.filedialog"}, {"tkSimpleDialog", "tkinter.simpledialog"},
-    {"tkColorChooser", "tkinter.colorchooser"}, {"tkCommonDialog", "tkinter.commondialog"},
-    {"Dialog", "tkinter.dialog"}, {"Tkdnd", "tkinter.dnd"}, {"tkFont", "tkinter.font"},
-    {"tkMessageBox", "tkinter.messagebox"}, {"ScrolledText", "tkinter.scrolledtext"},
-    {"Tkconstants", "tkinter.constants"}, {"Tkinter", "tkinter"}, {"markupbase", "_markupbase"},
-    {"_winreg", "winreg"}, {"thread", "_thread"}, {"dummy_thread", "_dummy_thread"},
-    {"dbhash", "dbm.bsd"}, {"dumbdbm", "dbm.dumb"}, {"dbm", "dbm.ndbm"}, {"gdbm", "dbm.gnu"},
-    {"xmlrpclib", "xmlrpc.client"}, {"SimpleXMLRPCServer", "xmlrpc.server"}, {"httplib", "http.client"},
-    {"htmlentitydefs", "html.entities"}, {"HTMLParser", "html.parser"}, {"Cookie", "http.cookies"},
-    {"cookielib", "http.cookiejar"}, {"BaseHTTPServer", "http.server"}, {"test.test_support", "test.support"},
-    {"commands", "subprocess"}, {"urlparse", "urllib.parse"}, {"robotparser", "urllib.robotparser"},
-    {"urllib2", "urllib.request"}, {"anydbm", "dbm"}, {"_abcoll", "collections.abc"},
+    {"__builtin__", "builtins"},
+    {"copy_reg", "copyreg"},
+    {"Queue", "queue"},
+    {"SocketServer", "socketserver"},
+    {"ConfigParser", "configparser"},
+    {"repr", "reprlib"},
+    {"tkFileDialog", "tkinter.filedialog"},
+    {"tkSimpleDialog", "tkinter.simpledialog"},
+    {"tkColorChooser", "tkinter.colorchooser"},
+    {"tkCommonDialog", "tkinter.commondialog"},
+    {"Dialog", "tkinter.dialog"},
+    {"Tkdnd", "tkinter.dnd"},
+    {"tkFont", "tkinter.font"},
+    {"tkMessageBox", "tkinter.messagebox"},
+    {"ScrolledText", "tkinter.scrolledtext"},
+    {"Tkconstants", "tkinter.constants"},
+    {"Tkinter", "tkinter"},
+    {"markupbase", "_markupbase"},
+    {"_winreg", "winreg"},
+    {"thread", "_thread"},
+    {"dummy_thread", "_dummy_thread"},
+    {"dbhash", "dbm.bsd"},
+    {"dumbdbm", "dbm.dumb"},
+    {"dbm", "dbm.ndbm"},
+    {"gdbm", "dbm.gnu"},
+    {"xmlrpclib", "xmlrpc.client"},
+    {"SimpleXMLRPCServer", "xmlrpc.server"},
+    {"httplib", "http.client"},
+    {"htmlentitydefs", "html.entities"},
+    {"HTMLParser", "html.parser"},
+    {"Cookie", "http.cookies"},
+    {"cookielib", "http.cookiejar"},
+    {"BaseHTTPServer", "http.server"},
+    {"test.test_support", "test.support"},
+    {"commands", "subprocess"},
+    {"urlparse", "urllib.parse"},
+    {"robotparser", "urllib.robotparser"},
+    {"urllib2", "urllib.request"},
+    {"anydbm", "dbm"},
+    {"_abcoll", "collections.abc"},
 }};
 
 constexpr std::array<Pair, 9> kImportMapping2{{
-    {"cPickle", "pickle"}, {"_elementtree", "xml.etree.ElementTree"}, {"FileDialog", "tkinter.filedialog"},
-    {"StringIO", "io"}, {"cStringIO", "io"}, {"UserDict", "collections"}, {"UserList", "collections"},
-    {"UserString", "collections"}, {"whichdb", "dbm"},
+    {"cPickle", "pickle"},
+    {"_elementtree", "xml.etree.ElementTree"},
+    {"FileDialog", "tkinter.filedialog"},
+    {"StringIO", "io"},
+    {"cStringIO", "io"},
+    {"UserDict", "collections"},
+    {"UserList", "collections"},
+    {"UserString", "collections"},
+    {"whichdb", "dbm"},
 }};
 
 }  // namespace

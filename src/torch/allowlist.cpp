@@ -131,8 +131,9 @@ Status Allowlist::add(std::string_view name, std::string_view handled_as, std::s
   std::string_view as = handled_as.empty() ? name : handled_as;
   if (!lookup_known_global(as, e.builtin, e.dtype)) {
     if (!handled_as.empty())
-      return make_error(ErrorCode::kInvalidArgument, "'" + std::string(name) + " = " + std::string(handled_as) +
-                                                         "': the right side is not a global safeckpt knows how to build");
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'" + std::string(name) + " = " + std::string(handled_as) +
+                            "': the right side is not a global safeckpt knows how to build");
     e.builtin = Builtin::kGeneric;
   }
   e.handled_as = std::string(handled_as);

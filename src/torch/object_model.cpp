@@ -39,8 +39,7 @@ std::uint64_t TensorInfo::numel() const noexcept {
 }
 
 Result<NodeId> TorchHooks::add(Node n) {
-  if (arena_.size() >= lim_.max_nodes)
-    return make_error(ErrorCode::kLimitExceeded, "more than max_nodes values");
+  if (arena_.size() >= lim_.max_nodes) return make_error(ErrorCode::kLimitExceeded, "more than max_nodes values");
   return arena_.add(std::move(n));
 }
 
@@ -126,8 +125,8 @@ struct Args {
       return bad_args(fn, std::string(what) + " must be a tuple of ints, got " + std::string(kind_name(n.kind)));
     if (n.items.size() > max_len)
       return make_error(ErrorCode::kLimitExceeded, std::string(fn) + ": " + std::string(what) + " has " +
-                                                       std::to_string(n.items.size()) + " dimensions (max_tensor_rank " +
-                                                       std::to_string(max_len) + ")");
+                                                       std::to_string(n.items.size()) +
+                                                       " dimensions (max_tensor_rank " + std::to_string(max_len) + ")");
     std::vector<std::int64_t> out;
     out.reserve(n.items.size());
     for (NodeId id : n.items) {
@@ -139,7 +138,9 @@ struct Args {
   }
 };
 
-bool is_ordered_or_dict(Kind k) { return k == Kind::kOrderedDict || k == Kind::kDict; }
+bool is_ordered_or_dict(Kind k) {
+  return k == Kind::kOrderedDict || k == Kind::kDict;
+}
 
 }  // namespace
 
@@ -173,8 +174,9 @@ Status TorchHooks::check_view(const TensorInfo& t, std::uint64_t storage_nbytes)
   if (!checked_add(last, 1, need) || !checked_mul(need, dtype_size(t.dtype), need))
     return make_error(ErrorCode::kMalformed, "view extent overflows");
   if (need > storage_nbytes)
-    return make_error(ErrorCode::kMalformed, "tensor view needs " + std::to_string(need) + " bytes but its storage has " +
-                                                 std::to_string(storage_nbytes) + " (view outside its storage)");
+    return make_error(ErrorCode::kMalformed, "tensor view needs " + std::to_string(need) +
+                                                 " bytes but its storage has " + std::to_string(storage_nbytes) +
+                                                 " (view outside its storage)");
   return {};
 }
 
@@ -206,8 +208,7 @@ Result<NodeId> TorchHooks::rebuild_strided(const std::vector<NodeId>& v, Builtin
     const Node& hooks = a.at(5);
     if (!is_ordered_or_dict(hooks.kind) && hooks.kind != Kind::kNone)
       return bad_args(fn, "backward_hooks must be an OrderedDict");
-    if (!hooks.items.empty())
-      return bad_args(fn, "backward_hooks must be empty (hooks are never serialized)");
+    if (!hooks.items.empty()) return bad_args(fn, "backward_hooks must be empty (hooks are never serialized)");
   }
   std::size_t meta_index = 6;
   if (which == Builtin::kRebuildTensorV3) {
@@ -226,11 +227,13 @@ Result<NodeId> TorchHooks::rebuild_strided(const std::vector<NodeId>& v, Builtin
     for (std::size_t i = 0; i + 1 < m.items.size(); i += 2) {
       const Node& k = arena_[m.items[i]];
       const Node& val = arena_[m.items[i + 1]];
-      if (k.kind != Kind::kStr || val.kind != Kind::kBool)
-        return bad_args(fn, "metadata entries must be str -> bool");
-      if (k.text == "conj") t.conj = val.flag;
-      else if (k.text == "neg") t.neg = val.flag;
-      else return make_error(ErrorCode::kUnsupported, std::string(fn) + ": unknown tensor metadata '" + k.text + "'");
+      if (k.kind != Kind::kStr || val.kind != Kind::kBool) return bad_args(fn, "metadata entries must be str -> bool");
+      if (k.text == "conj")
+        t.conj = val.flag;
+      else if (k.text == "neg")
+        t.neg = val.flag;
+      else
+        return make_error(ErrorCode::kUnsupported, std::string(fn) + ": unknown tensor metadata '" + k.text + "'");
     }
   }
   SAFECKPT_CHECK(check_view(t, s.nbytes));
@@ -281,7 +284,8 @@ Result<NodeId> TorchHooks::rebuild_qtensor(const std::vector<NodeId>& v) {
     SAFECKPT_TRY(t.q_zero_point, qa.integer(2, "zero_point"));
   } else if (scheme.text == "per_channel_affine" || scheme.text == "per_channel_affine_float_qparams") {
     if (q.items.size() != 4) return bad_args(fn, "per-channel takes (qscheme, scales, zero_points, axis)");
-    t.qscheme = scheme.text == "per_channel_affine" ? QScheme::kPerChannelAffine : QScheme::kPerChannelAffineFloatQParams;
+    t.qscheme =
+        scheme.text == "per_channel_affine" ? QScheme::kPerChannelAffine : QScheme::kPerChannelAffineFloatQParams;
     const Node& sc = arena_[q.items[1]];
     const Node& zp = arena_[q.items[2]];
     if (sc.kind != Kind::kTensor || zp.kind != Kind::kTensor) return bad_args(fn, "scales/zero_points must be tensors");
@@ -314,7 +318,8 @@ Result<NodeId> TorchHooks::rebuild_sparse(const std::vector<NodeId>& v) {
     return n.kind == Kind::kTensor ? &t_.tensors[static_cast<std::size_t>(n.i)] : nullptr;
   };
   if (lay.text == "sparse_coo") {
-    if (data.items.size() != 3 && data.items.size() != 4) return bad_args(fn, "COO data is (indices, values, size[, coalesced])");
+    if (data.items.size() != 3 && data.items.size() != 4)
+      return bad_args(fn, "COO data is (indices, values, size[, coalesced])");
     const TensorInfo* idx = tensor_at(0);
     const TensorInfo* val = tensor_at(1);
     if (!idx || !val) return bad_args(fn, "indices and values must be tensors");
@@ -322,17 +327,21 @@ Result<NodeId> TorchHooks::rebuild_sparse(const std::vector<NodeId>& v) {
     if (data.items.size() == 4) {
       SAFECKPT_TRY(t.coalesced, a.boolean(3, "is_coalesced"));
     }
-    if (idx->dtype != DType::kInt64 || idx->shape.size() != 2) return bad_args(fn, "indices must be a 2-D int64 tensor");
+    if (idx->dtype != DType::kInt64 || idx->shape.size() != 2)
+      return bad_args(fn, "indices must be a 2-D int64 tensor");
     if (val->shape.empty() || val->shape[0] != idx->shape[1]) return bad_args(fn, "values and indices disagree on nnz");
     std::size_t sparse_dim = static_cast<std::size_t>(idx->shape[0]);
-    if (sparse_dim + val->shape.size() - 1 != t.shape.size()) return bad_args(fn, "sparse_dim + dense_dim != len(size)");
+    if (sparse_dim + val->shape.size() - 1 != t.shape.size())
+      return bad_args(fn, "sparse_dim + dense_dim != len(size)");
     for (std::size_t d = 0; d + 1 < val->shape.size(); ++d)
       if (val->shape[d + 1] != t.shape[sparse_dim + d]) return bad_args(fn, "values' dense shape does not match size");
     t.layout = Layout::kSparseCoo;
     t.dtype = val->dtype;
     t.sparse_parts = {static_cast<std::uint32_t>(a.at(0).i), static_cast<std::uint32_t>(a.at(1).i)};
-  } else if (lay.text == "sparse_csr" || lay.text == "sparse_csc" || lay.text == "sparse_bsr" || lay.text == "sparse_bsc") {
-    if (data.items.size() != 4) return bad_args(fn, "compressed data is (compressed_indices, plain_indices, values, size)");
+  } else if (lay.text == "sparse_csr" || lay.text == "sparse_csc" || lay.text == "sparse_bsr" ||
+             lay.text == "sparse_bsc") {
+    if (data.items.size() != 4)
+      return bad_args(fn, "compressed data is (compressed_indices, plain_indices, values, size)");
     const TensorInfo* ci = tensor_at(0);
     const TensorInfo* pi = tensor_at(1);
     const TensorInfo* val = tensor_at(2);
@@ -341,8 +350,9 @@ Result<NodeId> TorchHooks::rebuild_sparse(const std::vector<NodeId>& v) {
     if ((ci->dtype != DType::kInt64 && ci->dtype != DType::kInt32) || ci->dtype != pi->dtype)
       return bad_args(fn, "index tensors must both be int32 or int64");
     if (ci->shape.size() != 1 || pi->shape.size() != 1 || t.shape.size() < 2)
-      return make_error(ErrorCode::kUnsupported, std::string(fn) + ": batched compressed sparse tensors are not supported");
-    t.layout = lay.text == "sparse_csr" ? Layout::kSparseCsr
+      return make_error(ErrorCode::kUnsupported,
+                        std::string(fn) + ": batched compressed sparse tensors are not supported");
+    t.layout = lay.text == "sparse_csr"   ? Layout::kSparseCsr
                : lay.text == "sparse_csc" ? Layout::kSparseCsc
                : lay.text == "sparse_bsr" ? Layout::kSparseBsr
                                           : Layout::kSparseBsc;
@@ -433,10 +443,11 @@ Result<NodeId> TorchHooks::make_set(Kind kind, const std::vector<NodeId>& v) {
 
 Result<NodeId> TorchHooks::make_device(const std::vector<NodeId>& v) {
   // torch.device(type[, index]) or torch.device("type:index"); torch/csrc/Device.cpp
-  static constexpr std::string_view kTypes[] = {"cpu", "cuda", "mps", "meta", "xpu", "hpu", "mtia", "xla", "ipu",
-                                                "privateuseone", "lazy", "vulkan", "ve", "fpga", "maia", "ort",
-                                                "mkldnn", "opengl", "opencl", "ideep", "hip", "msnpu"};
-  if (v.empty() || v.size() > 2 || arena_[v[0]].kind != Kind::kStr) return bad_args("torch.device", "expected (type[, index])");
+  static constexpr std::string_view kTypes[] = {
+      "cpu",    "cuda", "mps",  "meta", "xpu", "hpu",    "mtia",   "xla",    "ipu",   "privateuseone", "lazy",
+      "vulkan", "ve",   "fpga", "maia", "ort", "mkldnn", "opengl", "opencl", "ideep", "hip",           "msnpu"};
+  if (v.empty() || v.size() > 2 || arena_[v[0]].kind != Kind::kStr)
+    return bad_args("torch.device", "expected (type[, index])");
   std::string s = arena_[v[0]].text;
   std::string type = s, index;
   if (auto c = s.find(':'); c != std::string::npos) {
@@ -576,9 +587,12 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
       if (v.empty() || v.size() > 3) return bad_args(e->name, "expected 1-3 arguments");
       SAFECKPT_TRY(NodeId none, add(Node{}));
       n.kind = Kind::kSlice;
-      if (v.size() == 1) n.items = {none, v[0], none};
-      else if (v.size() == 2) n.items = {v[0], v[1], none};
-      else n.items = v;
+      if (v.size() == 1)
+        n.items = {none, v[0], none};
+      else if (v.size() == 2)
+        n.items = {v[0], v[1], none};
+      else
+        n.items = v;
       return add(std::move(n));
     }
     case Builtin::kSize: {
@@ -631,7 +645,8 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
     }
     case Builtin::kParameter: {
       // torch.nn.Parameter(data[, requires_grad]) as a REDUCE (old files).
-      if (v.empty() || v.size() > 2 || a.at(0).kind != Kind::kTensor) return bad_args(e->name, "expected (data[, requires_grad])");
+      if (v.empty() || v.size() > 2 || a.at(0).kind != Kind::kTensor)
+        return bad_args(e->name, "expected (data[, requires_grad])");
       TensorInfo t = t_.tensors[static_cast<std::size_t>(a.at(0).i)];
       t.is_parameter = true;
       t.requires_grad = true;
@@ -658,10 +673,11 @@ Result<NodeId> TorchHooks::new_object(NodeId cls, NodeId args, const OpContext& 
     }
     return call(cls, args, ctx);
   }
-  return make_error(ErrorCode::kDisallowedOperation,
-                    "Can only create new object for nn.Parameter or classes allowlisted via add_safe_globals "
-                    "(--allow FILE), but got " +
-                        (arena_[cls].kind == Kind::kGlobal ? arena_[cls].text : std::string(kind_name(arena_[cls].kind))));
+  return make_error(
+      ErrorCode::kDisallowedOperation,
+      "Can only create new object for nn.Parameter or classes allowlisted via add_safe_globals "
+      "(--allow FILE), but got " +
+          (arena_[cls].kind == Kind::kGlobal ? arena_[cls].text : std::string(kind_name(arena_[cls].kind))));
 }
 
 Status TorchHooks::build(NodeId obj, NodeId state, const OpContext&) {
@@ -669,7 +685,8 @@ Status TorchHooks::build(NodeId obj, NodeId state, const OpContext&) {
   if (o.kind == Kind::kOrderedDict) {
     // OrderedDict.__dict__.update(state): attributes such as `_metadata`.
     const Node& s = arena_[state];
-    if (s.kind != Kind::kDict) return make_error(ErrorCode::kDisallowedOperation, "OrderedDict BUILD state must be a dict");
+    if (s.kind != Kind::kDict)
+      return make_error(ErrorCode::kDisallowedOperation, "OrderedDict BUILD state must be a dict");
     for (std::size_t i = 0; i < s.items.size(); i += 2)
       if (arena_[s.items[i]].kind != Kind::kStr)
         return make_error(ErrorCode::kDisallowedOperation, "attribute names must be str");
@@ -684,9 +701,10 @@ Status TorchHooks::build(NodeId obj, NodeId state, const OpContext&) {
       return {};
     }
   }
-  return make_error(ErrorCode::kDisallowedOperation,
-                    "Can only build Tensor, Parameter, OrderedDict or types allowlisted via add_safe_globals, but got " +
-                        (o.kind == Kind::kObject ? o.text : std::string(kind_name(o.kind))));
+  return make_error(
+      ErrorCode::kDisallowedOperation,
+      "Can only build Tensor, Parameter, OrderedDict or types allowlisted via add_safe_globals, but got " +
+          (o.kind == Kind::kObject ? o.text : std::string(kind_name(o.kind))));
 }
 
 Result<NodeId> TorchHooks::persistent_load(NodeId pid_id, const OpContext& ctx) {
@@ -714,8 +732,8 @@ Result<NodeId> TorchHooks::persistent_load(NodeId pid_id, const OpContext& ctx) 
   if (f.empty() || !text_of(f[0], tag) || tag != "storage")
     return make_error(ErrorCode::kDisallowedOperation, "Only persistent_load of storage is allowed");
   if (f.size() != want)
-    return make_error(ErrorCode::kMalformed, "storage persistent id must have " + std::to_string(want) + " fields, got " +
-                                                 std::to_string(f.size()));
+    return make_error(ErrorCode::kMalformed, "storage persistent id must have " + std::to_string(want) +
+                                                 " fields, got " + std::to_string(f.size()));
   const AllowEntry* st = entry_of(f[1]);
   DType dtype;
   if (st != nullptr && st->builtin == Builtin::kStorageClass) {
@@ -727,17 +745,22 @@ Result<NodeId> TorchHooks::persistent_load(NodeId pid_id, const OpContext& ctx) 
   }
   std::string key, location;
   if (!text_of(f[2], key)) {
-    if (arena_[f[2]].kind == Kind::kInt) key = std::to_string(arena_[f[2]].i);
-    else return make_error(ErrorCode::kMalformed, "storage key must be a str");
+    if (arena_[f[2]].kind == Kind::kInt)
+      key = std::to_string(arena_[f[2]].i);
+    else
+      return make_error(ErrorCode::kMalformed, "storage key must be a str");
   }
   if (!text_of(f[3], location)) return make_error(ErrorCode::kMalformed, "storage location must be a str");
   const Node& numel = arena_[f[4]];
-  if (numel.kind != Kind::kInt || numel.i < 0) return make_error(ErrorCode::kMalformed, "storage numel must be an int >= 0");
+  if (numel.kind != Kind::kInt || numel.i < 0)
+    return make_error(ErrorCode::kMalformed, "storage numel must be an int >= 0");
   if (pid_form_ == PidForm::kLegacy && arena_[f[5]].kind != Kind::kNone)
     return make_error(ErrorCode::kUnsupported, "legacy storage view_metadata (pre-0.4 storage views) is not supported");
   std::uint64_t nbytes;
-  if (!checked_mul(static_cast<std::uint64_t>(numel.i), dtype_size(dtype), nbytes) || nbytes > lim_.max_total_storage_bytes)
-    return make_error(ErrorCode::kLimitExceeded, "storage of " + std::to_string(numel.i) + " elements exceeds max_total_storage_bytes");
+  if (!checked_mul(static_cast<std::uint64_t>(numel.i), dtype_size(dtype), nbytes) ||
+      nbytes > lim_.max_total_storage_bytes)
+    return make_error(ErrorCode::kLimitExceeded,
+                      "storage of " + std::to_string(numel.i) + " elements exceeds max_total_storage_bytes");
   if (provider_ == nullptr) return make_error(ErrorCode::kMalformed, "a bare pickle cannot reference storages");
   SAFECKPT_TRY(std::uint32_t idx, provider_->storage(key, dtype, nbytes, location, ctx));
   Node n;
@@ -756,9 +779,9 @@ namespace {
 
 std::optional<DType> numpy_code_dtype(std::string_view code) {
   static constexpr std::pair<std::string_view, DType> kCodes[] = {
-      {"f8", DType::kFloat64}, {"f4", DType::kFloat32}, {"f2", DType::kFloat16}, {"i8", DType::kInt64},
-      {"i4", DType::kInt32},   {"i2", DType::kInt16},   {"i1", DType::kInt8},    {"u1", DType::kUInt8},
-      {"u2", DType::kUInt16},  {"u4", DType::kUInt32},  {"u8", DType::kUInt64},  {"b1", DType::kBool},
+      {"f8", DType::kFloat64},   {"f4", DType::kFloat32},    {"f2", DType::kFloat16}, {"i8", DType::kInt64},
+      {"i4", DType::kInt32},     {"i2", DType::kInt16},      {"i1", DType::kInt8},    {"u1", DType::kUInt8},
+      {"u2", DType::kUInt16},    {"u4", DType::kUInt32},     {"u8", DType::kUInt64},  {"b1", DType::kBool},
       {"c8", DType::kComplex64}, {"c16", DType::kComplex128}};
   for (auto& [c, d] : kCodes)
     if (c == code) return d;
@@ -779,8 +802,10 @@ Result<NodeId> TorchHooks::numpy_call(Builtin b, NodeId callable, const std::vec
     if (v.empty() || arena_[v[0]].kind != Kind::kStr) return bad_args(name, "expected (code, align, copy)");
     std::string code = arena_[v[0]].text;
     if (!code.empty() && (code[0] == '<' || code[0] == '>' || code[0] == '|' || code[0] == '=')) code.erase(0, 1);
-    if (code == "O") return make_error(ErrorCode::kUnsupported, "numpy object dtype (its values are arbitrary pickles)");
-    if (!numpy_code_dtype(code)) return make_error(ErrorCode::kUnsupported, "numpy dtype '" + code + "' is not supported");
+    if (code == "O")
+      return make_error(ErrorCode::kUnsupported, "numpy object dtype (its values are arbitrary pickles)");
+    if (!numpy_code_dtype(code))
+      return make_error(ErrorCode::kUnsupported, "numpy dtype '" + code + "' is not supported");
     Node n;
     n.kind = Kind::kObject;
     n.text = "numpy.dtype";
@@ -790,7 +815,8 @@ Result<NodeId> TorchHooks::numpy_call(Builtin b, NodeId callable, const std::vec
     return id;
   }
   if (b == Builtin::kNumpyScalar) {
-    if (v.size() != 2 || !numpy_objects_.count(v[0]) || numpy_objects_[v[0]].is_array || arena_[v[1]].kind != Kind::kBytes)
+    if (v.size() != 2 || !numpy_objects_.count(v[0]) || numpy_objects_[v[0]].is_array ||
+        arena_[v[1]].kind != Kind::kBytes)
       return bad_args(name, "expected (numpy.dtype, bytes)");
     NumpyState st = numpy_objects_[v[0]];
     DType dt = *numpy_code_dtype(st.code);
@@ -800,16 +826,76 @@ Result<NodeId> TorchHooks::numpy_call(Builtin b, NodeId callable, const std::vec
     Node n;
     auto rd = [&](auto& x) { std::memcpy(&x, raw.data(), sizeof x); };
     switch (dt) {
-      case DType::kFloat64: { double x; rd(x); n.kind = Kind::kFloat; n.re = x; break; }
-      case DType::kFloat32: { float x; rd(x); n.kind = Kind::kFloat; n.re = x; break; }
-      case DType::kFloat16: { std::uint16_t x; rd(x); n.kind = Kind::kFloat; n.re = half_to_double(x); break; }
-      case DType::kInt64: { std::int64_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
-      case DType::kInt32: { std::int32_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
-      case DType::kInt16: { std::int16_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
-      case DType::kInt8: { std::int8_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
-      case DType::kUInt8: { std::uint8_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
-      case DType::kUInt16: { std::uint16_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
-      case DType::kUInt32: { std::uint32_t x; rd(x); n.kind = Kind::kInt; n.i = x; break; }
+      case DType::kFloat64: {
+        double x;
+        rd(x);
+        n.kind = Kind::kFloat;
+        n.re = x;
+        break;
+      }
+      case DType::kFloat32: {
+        float x;
+        rd(x);
+        n.kind = Kind::kFloat;
+        n.re = x;
+        break;
+      }
+      case DType::kFloat16: {
+        std::uint16_t x;
+        rd(x);
+        n.kind = Kind::kFloat;
+        n.re = half_to_double(x);
+        break;
+      }
+      case DType::kInt64: {
+        std::int64_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
+      case DType::kInt32: {
+        std::int32_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
+      case DType::kInt16: {
+        std::int16_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
+      case DType::kInt8: {
+        std::int8_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
+      case DType::kUInt8: {
+        std::uint8_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
+      case DType::kUInt16: {
+        std::uint16_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
+      case DType::kUInt32: {
+        std::uint32_t x;
+        rd(x);
+        n.kind = Kind::kInt;
+        n.i = x;
+        break;
+      }
       case DType::kUInt64: {
         std::uint64_t x;
         rd(x);
@@ -822,9 +908,26 @@ Result<NodeId> TorchHooks::numpy_call(Builtin b, NodeId callable, const std::vec
         }
         break;
       }
-      case DType::kBool: n.kind = Kind::kBool; n.flag = raw[0] != 0; break;
-      case DType::kComplex64: { float x[2]; std::memcpy(x, raw.data(), 8); n.kind = Kind::kComplex; n.re = x[0]; n.im = x[1]; break; }
-      case DType::kComplex128: { double x[2]; std::memcpy(x, raw.data(), 16); n.kind = Kind::kComplex; n.re = x[0]; n.im = x[1]; break; }
+      case DType::kBool:
+        n.kind = Kind::kBool;
+        n.flag = raw[0] != 0;
+        break;
+      case DType::kComplex64: {
+        float x[2];
+        std::memcpy(x, raw.data(), 8);
+        n.kind = Kind::kComplex;
+        n.re = x[0];
+        n.im = x[1];
+        break;
+      }
+      case DType::kComplex128: {
+        double x[2];
+        std::memcpy(x, raw.data(), 16);
+        n.kind = Kind::kComplex;
+        n.re = x[0];
+        n.im = x[1];
+        break;
+      }
       default: return make_error(ErrorCode::kUnsupported, "numpy scalar dtype");
     }
     return add(std::move(n));
@@ -859,12 +962,14 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
     return {};
   }
   // array state: (version, shape, dtype, is_fortran, data)
-  if (state.items.size() != 5) return bad_args("numpy.ndarray BUILD", "expected (version, shape, dtype, is_fortran, data)");
+  if (state.items.size() != 5)
+    return bad_args("numpy.ndarray BUILD", "expected (version, shape, dtype, is_fortran, data)");
   std::vector<NodeId> it = state.items;
   Args a{arena_, it, "numpy.ndarray BUILD"};
   TensorInfo t;
   SAFECKPT_TRY(t.shape, a.int_tuple(1, "shape", lim_.max_tensor_rank));
-  if (!numpy_objects_.count(it[2]) || numpy_objects_[it[2]].is_array) return bad_args("numpy.ndarray BUILD", "dtype expected");
+  if (!numpy_objects_.count(it[2]) || numpy_objects_[it[2]].is_array)
+    return bad_args("numpy.ndarray BUILD", "dtype expected");
   NumpyState dst = numpy_objects_[it[2]];
   SAFECKPT_TRY(bool fortran, a.boolean(3, "is_fortran"));
   const Node& data = arena_[it[4]];
@@ -885,9 +990,11 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
     for (std::size_t i = 0; i + unit <= buf->size(); i += unit) std::reverse(buf->begin() + i, buf->begin() + i + unit);
   t.stride.assign(t.shape.size(), 1);
   if (fortran) {
-    for (std::size_t d = 1; d < t.shape.size(); ++d) t.stride[d] = t.stride[d - 1] * std::max<std::int64_t>(t.shape[d - 1], 1);
+    for (std::size_t d = 1; d < t.shape.size(); ++d)
+      t.stride[d] = t.stride[d - 1] * std::max<std::int64_t>(t.shape[d - 1], 1);
   } else {
-    for (std::size_t d = t.shape.size(); d-- > 1;) t.stride[d - 1] = t.stride[d] * std::max<std::int64_t>(t.shape[d], 1);
+    for (std::size_t d = t.shape.size(); d-- > 1;)
+      t.stride[d - 1] = t.stride[d] * std::max<std::int64_t>(t.shape[d], 1);
   }
   StorageInfo s;
   s.key = "numpy:" + std::to_string(obj);
@@ -899,7 +1006,8 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
   t_.owned.push_back(std::move(buf));
   t_.storages.push_back(std::move(s));
   t.storage = static_cast<std::uint32_t>(t_.storages.size() - 1);
-  if (t_.tensors.size() >= lim_.max_tensors) return make_error(ErrorCode::kLimitExceeded, "more than max_tensors tensors");
+  if (t_.tensors.size() >= lim_.max_tensors)
+    return make_error(ErrorCode::kLimitExceeded, "more than max_tensors tensors");
   t_.tensors.push_back(std::move(t));
   Node& n = arena_[obj];  // the ndarray becomes a tensor node in place (shared refs see it)
   n.kind = Kind::kTensor;
@@ -913,8 +1021,9 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
 std::string allow_hint(std::string_view g) {
   std::string s = "Unsupported global: GLOBAL " + std::string(g) +
                   " was not an allowed global by default (PyTorch's weights-only set). If you trust this file, "
-                  "allow it with `--allow FILE` (a line `" + std::string(g) + "`) or Allowlist::add(\"" +
-                  std::string(g) + "\") — the equivalent of torch.serialization.add_safe_globals([" + std::string(g) + "]).";
+                  "allow it with `--allow FILE` (a line `" +
+                  std::string(g) + "`) or Allowlist::add(\"" + std::string(g) +
+                  "\") — the equivalent of torch.serialization.add_safe_globals([" + std::string(g) + "]).";
   return s;
 }
 

@@ -97,8 +97,8 @@ class TorchHooks final : public PickleHooks {
   // and arrays awaiting their BUILD state.
   struct NumpyState {
     bool is_array = false;
-    std::string code;     // dtype code, e.g. "f8" (dtypes)
-    char order = '=';     // byte order from the dtype's BUILD state
+    std::string code;  // dtype code, e.g. "f8" (dtypes)
+    char order = '=';  // byte order from the dtype's BUILD state
   };
   std::unordered_map<NodeId, NumpyState> numpy_objects_;
 };

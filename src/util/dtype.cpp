@@ -50,7 +50,9 @@ constexpr std::array<DTypeInfo, static_cast<std::size_t>(DType::kCount_)> kInfo{
     {DType::kBits4x2, "bits4x2", 1, 1, ""},
 }};
 
-const DTypeInfo& info(DType d) { return kInfo[static_cast<std::size_t>(d)]; }
+const DTypeInfo& info(DType d) {
+  return kInfo[static_cast<std::size_t>(d)];
+}
 
 }  // namespace
 
@@ -64,8 +66,12 @@ std::optional<DType> dtype_from_name(std::string_view name) noexcept {
   return std::nullopt;
 }
 
-std::uint32_t dtype_size(DType d) noexcept { return d < DType::kCount_ ? info(d).size : 0; }
-std::uint32_t dtype_swap_unit(DType d) noexcept { return d < DType::kCount_ ? info(d).swap_unit : 1; }
+std::uint32_t dtype_size(DType d) noexcept {
+  return d < DType::kCount_ ? info(d).size : 0;
+}
+std::uint32_t dtype_swap_unit(DType d) noexcept {
+  return d < DType::kCount_ ? info(d).swap_unit : 1;
+}
 
 bool dtype_is_quantized(DType d) noexcept {
   return d == DType::kQInt8 || d == DType::kQUInt8 || d == DType::kQInt32 || d == DType::kQUInt4x2 ||
@@ -79,6 +85,8 @@ std::optional<DType> dtype_from_storage_class(std::string_view class_name) noexc
   return std::nullopt;
 }
 
-std::string_view storage_class_for(DType d) noexcept { return d < DType::kCount_ ? info(d).storage_class : ""; }
+std::string_view storage_class_for(DType d) noexcept {
+  return d < DType::kCount_ ? info(d).storage_class : "";
+}
 
 }  // namespace safeckpt

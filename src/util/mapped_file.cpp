@@ -10,7 +10,9 @@
 
 namespace safeckpt {
 
-MappedFile::MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
+MappedFile::MappedFile(MappedFile&& o) noexcept {
+  *this = std::move(o);
+}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
@@ -29,7 +31,9 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   return *this;
 }
 
-MappedFile::~MappedFile() { reset(); }
+MappedFile::~MappedFile() {
+  reset();
+}
 
 void MappedFile::reset() noexcept {
   if (mapped_ && data_ != nullptr && size_ > 0) munmap(const_cast<std::uint8_t*>(data_), size_);

@@ -38,9 +38,13 @@ void* sck_open(const char* path, const char* allow_file, char* err, int errlen) 
   return h;
 }
 
-int sck_count(void* h) { return static_cast<int>(static_cast<Handle*>(h)->tensors.size()); }
+int sck_count(void* h) {
+  return static_cast<int>(static_cast<Handle*>(h)->tensors.size());
+}
 
-const char* sck_name(void* h, int i) { return static_cast<Handle*>(h)->tensors[static_cast<std::size_t>(i)].name.c_str(); }
+const char* sck_name(void* h, int i) {
+  return static_cast<Handle*>(h)->tensors[static_cast<std::size_t>(i)].name.c_str();
+}
 
 void* sck_dlpack(void* h, int i, int versioned, char* err, int errlen) {
   auto* hd = static_cast<Handle*>(h);
@@ -61,6 +65,8 @@ void* sck_dlpack(void* h, int i, int versioned, char* err, int errlen) {
   return *r;
 }
 
-void sck_close(void* h) { delete static_cast<Handle*>(h); }
+void sck_close(void* h) {
+  delete static_cast<Handle*>(h);
+}
 
 }  // extern "C"

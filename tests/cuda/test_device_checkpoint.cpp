@@ -1,9 +1,8 @@
 // Device loading proof (issue 5): every corpus checkpoint loaded to the GPU
 // gives, storage by storage, the same bytes as the host load; DLPack views
 // point into the arena. Skips where there is no CUDA device.
-#include <doctest/doctest.h>
-
 #include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
 
 #include <cstdlib>
 #include <filesystem>

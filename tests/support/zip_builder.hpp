@@ -19,11 +19,20 @@ class ZipBuilder {
   void add(const std::string& name, const std::string& data, bool raw_name = false) {
     std::string full = raw_name ? name : root_ + "/" + name;
     Entry e{full, static_cast<std::uint32_t>(out_.size()),
-            static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size()))),
+            static_cast<std::uint32_t>(
+                crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size()))),
             static_cast<std::uint32_t>(data.size())};
-    u32(0x04034b50); u16(20); u16(0); u16(0); u16(0); u16(0);
-    u32(e.crc); u32(e.size); u32(e.size);
-    u16(static_cast<std::uint16_t>(full.size())); u16(0);
+    u32(0x04034b50);
+    u16(20);
+    u16(0);
+    u16(0);
+    u16(0);
+    u16(0);
+    u32(e.crc);
+    u32(e.size);
+    u32(e.size);
+    u16(static_cast<std::uint16_t>(full.size()));
+    u16(0);
     out_.insert(out_.end(), full.begin(), full.end());
     out_.insert(out_.end(), data.begin(), data.end());
     entries_.push_back(e);
@@ -32,16 +41,34 @@ class ZipBuilder {
   std::vector<std::uint8_t> finish() {
     std::uint32_t cd = static_cast<std::uint32_t>(out_.size());
     for (const auto& e : entries_) {
-      u32(0x02014b50); u16(20); u16(20); u16(0); u16(0); u16(0); u16(0);
-      u32(e.crc); u32(e.size); u32(e.size);
-      u16(static_cast<std::uint16_t>(e.name.size())); u16(0); u16(0); u16(0); u16(0); u32(0);
+      u32(0x02014b50);
+      u16(20);
+      u16(20);
+      u16(0);
+      u16(0);
+      u16(0);
+      u16(0);
+      u32(e.crc);
+      u32(e.size);
+      u32(e.size);
+      u16(static_cast<std::uint16_t>(e.name.size()));
+      u16(0);
+      u16(0);
+      u16(0);
+      u16(0);
+      u32(0);
       u32(e.offset);
       out_.insert(out_.end(), e.name.begin(), e.name.end());
     }
     std::uint32_t cd_size = static_cast<std::uint32_t>(out_.size()) - cd;
-    u32(0x06054b50); u16(0); u16(0);
-    u16(static_cast<std::uint16_t>(entries_.size())); u16(static_cast<std::uint16_t>(entries_.size()));
-    u32(cd_size); u32(cd); u16(0);
+    u32(0x06054b50);
+    u16(0);
+    u16(0);
+    u16(static_cast<std::uint16_t>(entries_.size()));
+    u16(static_cast<std::uint16_t>(entries_.size()));
+    u32(cd_size);
+    u32(cd);
+    u16(0);
     return out_;
   }
 
@@ -50,8 +77,14 @@ class ZipBuilder {
     std::string name;
     std::uint32_t offset, crc, size;
   };
-  void u16(std::uint16_t v) { out_.push_back(static_cast<std::uint8_t>(v)); out_.push_back(static_cast<std::uint8_t>(v >> 8)); }
-  void u32(std::uint32_t v) { u16(static_cast<std::uint16_t>(v)); u16(static_cast<std::uint16_t>(v >> 16)); }
+  void u16(std::uint16_t v) {
+    out_.push_back(static_cast<std::uint8_t>(v));
+    out_.push_back(static_cast<std::uint8_t>(v >> 8));
+  }
+  void u32(std::uint32_t v) {
+    u16(static_cast<std::uint16_t>(v));
+    u16(static_cast<std::uint16_t>(v >> 16));
+  }
   std::string root_;
   std::vector<std::uint8_t> out_;
   std::vector<Entry> entries_;

@@ -24,7 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path corpus_dir(const char* which) { return fs::path(SAFECKPT_TEST_DATA) / "corpus" / which; }
+fs::path corpus_dir(const char* which) {
+  return fs::path(SAFECKPT_TEST_DATA) / "corpus" / which;
+}
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);

@@ -16,15 +16,21 @@ using namespace std::string_literals;
 
 namespace {
 
-std::string g(const std::string& m, const std::string& n) { return "c" + m + "\n" + n + "\n"; }
+std::string g(const std::string& m, const std::string& n) {
+  return "c" + m + "\n" + n + "\n";
+}
 std::string uni(const std::string& s) {
   std::string out = "X";
   std::uint32_t n = static_cast<std::uint32_t>(s.size());
   out.append(reinterpret_cast<const char*>(&n), 4);
   return out + s;
 }
-std::string u32(std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
-std::string u64(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+std::string u32(std::uint32_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 4);
+}
+std::string u64(std::uint64_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 8);
+}
 
 safeckpt::Result<safeckpt::Checkpoint> load_pickle(const std::string& p, const safeckpt::Limits& lim = {}) {
   safeckpt::LoadOptions o;
@@ -66,7 +72,10 @@ TEST_CASE("pickle stage: malformed streams are kMalformed, never a crash") {
       {"no STOP (truncated)", "\x80\x02K\x01", ErrorCode::kMalformed},
       {"invalid opcode byte", std::string("\x80\x02\xff.", 4), ErrorCode::kMalformed},
       {"broken stream after a call (nullifAI) with no policy issue", "\x80\x02]\xfe", ErrorCode::kMalformed},
-      {"BINUNICODE length past the end", "\x80\x02X\xff\xff\x00\x00"s "ab.", ErrorCode::kMalformed},
+      {"BINUNICODE length past the end",
+       "\x80\x02X\xff\xff\x00\x00"s
+       "ab.",
+       ErrorCode::kMalformed},
       {"LONG4 negative length", "\x80\x02\x8b\xff\xff\xff\xff.", ErrorCode::kMalformed},
       {"BINSTRING negative length", "\x80\x02T\xff\xff\xff\xff.", ErrorCode::kMalformed},
       {"stack underflow: TUPLE1 on empty stack", "\x80\x02\x85.", ErrorCode::kMalformed},
@@ -80,7 +89,10 @@ TEST_CASE("pickle stage: malformed streams are kMalformed, never a crash") {
       {"text INT with garbage", "I12x\n.", ErrorCode::kMalformed},
       {"STRING not quoted", "Sabc\n.", ErrorCode::kMalformed},
       {"FRAME longer than the stream", "\x80\x04\x95" + u64(1000) + "K\x01.", ErrorCode::kMalformed},
-      {"opcode argument crossing a FRAME end", "\x80\x04\x95" + u64(2) + "X\x01\x00\x00\x00"s "a.",
+      {"opcode argument crossing a FRAME end",
+       "\x80\x04\x95" + u64(2) +
+           "X\x01\x00\x00\x00"s
+           "a.",
        ErrorCode::kMalformed},
       {"new FRAME inside a frame", "\x80\x04\x95" + u64(10) + "\x95" + u64(1) + "N.", ErrorCode::kMalformed},
       {"REDUCE arguments not a tuple", "\x80\x02" + g("collections", "OrderedDict") + "]R.", ErrorCode::kMalformed},
@@ -140,7 +152,10 @@ TEST_CASE("global stage: imports and calls outside the allowlist are policy erro
       {"NEWOBJ_EX", "\x80\x04" + g("collections", "OrderedDict") + ")}\x92.", ErrorCode::kDisallowedOperation},
       {"FROZENSET opcode without builtins.frozenset allowed", "\x80\x04(K\x01\x91.", ErrorCode::kDisallowedGlobal},
       {"SETITEM on a list (CVE-2026-24747 family)", "\x80\x02]K\x01K\x02s.", ErrorCode::kDisallowedOperation},
-      {"APPEND on a dict", "\x80\x02}K\x01" "a.", ErrorCode::kDisallowedOperation},
+      {"APPEND on a dict",
+       "\x80\x02}K\x01"
+       "a.",
+       ErrorCode::kDisallowedOperation},
       {"unhashable dict key", "\x80\x02}]K\x01s.", ErrorCode::kDisallowedOperation},
       {"BUILD on a plain dict", "\x80\x02}}b.", ErrorCode::kDisallowedOperation},
       {"calling a dtype", "\x80\x02" + g("torch", "float16") + ")R.", ErrorCode::kDisallowedOperation},
@@ -171,21 +186,35 @@ TEST_CASE("storage and view stage: records and views are checked") {
   };
   const std::vector<VRow> rows = {
       {"storage record missing", tensor_pickle("K\x04", "K\x00"s, "K\x04\x85", "K\x01\x85"), {}, ErrorCode::kMalformed},
-      {"record shorter than numel x elsize (CVE-2026-24747)", tensor_pickle("K\x04", "K\x00"s, "K\x04\x85", "K\x01\x85"),
-       {{"0", std::string(8, '\0')}}, ErrorCode::kMalformed},
-      {"record longer than numel x elsize", tensor_pickle("K\x04", "K\x00"s, "K\x04\x85", "K\x01\x85"),
-       {{"0", std::string(20, '\0')}}, ErrorCode::kMalformed},
-      {"view past the end of its storage", tensor_pickle("K\x04", "K\x01", "K\x04\x85", "K\x01\x85"),
-       {{"0", four_floats}}, ErrorCode::kMalformed},
-      {"negative stride", tensor_pickle("K\x04", "K\x03", "K\x04\x85", "J\xff\xff\xff\xff\x85"), {{"0", four_floats}},
+      {"record shorter than numel x elsize (CVE-2026-24747)",
+       tensor_pickle("K\x04", "K\x00"s, "K\x04\x85", "K\x01\x85"),
+       {{"0", std::string(8, '\0')}},
        ErrorCode::kMalformed},
-      {"negative storage offset", tensor_pickle("K\x04", "J\xff\xff\xff\xff", "K\x01\x85", "K\x01\x85"),
-       {{"0", four_floats}}, ErrorCode::kMalformed},
-      {"size/stride overflow", tensor_pickle("K\x04", "K\x00"s, "\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40K\x02\x86"s,
-                                             "\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40K\x01\x86"s),
-       {{"0", four_floats}}, ErrorCode::kMalformed},
-      {"size and stride of different rank", tensor_pickle("K\x04", "K\x00"s, "K\x02K\x02\x86", "K\x01\x85"),
-       {{"0", four_floats}}, ErrorCode::kMalformed},
+      {"record longer than numel x elsize",
+       tensor_pickle("K\x04", "K\x00"s, "K\x04\x85", "K\x01\x85"),
+       {{"0", std::string(20, '\0')}},
+       ErrorCode::kMalformed},
+      {"view past the end of its storage",
+       tensor_pickle("K\x04", "K\x01", "K\x04\x85", "K\x01\x85"),
+       {{"0", four_floats}},
+       ErrorCode::kMalformed},
+      {"negative stride",
+       tensor_pickle("K\x04", "K\x03", "K\x04\x85", "J\xff\xff\xff\xff\x85"),
+       {{"0", four_floats}},
+       ErrorCode::kMalformed},
+      {"negative storage offset",
+       tensor_pickle("K\x04", "J\xff\xff\xff\xff", "K\x01\x85", "K\x01\x85"),
+       {{"0", four_floats}},
+       ErrorCode::kMalformed},
+      {"size/stride overflow",
+       tensor_pickle("K\x04", "K\x00"s, "\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40K\x02\x86"s,
+                     "\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40K\x01\x86"s),
+       {{"0", four_floats}},
+       ErrorCode::kMalformed},
+      {"size and stride of different rank",
+       tensor_pickle("K\x04", "K\x00"s, "K\x02K\x02\x86", "K\x01\x85"),
+       {{"0", four_floats}},
+       ErrorCode::kMalformed},
   };
   for (const auto& r : rows) {
     auto res = load_zip(r.pickle, r.storages);
@@ -233,7 +262,10 @@ TEST_CASE("container stage: what the file is decides, not its name") {
 
 TEST_CASE("data opcodes torch lacks still denote the same values") {
   // protocol 4 with FRAME/MEMOIZE/SHORT_BINUNICODE: {'a': [1, 2]}
-  std::string body = "}\x94\x8c\x01" "a\x94]\x94(K\x01K\x02" "es.";
+  std::string body =
+      "}\x94\x8c\x01"
+      "a\x94]\x94(K\x01K\x02"
+      "es.";
   std::string p4 = "\x80\x04\x95" + u64(body.size()) + body;
   auto r = load_pickle(p4);
   REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
@@ -260,7 +292,9 @@ TEST_CASE("data opcodes torch lacks still denote the same values") {
   CHECK(p0->values()[l.items[2]].text == "aA\n");
   CHECK(p0->values()[l.items[3]].text == "x\xc3\xa9");
   // A memoized list appended to itself is a cycle, not an infinite copy.
-  auto cyc = load_pickle("\x80\x02]q\x00h\x00"s "a.");
+  auto cyc = load_pickle(
+      "\x80\x02]q\x00h\x00"s
+      "a.");
   REQUIRE(cyc.has_value());
   const auto& cl = cyc->values()[cyc->root()];
   REQUIRE(cl.items.size() == 1);
