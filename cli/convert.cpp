@@ -1,6 +1,122 @@
-// The 'convert' subcommand is registered here once its issue lands.
+// `safeckpt convert IN OUT`: between PyTorch checkpoints and safetensors.
+//
+// The input format is detected by content (a *.safetensors.index.json name
+// selects a sharded safetensors checkpoint); the output extension chooses
+// the output format: .pt/.pth/.bin/.ckpt a torch.save zip that
+// torch.load(weights_only=True) reads, .safetensors the reference layout.
+//  - PyTorch -> safetensors: every tensor, named as in the state_dict;
+//    shared storages become separate tensors (with a note); plain non-tensor
+//    values go to __metadata__ as JSON, others are refused unless
+//    --drop-non-tensors.
+//  - safetensors -> PyTorch: a state_dict (OrderedDict name -> tensor).
+//  - PyTorch -> PyTorch: re-saved from what the weights-only loader built,
+//    i.e. scrubbed to weights.
+// The output is written atomically and never replaces a file unless --force.
+// Exit codes: 0 converted, 1 input refused by policy, 2 anything else.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "commands.hpp"
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/detect.hpp"
+#include "safeckpt/safetensors.hpp"
+#include "safeckpt/save.hpp"
 
 namespace safeckpt::cli {
-void register_convert(CLI::App&, int&) {}
+namespace {
+
+struct ConvertArgs {
+  std::string in, out;
+  std::vector<std::string> allow_files;
+  bool force = false;
+  bool drop_non_tensors = false;
+  bool cpu = false;
+  bool no_fsync = false;
+};
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int fail(const std::string& what, const Error& e) {
+  std::fprintf(stderr, "safeckpt convert: %s\n  %s\n", what.c_str(), e.to_string().c_str());
+  return e.code() == ErrorCode::kOk ? 2 : (is_policy_error(e.code()) ? 1 : 2);
+}
+
+Result<Checkpoint> read_input(const ConvertArgs& a, const Allowlist& allow) {
+  if (ends_with(a.in, ".index.json")) return load_safetensors_index(a.in);
+  SAFECKPT_TRY(MappedFile probe, MappedFile::open(a.in));
+  FileFormat f = sniff_format(probe.bytes());
+  if (f == FileFormat::kSafetensors) return load_safetensors(a.in);
+  LoadOptions opt;
+  opt.allowlist = &allow;
+  return load(a.in, opt);
+}
+
+int run_convert(const ConvertArgs& a) {
+  enum class Out { kTorch, kSafetensors } out;
+  if (ends_with(a.out, ".safetensors")) {
+    out = Out::kSafetensors;
+  } else if (ends_with(a.out, ".pt") || ends_with(a.out, ".pth") || ends_with(a.out, ".bin") ||
+             ends_with(a.out, ".ckpt")) {
+    out = Out::kTorch;
+  } else {
+    std::fprintf(stderr,
+                 "safeckpt convert: cannot tell the output format from %s (use .safetensors, or .pt/.pth/.bin/.ckpt "
+                 "for a PyTorch checkpoint)\n",
+                 a.out.c_str());
+    return 2;
+  }
+  Allowlist allow = Allowlist::default_policy();
+  for (const auto& f : a.allow_files) {
+    auto st = allow.add_file(f);
+    if (!st) return fail("bad allowlist " + f, st.error());
+  }
+  auto in = read_input(a, allow);
+  if (!in) return fail(a.in + ": refused", in.error());
+  SaveOptions so;
+  so.overwrite = a.force;
+  so.fsync = !a.no_fsync;
+  if (a.cpu) so.force_location = "cpu";
+  std::vector<std::string> notes;
+  Status st;
+  if (out == Out::kSafetensors) {
+    ToSafetensorsOptions to;
+    to.drop_non_tensors = a.drop_non_tensors;
+    st = save_checkpoint_as_safetensors(a.out, *in, to, so, &notes);
+  } else {
+    st = save(a.out, *in, so);
+  }
+  for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  if (!st) {
+    if (st.error().code() == ErrorCode::kExists) {
+      std::fprintf(stderr, "safeckpt convert: %s exists; pass --force to replace it\n", a.out.c_str());
+      return 2;
+    }
+    return fail("cannot write " + a.out, st.error());
+  }
+  std::fprintf(stderr, "wrote %s (%zu tensors)\n", a.out.c_str(), in->state_dict().size());
+  return 0;
+}
+
+}  // namespace
+
+void register_convert(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ConvertArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Convert between PyTorch checkpoints (.pt/.pth/.bin/.ckpt) and safetensors (.safetensors)");
+  cmd->add_option("IN", args->in, "input: a PyTorch checkpoint, a .safetensors file or a *.safetensors.index.json")
+      ->required();
+  cmd->add_option("OUT", args->out, "output; its extension picks the format")->required();
+  cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
+  cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
+                "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");
+  cmd->add_option("--allow", args->allow_files, "extra allowlist file(s) for reading a PyTorch input (trusted input only)");
+  cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
+  cmd->add_flag("--no-fsync", args->no_fsync, "skip fsync (faster, not crash-safe)");
+  cmd->callback([args, &exit_code] { exit_code = run_convert(*args); });
+}
+
 }  // namespace safeckpt::cli

@@ -1,1 +1,408 @@
-// (in progress)
+// safetensors reader: the grammar at the top of include/safeckpt/safetensors.hpp.
+#include "safeckpt/safetensors.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "safeckpt/builder.hpp"
+#include "safetensors/internal.hpp"
+
+namespace safeckpt {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct StDtype {
+  std::string_view name;
+  std::uint32_t bits;
+  std::optional<DType> torch;
+};
+
+// huggingface/safetensors tensor.rs `enum Dtype`, in declaration order: the
+// writer sorts by this order, descending ("increasing alignment order").
+constexpr std::array<StDtype, 22> kDtypes{{
+    {"BOOL", 8, DType::kBool},
+    {"F4", 4, DType::kFloat4_e2m1fn_x2},
+    {"F6_E2M3", 6, std::nullopt},
+    {"F6_E3M2", 6, std::nullopt},
+    {"U8", 8, DType::kUInt8},
+    {"I8", 8, DType::kInt8},
+    {"F8_E5M2", 8, DType::kFloat8_e5m2},
+    {"F8_E4M3", 8, DType::kFloat8_e4m3fn},
+    {"F8_E8M0", 8, DType::kFloat8_e8m0fnu},
+    {"F8_E4M3FNUZ", 8, DType::kFloat8_e4m3fnuz},
+    {"F8_E5M2FNUZ", 8, DType::kFloat8_e5m2fnuz},
+    {"I16", 16, DType::kInt16},
+    {"U16", 16, DType::kUInt16},
+    {"F16", 16, DType::kFloat16},
+    {"BF16", 16, DType::kBFloat16},
+    {"I32", 32, DType::kInt32},
+    {"U32", 32, DType::kUInt32},
+    {"F32", 32, DType::kFloat32},
+    {"C64", 64, DType::kComplex64},
+    {"F64", 64, DType::kFloat64},
+    {"I64", 64, DType::kInt64},
+    {"U64", 64, DType::kUInt64},
+}};
+
+const StDtype* find_dtype(std::string_view name) {
+  for (const auto& d : kDtypes)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+Unexpected malformed(std::string msg) { return make_error(ErrorCode::kMalformed, "safetensors: " + std::move(msg)); }
+
+bool valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  std::size_t i = 0;
+  while (i < n) {
+    unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len;
+    std::uint32_t cp;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
+    else return false;
+    if (i + len > n) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+struct JsonReject {
+  std::string why;
+};
+
+}  // namespace
+
+std::string_view safetensors_dtype_name(DType d) noexcept {
+  for (const auto& x : kDtypes)
+    if (x.torch && *x.torch == d) return x.name;
+  return {};
+}
+std::optional<DType> dtype_from_safetensors(std::string_view name) noexcept {
+  const StDtype* d = find_dtype(name);
+  return d ? d->torch : std::nullopt;
+}
+std::uint32_t safetensors_dtype_bits(std::string_view name) noexcept {
+  const StDtype* d = find_dtype(name);
+  return d ? d->bits : 0;
+}
+int safetensors_dtype_rank(std::string_view name) noexcept {
+  for (std::size_t i = 0; i < kDtypes.size(); ++i)
+    if (kDtypes[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+bool st_valid_utf8(std::string_view s) { return valid_utf8(s); }
+
+// Parses JSON text refusing duplicate keys (at every level) and nesting
+// deeper than `max_depth`. Throws nothing; kMalformed on any problem.
+Result<json> parse_strict_json(std::string_view text, std::size_t max_depth, std::string_view what) {
+  std::vector<std::unordered_set<std::string>> keys;
+  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
+    if (static_cast<std::size_t>(depth) > max_depth) throw JsonReject{"nesting deeper than " + std::to_string(max_depth)};
+    switch (ev) {
+      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        const auto& k = parsed.get_ref<const std::string&>();
+        if (keys.empty() || !keys.back().insert(k).second) throw JsonReject{"duplicate key \"" + k + "\""};
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const JsonReject& r) {
+    return malformed(std::string(what) + ": " + r.why);
+  } catch (const json::exception& e) {
+    return malformed(std::string(what) + " is not valid JSON: " + e.what());
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kLimitExceeded, "safetensors: out of memory parsing " + std::string(what));
+  }
+}
+
+Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const SafetensorsOptions& opt) {
+  const Bytes b = f.bytes_;
+  if (b.size() < 8) return malformed("file of " + std::to_string(b.size()) + " bytes is shorter than the 8-byte header length");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | b[static_cast<std::size_t>(i)];
+  if (n > opt.max_header_bytes)
+    return make_error(ErrorCode::kLimitExceeded, "safetensors: header of " + std::to_string(n) +
+                                                     " bytes exceeds max_header_bytes " +
+                                                     std::to_string(opt.max_header_bytes));
+  if (n > b.size() - 8)
+    return malformed("header length " + std::to_string(n) + " exceeds the " + std::to_string(b.size() - 8) +
+                     " bytes after it");
+  if (n < 2) return malformed("header of " + std::to_string(n) + " bytes cannot hold a JSON object");
+  std::string_view text(reinterpret_cast<const char*>(b.data() + 8), static_cast<std::size_t>(n));
+  if (text[0] != '{') return malformed("header does not start with '{'");
+  if (!valid_utf8(text)) return malformed("header is not valid UTF-8");
+  // Depth: root object (1) > tensor entry / __metadata__ (2) > shape,
+  // data_offsets arrays (3).
+  SAFECKPT_TRY(json root, parse_strict_json(text, 3, "header"));
+  if (!root.is_object()) return malformed("header is not a JSON object");
+  const std::uint64_t data_start = 8 + n, data_size = b.size() - data_start;
+  f.header_bytes_ = n;
+  std::vector<SafetensorsTensor> ts;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    if (key == "__metadata__") {
+      if (!v.is_object()) return malformed("__metadata__ is not an object");
+      f.has_metadata_ = true;
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          return malformed("__metadata__[\"" + m.key() + "\"] is not a string (only string -> string is allowed)");
+        f.metadata_.emplace_back(m.key(), m.value().get<std::string>());
+      }
+      continue;
+    }
+    if (key.empty()) return malformed("empty tensor name");
+    if (ts.size() >= opt.limits.max_tensors)
+      return make_error(ErrorCode::kLimitExceeded,
+                        "safetensors: more than max_tensors " + std::to_string(opt.limits.max_tensors) + " tensors");
+    auto where = [&](const std::string& what) { return "tensor \"" + key + "\": " + what; };
+    if (!v.is_object()) return malformed(where("entry is not an object"));
+    for (auto m = v.begin(); m != v.end(); ++m)
+      if (m.key() != "dtype" && m.key() != "shape" && m.key() != "data_offsets")
+        return malformed(where("unknown field \"" + m.key() + "\""));
+    if (!v.contains("dtype") || !v["dtype"].is_string()) return malformed(where("missing or non-string dtype"));
+    if (!v.contains("shape") || !v["shape"].is_array()) return malformed(where("missing or non-array shape"));
+    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+      return malformed(where("data_offsets must be [begin, end]"));
+    SafetensorsTensor t;
+    t.name = key;
+    t.dtype = v["dtype"].get<std::string>();
+    const StDtype* d = find_dtype(t.dtype);
+    if (!d) return malformed(where("unknown dtype \"" + t.dtype + "\""));
+    const json& shape = v["shape"];
+    if (shape.size() > opt.limits.max_tensor_rank)
+      return make_error(ErrorCode::kLimitExceeded, "safetensors: " + where("rank " + std::to_string(shape.size()) +
+                                                                          " exceeds max_tensor_rank"));
+    std::uint64_t numel = 1;
+    bool overflow = false;
+    for (const json& dim : shape) {
+      if (!dim.is_number_unsigned()) return malformed(where("shape entries must be non-negative integers"));
+      auto x = dim.get<std::uint64_t>();
+      t.shape.push_back(x);
+      if (x != 0 && numel > std::numeric_limits<std::uint64_t>::max() / x) overflow = true;
+      else numel *= x;
+    }
+    for (auto x : t.shape)
+      if (x == 0) numel = 0, overflow = false;
+    if (overflow) return malformed(where("element count overflows"));
+    if (numel > std::numeric_limits<std::uint64_t>::max() / d->bits) return malformed(where("byte size overflows"));
+    const std::uint64_t bits = numel * d->bits;
+    if (bits % 8 != 0)
+      return malformed(where(std::to_string(numel) + " elements of " + t.dtype + " do not fill whole bytes"));
+    const json& off = v["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return malformed(where("data_offsets must be non-negative integers"));
+    t.begin = off[0].get<std::uint64_t>();
+    t.end = off[1].get<std::uint64_t>();
+    if (t.end < t.begin) return malformed(where("data_offsets end < begin"));
+    if (t.end - t.begin != bits / 8)
+      return malformed(where("data_offsets span " + std::to_string(t.end - t.begin) + " bytes but dtype and shape need " +
+                             std::to_string(bits / 8)));
+    if (t.end > data_size)
+      return malformed(where("data_offsets end " + std::to_string(t.end) + " is past the data section of " +
+                             std::to_string(data_size) + " bytes"));
+    t.file_offset = data_start + t.begin;
+    t.data = b.subspan(static_cast<std::size_t>(t.file_offset), static_cast<std::size_t>(t.end - t.begin));
+    ts.push_back(std::move(t));
+  }
+  // Rule 6: tile the data section exactly.
+  std::stable_sort(ts.begin(), ts.end(), [](const SafetensorsTensor& x, const SafetensorsTensor& y) {
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+  });
+  std::uint64_t cursor = 0;
+  for (const auto& t : ts) {
+    if (t.begin != cursor)
+      return malformed("tensor \"" + t.name + "\" starts at " + std::to_string(t.begin) + " but the previous data ends at " +
+                       std::to_string(cursor) + (t.begin < cursor ? " (overlap)" : " (gap)"));
+    cursor = t.end;
+  }
+  if (cursor != data_size)
+    return malformed("tensor data ends at " + std::to_string(cursor) + " but the data section has " +
+                     std::to_string(data_size) + " bytes");
+  f.tensors_ = std::move(ts);
+  return f;
+}
+
+const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path, const SafetensorsOptions& options) {
+  SAFECKPT_TRY(MappedFile mf, MappedFile::open(path));
+  SafetensorsFile f;
+  f.file_ = std::move(mf);
+  f.bytes_ = f.file_.bytes();
+  auto r = validate(std::move(f), options);
+  if (!r) r.error().at_record(path.string());
+  return r;
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse(Bytes data, const SafetensorsOptions& options) {
+  SafetensorsFile f;
+  f.bytes_ = data;
+  return validate(std::move(f), options);
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse_buffer(std::vector<std::uint8_t> data, const SafetensorsOptions& options) {
+  SafetensorsFile f;
+  f.file_ = MappedFile::from_buffer(std::move(data));
+  f.bytes_ = f.file_.bytes();
+  return validate(std::move(f), options);
+}
+
+// ---- as a Checkpoint ----
+
+Status add_safetensors_tensor(CheckpointBuilder& b, const SafetensorsTensor& t, NodeId& out) {
+  auto d = dtype_from_safetensors(t.dtype);
+  if (!d)
+    return make_error(ErrorCode::kUnsupported,
+                      "safetensors: tensor \"" + t.name + "\" has dtype " + t.dtype + ", which PyTorch has no dtype for");
+  std::vector<std::int64_t> shape;
+  for (auto x : t.shape) {
+    if (x > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return malformed("tensor \"" + t.name + "\": dimension too large");
+    shape.push_back(static_cast<std::int64_t>(x));
+  }
+  if (*d == DType::kFloat4_e2m1fn_x2) {
+    // safetensors counts 4-bit values; torch.float4_e2m1fn_x2 packs two.
+    if (shape.empty() || shape.back() % 2 != 0)
+      return make_error(ErrorCode::kUnsupported, "safetensors: F4 tensor \"" + t.name +
+                                                     "\" has an odd last dimension; float4_e2m1fn_x2 packs pairs");
+    shape.back() /= 2;
+  }
+  SAFECKPT_TRY(std::uint32_t s, b.add_storage_borrowed(*d, t.data, "cpu", t.file_offset));
+  b.storage(s).record = t.name;
+  SAFECKPT_TRY(out, b.add_tensor(*d, std::move(shape), s));
+  return {};
+}
+
+namespace {
+Result<Checkpoint> as_checkpoint(CheckpointBuilder b, const std::vector<SafetensorsTensor>& ts) {
+  for (const auto& t : ts) {
+    NodeId node;
+    SAFECKPT_CHECK(add_safetensors_tensor(b, t, node));
+    SAFECKPT_CHECK(b.add_state_dict_value(t.name, node));
+  }
+  if (b.root() == kNoNode) b.set_root(b.container(Kind::kOrderedDict, {}));
+  b.set_format(FileFormat::kSafetensors);
+  return std::move(b).finish();
+}
+}  // namespace
+
+Result<Checkpoint> load_safetensors(const std::filesystem::path& path, const SafetensorsOptions& options) {
+  SAFECKPT_TRY(SafetensorsFile f, SafetensorsFile::open(path, options));
+  std::vector<SafetensorsTensor> ts = f.tensors();
+  CheckpointBuilder b(std::move(f).take_file());  // the views stay valid: the mapping does not move
+  b.set_limits(options.limits);
+  return as_checkpoint(std::move(b), ts);
+}
+
+Result<Checkpoint> load_safetensors_bytes(Bytes data, const SafetensorsOptions& options) {
+  SAFECKPT_TRY(SafetensorsFile f, SafetensorsFile::parse(data, options));
+  CheckpointBuilder b;
+  b.set_limits(options.limits);
+  return as_checkpoint(std::move(b), f.tensors());
+}
+
+// ---- sharded ----
+
+Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const SafetensorsOptions& options) {
+  if (text.size() > options.max_header_bytes)
+    return make_error(ErrorCode::kLimitExceeded, "safetensors index: larger than max_header_bytes");
+  if (!valid_utf8(text)) return malformed("index is not valid UTF-8");
+  SAFECKPT_TRY(json root, parse_strict_json(text, 64, "index"));
+  if (!root.is_object()) return malformed("index is not a JSON object");
+  if (!root.contains("weight_map") || !root["weight_map"].is_object()) return malformed("index has no weight_map object");
+  SafetensorsIndex idx;
+  if (root.contains("metadata")) idx.metadata_json = root["metadata"].dump();
+  std::unordered_set<std::string> seen;
+  const json& wm = root["weight_map"];
+  if (wm.size() > options.limits.max_tensors)
+    return make_error(ErrorCode::kLimitExceeded, "safetensors index: more than max_tensors entries");
+  for (auto it = wm.begin(); it != wm.end(); ++it) {
+    if (!it.value().is_string()) return malformed("index weight_map[\"" + it.key() + "\"] is not a string");
+    std::string shard = it.value().get<std::string>();
+    if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
+        shard.find('\\') != std::string::npos || shard.find('\0') != std::string::npos)
+      return malformed("index names shard \"" + shard + "\", which is not a plain file name");
+    if (seen.insert(shard).second) idx.shards.push_back(shard);
+    idx.weight_map.emplace_back(it.key(), std::move(shard));
+  }
+  return idx;
+}
+
+Result<Checkpoint> load_safetensors_index(const std::filesystem::path& index_path, const SafetensorsOptions& options) {
+  SAFECKPT_TRY(MappedFile mf, MappedFile::open(index_path));
+  std::string_view text(reinterpret_cast<const char*>(mf.bytes().data()), mf.size());
+  auto parsed = parse_safetensors_index(text, options);
+  if (!parsed) return unexpected(std::move(parsed.error().at_record(index_path.string())));
+  SafetensorsIndex idx = std::move(*parsed);
+  const std::filesystem::path dir = index_path.parent_path();
+  CheckpointBuilder b;
+  b.set_limits(options.limits);
+  std::unordered_map<std::string, std::shared_ptr<SafetensorsFile>> shards;
+  for (const auto& name : idx.shards) {
+    auto f = SafetensorsFile::open(dir / name, options);
+    if (!f) return unexpected(std::move(f.error()));
+    auto sp = std::make_shared<SafetensorsFile>(std::move(*f));
+    b.keep_alive(sp);  // the Checkpoint keeps every shard mapped
+    shards.emplace(name, std::move(sp));
+  }
+  std::unordered_map<std::string, std::string> owner;
+  for (const auto& [tensor, shard] : idx.weight_map) owner.emplace(tensor, shard);
+  for (const auto& [name, f] : shards)
+    for (const auto& t : f->tensors()) {
+      auto it = owner.find(t.name);
+      if (it == owner.end() || it->second != name)
+        return malformed("shard " + name + " holds tensor \"" + t.name + "\", which the index " +
+                         (it == owner.end() ? "does not list" : "assigns to " + it->second));
+    }
+  for (const auto& [tensor, shard] : idx.weight_map) {
+    const SafetensorsTensor* t = shards.at(shard)->find(tensor);
+    if (!t) return malformed("index maps \"" + tensor + "\" to " + shard + ", which does not hold it");
+    NodeId node;
+    SAFECKPT_CHECK(add_safetensors_tensor(b, *t, node));
+    b.storage(static_cast<std::uint32_t>(b.storages().size() - 1)).file_offset = Location::kNoOffset;  // not in file()
+    b.storage(static_cast<std::uint32_t>(b.storages().size() - 1)).record = shard + ":" + tensor;
+    SAFECKPT_CHECK(b.add_state_dict_value(tensor, node));
+  }
+  if (b.root() == kNoNode) b.set_root(b.container(Kind::kOrderedDict, {}));
+  b.set_format(FileFormat::kSafetensors);
+  return std::move(b).finish();
+}
+
+}  // namespace safeckpt
