@@ -1,0 +1,402 @@
+#include "pickle_scan.hpp"
+
+#include <string>
+#include <unordered_set>
+
+#include "catalogue.hpp"
+
+namespace safeckpt::scan {
+
+// ---- Sink -------------------------------------------------------------------
+
+void Sink::add(Finding f) {
+  if (rep_.findings.size() >= kMaxFindings) {
+    ++dropped_findings_;
+    return;
+  }
+  rep_.findings.push_back(std::move(f));
+}
+
+void Sink::event(Event e) {
+  if (!keep_events_) return;
+  if (rep_.events.size() >= kMaxEvents) {
+    ++dropped_events_;
+    return;
+  }
+  rep_.events.push_back(std::move(e));
+}
+
+void Sink::finish() {
+  if (dropped_findings_ > 0) {
+    Finding f;
+    f.rule = Rule::kLimit;
+    f.severity = Severity::kInfo;
+    f.message = std::to_string(dropped_findings_) + " more findings were found but not listed (report cap " +
+                std::to_string(kMaxFindings) + ")";
+    f.why = "the verdict counts them; re-run on a smaller part of the file to list them";
+    rep_.findings.push_back(std::move(f));
+  }
+  if (dropped_events_ > 0) {
+    Finding f;
+    f.rule = Rule::kLimit;
+    f.severity = Severity::kInfo;
+    f.message = std::to_string(dropped_events_) + " more imports/calls were seen but not listed (event cap " +
+                std::to_string(kMaxEvents) + ")";
+    rep_.findings.push_back(std::move(f));
+  }
+}
+
+// ---- classification ---------------------------------------------------------
+
+bool is_allowed(const Allowlist& allow, std::string_view name) {
+  return allow.find(name) != nullptr && !Allowlist::is_blocked(name);
+}
+
+namespace {
+
+constexpr std::string_view kResultOf = "result of ";
+
+// Names the machine gives values that are not globals: "<kind_name()>".
+bool is_kind_name(std::string_view n) {
+  if (n.size() < 3 || n.front() != '<' || n.back() != '>') return false;
+  n = n.substr(1, n.size() - 2);
+  static const std::unordered_set<std::string_view> kKinds = {
+      "NoneType", "bool", "int", "float", "complex", "str", "bytes", "bytearray", "list", "tuple", "set",
+      "frozenset", "slice", "dict", "collections.OrderedDict", "collections.Counter", "torch.Size",
+      "torch.dtype", "torch.device", "torch.layout", "torch.qscheme", "torch.Tensor", "global", "object"};
+  return kKinds.count(n) != 0;
+}
+
+std::string how_to_allow(std::string_view name) {
+  return "the loader refuses it; if you trust this file and the callable is harmless, allow it with --allow FILE "
+         "(a line `" +
+         std::string(name) + "`)";
+}
+
+}  // namespace
+
+void ScanObserver::finding(Rule r, Severity s, const PickleEvent& e, std::string global, std::string msg,
+                           std::string why, std::string category) {
+  Finding f;
+  f.rule = r;
+  f.severity = s;
+  f.member = member_;
+  f.stream = stream_;
+  f.offset = base_ + e.offset;
+  f.opcode = e.opcode;
+  f.global = std::move(global);
+  f.category = std::move(category);
+  f.message = std::move(msg);
+  f.why = std::move(why);
+  sink_.add(std::move(f));
+  unsafe_seen = true;
+}
+
+void ScanObserver::on_event(const PickleEvent& e) {
+  ++events_seen;
+  Event ev;
+  ev.member = member_;
+  ev.stream = stream_;
+  ev.offset = base_ + e.offset;
+  ev.opcode = e.opcode;
+  ev.name = e.name;
+  switch (e.type) {
+    case PickleEvent::Type::kImport: {
+      ev.type = Event::Type::kImport;
+      if (e.dynamic) {
+        finding(Rule::kImportDynamic, Severity::kCritical, e, "<dynamic>",
+                "STACK_GLOBAL imports a name built at run time (operands are not constant strings)",
+                "the imported callable cannot be known without executing the pickle; a name computed by a call "
+                "(e.g. str.join) evades every name-based scanner");
+      } else if (e.name.rfind("<ext:", 0) == 0) {
+        finding(Rule::kImportExtension, Severity::kHigh, e, e.name,
+                e.opcode + " imports extension-registry code " + e.name.substr(5, e.name.size() - 6),
+                "copyreg's extension registry maps numbers to arbitrary globals at load time; the loader refuses "
+                "EXT opcodes");
+      } else {
+        ev.allowed = !e.dotted && is_allowed(allow_, e.name);
+        if (e.dotted) {
+          const CatalogueEntry* c = catalogue_lookup(e.name);
+          finding(Rule::kImportDotted, Severity::kCritical, e, e.name,
+                  e.opcode + " imports dotted name '" + e.raw_module + "' '" + e.raw_name + "'",
+                  "a dotted name walks attributes from the module, reaching callables that look harmless by "
+                  "module name; the loader refuses it" +
+                      (c != nullptr ? std::string("; ") + std::string(c->why) : std::string()),
+                  c != nullptr ? std::string(c->category) : std::string());
+        } else if (!ev.allowed) {
+          const CatalogueEntry* c = catalogue_lookup(e.name);
+          std::string raw;
+          if (!e.raw_module.empty() && e.raw_module + "." + e.raw_name != e.name)
+            raw = " (written as '" + e.raw_module + "' '" + e.raw_name + "')";
+          std::string blocked = Allowlist::is_blocked(e.name) ? "; its module is blocked even when allowlisted" : "";
+          if (c != nullptr) {
+            finding(Rule::kImportDangerous, c->severity, e, e.name,
+                    e.opcode + " imports " + e.name + raw + ": " + std::string(c->why),
+                    "known-dangerous (" + std::string(c->category) + ") and not in the allowlist" + blocked,
+                    std::string(c->category));
+          } else {
+            finding(Rule::kImportUnlisted, Severity::kMedium, e, e.name,
+                    e.opcode + " imports " + e.name + raw + ", which is not in the allowlist",
+                    how_to_allow(e.name) + blocked);
+          }
+        }
+      }
+      if (e.opcode == "INST") {
+        finding(Rule::kRefusedOpcode, Severity::kHigh, e, e.name, "INST imports and calls " + e.name,
+                "protocol-0 INST is an import plus a call in one opcode; torch's weights-only unpickler and the "
+                "loader refuse it");
+      }
+      break;
+    }
+    case PickleEvent::Type::kCall: {
+      ev.type = Event::Type::kCall;
+      ev.allowed = e.opcode != "INST" && e.opcode != "OBJ" && e.opcode != "NEWOBJ_EX" && is_allowed(allow_, e.name);
+      const CatalogueEntry* c = catalogue_lookup(e.name);
+      if (c != nullptr && c->category == "loader") nested_loader_called = true;
+      if (e.opcode == "OBJ" || e.opcode == "NEWOBJ_EX") {
+        finding(Rule::kRefusedOpcode, Severity::kHigh, e, e.name, e.opcode + " calls " + e.name,
+                "the loader never accepts " + e.opcode + " (it builds objects of any class)");
+      }
+      if (!ev.allowed && !is_allowed(allow_, e.name)) {
+        std::string what = e.name.rfind(kResultOf, 0) == 0 || is_kind_name(e.name)
+                               ? "a value (" + e.name + ")"
+                               : e.name;
+        Severity sev = c != nullptr ? c->severity : Severity::kHigh;
+        finding(Rule::kCall, sev, e, e.name, e.opcode + " calls " + what,
+                (c != nullptr ? std::string(c->why) + "; " : std::string()) +
+                    "the call runs when the file is unpickled, whether or not its result is used",
+                c != nullptr ? std::string(c->category) : std::string());
+      }
+      break;
+    }
+    case PickleEvent::Type::kBuild: {
+      ev.type = Event::Type::kBuild;
+      bool value_target = e.name.rfind(kResultOf, 0) == 0 || is_kind_name(e.name);
+      ev.allowed = value_target || is_allowed(allow_, e.name);
+      if (!ev.allowed) {
+        const CatalogueEntry* c = catalogue_lookup(e.name);
+        finding(Rule::kCall, c != nullptr ? c->severity : Severity::kHigh, e, e.name,
+                "BUILD applies state to an object made by " + e.name,
+                "BUILD calls __setstate__ (or sets attributes) on an object of a non-allowlisted type",
+                c != nullptr ? std::string(c->category) : std::string());
+      }
+      break;
+    }
+    case PickleEvent::Type::kPersistentId: {
+      if (e.opcode == "PERSID") {
+        finding(Rule::kRefusedOpcode, Severity::kMedium, e, "", "PERSID (text persistent id)",
+                "protocol-0 persistent ids are never written by torch.save; the loader refuses them");
+      }
+      return;  // not an import or call
+    }
+  }
+  sink_.event(std::move(ev));
+}
+
+// ---- hooks ------------------------------------------------------------------
+
+Result<NodeId> ScanHooks::opaque(std::string what) {
+  // The machine's "refused" placeholder form: calls and BUILD on it are
+  // reported by the machine and never come back here.
+  Node n;
+  n.kind = Kind::kObject;
+  n.text = "<refused>:" + std::move(what);
+  return arena_.add(std::move(n));
+}
+
+Result<NodeId> ScanHooks::resolve_global(std::string_view qualname, const OpContext&) {
+  Node g;
+  g.kind = Kind::kGlobal;
+  g.text = std::string(qualname);
+  g.i = is_allowed(allow_, qualname) ? 0 : -1;  // -1: the machine treats it as refused
+  return arena_.add(std::move(g));
+}
+
+Result<NodeId> ScanHooks::call(NodeId callable, NodeId args, const OpContext&) {
+  const Node& c = arena_[callable];
+  std::string name = c.kind == Kind::kGlobal ? c.text : std::string(kind_name(c.kind));
+  Node n;
+  if (c.kind == Kind::kGlobal) {
+    if (name == "collections.OrderedDict") {
+      n.kind = Kind::kOrderedDict;
+      return arena_.add(std::move(n));
+    }
+    if (name == "collections.Counter") {
+      n.kind = Kind::kCounter;
+      return arena_.add(std::move(n));
+    }
+    if (name == "builtins.set" || name == "builtins.frozenset") {
+      n.kind = name == "builtins.set" ? Kind::kSet : Kind::kFrozenSet;
+      return arena_.add(std::move(n));
+    }
+    if (name == "builtins.bytearray" || name == "_codecs.encode") {
+      // bytes are pickled (protocol 2) as _codecs.encode(str, 'latin1'):
+      // recover them so embedded payloads can be scanned.
+      n.kind = name == "_codecs.encode" ? Kind::kBytes : Kind::kByteArray;
+      const Node& a = arena_[args];
+      if (!a.items.empty()) {
+        const Node& s = arena_[a.items[0]];
+        if (s.kind == Kind::kBytes || s.kind == Kind::kByteArray) {
+          n.text = s.text;
+        } else if (s.kind == Kind::kStr) {
+          // UTF-8 -> latin-1 (code points above 0xFF cannot be latin-1: keep raw).
+          const auto* u = reinterpret_cast<const unsigned char*>(s.text.data());
+          std::string out;
+          out.reserve(s.text.size());
+          bool ok = true;
+          for (std::size_t i = 0; i < s.text.size();) {
+            if (u[i] < 0x80) {
+              out.push_back(static_cast<char>(u[i]));
+              ++i;
+            } else if ((u[i] & 0xE0) == 0xC0 && i + 1 < s.text.size()) {
+              unsigned cp = ((u[i] & 0x1Fu) << 6) | (u[i + 1] & 0x3Fu);
+              if (cp > 0xFF) ok = false;
+              out.push_back(static_cast<char>(cp));
+              i += 2;
+            } else {
+              ok = false;
+              break;
+            }
+          }
+          n.text = ok ? std::move(out) : s.text;
+        }
+      }
+      return arena_.add(std::move(n));
+    }
+  }
+  return opaque(std::string(kResultOf) + name + "()");
+}
+
+Result<NodeId> ScanHooks::new_object(NodeId cls, NodeId, const OpContext&) {
+  const Node& c = arena_[cls];
+  std::string name = c.kind == Kind::kGlobal ? c.text : std::string(kind_name(c.kind));
+  return opaque(std::string(kResultOf) + name + "()");
+}
+
+Status ScanHooks::build(NodeId, NodeId, const OpContext&) { return {}; }
+
+Result<NodeId> ScanHooks::persistent_load(NodeId pid, const OpContext&) {
+  PidInfo info;
+  const Node& p = arena_[pid];
+  if (p.kind == Kind::kTuple && p.items.size() >= 5) {
+    const Node& tag = arena_[p.items[0]];
+    const Node& type = arena_[p.items[1]];
+    const Node& key = arena_[p.items[2]];
+    const Node& numel = arena_[p.items[4]];
+    bool tag_ok = (tag.kind == Kind::kStr || tag.kind == Kind::kBytes) && tag.text == "storage";
+    if (type.kind == Kind::kGlobal) info.storage_type = type.text;
+    if (key.kind == Kind::kStr || key.kind == Kind::kBytes) info.key = key.text;
+    if (numel.kind == Kind::kInt) info.numel = numel.i;
+    info.well_formed = tag_ok && type.kind == Kind::kGlobal && (key.kind == Kind::kStr || key.kind == Kind::kBytes) &&
+                       numel.kind == Kind::kInt && numel.i >= 0;
+  }
+  if (pids.size() < (1u << 22)) pids.push_back(info);
+  Node n;
+  n.kind = Kind::kStorage;
+  n.i = static_cast<std::int64_t>(pids.size());
+  return arena_.add(std::move(n));
+}
+
+Status ScanHooks::require_builtin(std::string_view qualname, const OpContext& ctx) {
+  if (sink_ == nullptr) return {};
+  Event ev;
+  ev.type = Event::Type::kImport;
+  ev.member = member_;
+  ev.stream = stream_;
+  ev.offset = base_ + ctx.offset;
+  ev.opcode = std::string(ctx.opcode);
+  ev.name = std::string(qualname);
+  ev.allowed = is_allowed(allow_, qualname);
+  if (!ev.allowed) {
+    Finding f;
+    f.rule = Rule::kImportUnlisted;
+    f.severity = Severity::kMedium;
+    f.member = member_;
+    f.stream = stream_;
+    f.offset = ev.offset;
+    f.opcode = ev.opcode;
+    f.global = ev.name;
+    f.message = ev.opcode + " constructs " + ev.name + ", which is not in the allowlist";
+    f.why = how_to_allow(qualname);
+    sink_->add(std::move(f));
+  }
+  sink_->event(std::move(ev));
+  return {};
+}
+
+// ---- end of a stream ----------------------------------------------------------
+
+std::optional<std::uint64_t> walk_to_stop(Bytes d) {
+  std::size_t pos = 0;
+  auto need = [&](std::uint64_t n) { return n <= d.size() - pos; };
+  auto le = [&](int width) {
+    std::uint64_t v = 0;
+    for (int i = width - 1; i >= 0; --i) v = (v << 8) | d[pos + static_cast<std::size_t>(i)];
+    return v;
+  };
+  auto skip_line = [&]() -> bool {
+    while (pos < d.size() && d[pos] != '\n') ++pos;
+    if (pos >= d.size()) return false;
+    ++pos;
+    return true;
+  };
+  while (pos < d.size()) {
+    std::uint8_t op = d[pos++];
+    switch (op) {
+      case '.': return pos;
+      case 0x80: case 'K': case 'h': case 'q': case 0x82:
+        if (!need(1)) return std::nullopt;
+        pos += 1;
+        break;
+      case 'M': case 0x83:
+        if (!need(2)) return std::nullopt;
+        pos += 2;
+        break;
+      case 'J': case 'j': case 'r': case 0x84:
+        if (!need(4)) return std::nullopt;
+        pos += 4;
+        break;
+      case 'G': case 0x95:
+        if (!need(8)) return std::nullopt;
+        pos += 8;
+        break;
+      case 'I': case 'L': case 'F': case 'S': case 'V': case 'p': case 'g': case 'P':
+        if (!skip_line()) return std::nullopt;
+        break;
+      case 'c': case 'i':
+        if (!skip_line() || !skip_line()) return std::nullopt;
+        break;
+      case 'U': case 'C': case 0x8c: case 0x8a: {
+        if (!need(1)) return std::nullopt;
+        std::uint64_t n = le(1);
+        pos += 1;
+        if (!need(n)) return std::nullopt;
+        pos += n;
+        break;
+      }
+      case 'T': case 'B': case 'X': case 0x8b: {
+        if (!need(4)) return std::nullopt;
+        std::uint64_t n = le(4);
+        pos += 4;
+        if ((op == 'T' || op == 0x8b) && (n & 0x80000000u)) return std::nullopt;
+        if (!need(n)) return std::nullopt;
+        pos += n;
+        break;
+      }
+      case 0x8d: case 0x8e: case 0x96: {
+        if (!need(8)) return std::nullopt;
+        std::uint64_t n = le(8);
+        pos += 8;
+        if (!need(n)) return std::nullopt;
+        pos += static_cast<std::size_t>(n);
+        break;
+      }
+      default:
+        if (opcode_name(op).empty()) return std::nullopt;
+        break;  // no argument
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace safeckpt::scan

@@ -1,0 +1,84 @@
+// Archive anomalies say which copy PyTorch reads, and every copy is scanned;
+// legacy tar checkpoints are examined member by member.
+#include <doctest/doctest.h>
+
+#include "test_scan_helpers.hpp"
+
+using namespace scantest;
+using safeckpt::scan::Rule;
+using safeckpt::scan::Verdict;
+
+TEST_CASE("scan/archive: duplicate names: both copies are scanned, the anomaly names the copy PyTorch reads") {
+  auto m = torch_members(state_dict_pickle());
+  m.push_back({"archive/data.pkl", os_system_pickle()});  // Python's zipfile would read this one
+  auto r = scan(make_zip(m));
+  INFO(dump(r));
+  CHECK(has_text(r, Rule::kArchiveAnomaly, "duplicate_name"));
+  CHECK(has(r, Rule::kImportDangerous, "os.system"));
+  CHECK(r.verdict == Verdict::kUnsafe);
+  CHECK_FALSE(r.loader.ok);
+}
+
+TEST_CASE("scan/archive: entries outside the root folder and trailing data") {
+  auto m = torch_members(state_dict_pickle());
+  m.push_back({"other/payload.pkl", os_system_pickle()});
+  auto r = scan(make_zip(m));
+  INFO(dump(r));
+  CHECK(has_text(r, Rule::kArchiveAnomaly, "outside_root"));
+  CHECK(has(r, Rule::kImportDangerous, "os.system"));
+  auto t = scan(make_zip(torch_members(state_dict_pickle()), os_system_pickle()));
+  INFO(dump(t));
+  CHECK(has_text(t, Rule::kArchiveAnomaly, "trailing_data"));
+  CHECK(t.verdict != Verdict::kClean);
+}
+
+TEST_CASE("scan/archive: a zip that does not open is a finding, never clean") {
+  Buf z = make_zip(torch_members(state_dict_pickle()));
+  z.resize(z.size() - 10);  // cut the end of central directory
+  auto r = scan(z);
+  INFO(dump(r));
+  CHECK(has(r, Rule::kMalformed));
+  CHECK(r.verdict == Verdict::kIncomplete);
+  CHECK_FALSE(r.complete);
+}
+
+namespace {
+Buf tar_member(const std::string& name, const Buf& body) {
+  Buf h(512, '\0');
+  h.replace(0, name.size(), name);
+  h.replace(100, 7, "0000644");
+  char size[16];
+  std::snprintf(size, sizeof size, "%011o", static_cast<unsigned>(body.size()));
+  h.replace(124, 11, size);
+  h[156] = '0';
+  h.replace(257, 6, std::string("ustar\0", 6));
+  h.replace(263, 2, "00");
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i) sum += (i >= 148 && i < 156) ? 32u : static_cast<unsigned char>(h[static_cast<std::size_t>(i)]);
+  char ck[16];
+  std::snprintf(ck, sizeof ck, "%06o", sum);
+  h.replace(148, 7, std::string(ck, 6) + '\0');
+  Buf pad((512 - body.size() % 512) % 512, '\0');
+  return h + body + pad;
+}
+}  // namespace
+
+TEST_CASE("scan/archive: legacy tar checkpoint: every member's pickles are scanned") {
+  // storages: count 1; ("0", "cpu", FloatStorage); i64 2; 8 bytes; views []
+  Buf storages = proto(2) + binint1(1) + kStop + proto(2) + binunicode("0") + binunicode("cpu") +
+                 global("torch", "FloatStorage") + "\x87" + kStop + u64(2) + Buf(8, '\0') + proto(2) + "]" + kStop +
+                 os_system_pickle();  // hidden after the views list
+  Buf tar = tar_member("sys_info", proto(2) + kEmptyDict + kStop) +
+            tar_member("pickle", proto(2) + call1("builtins", "exec", "true") + kStop) +
+            tar_member("storages", storages) + Buf(1024, '\0');
+  auto r = scan(tar);
+  INFO(dump(r));
+  CHECK(r.format == "legacy_tar");
+  CHECK(has(r, Rule::kUnsupported));
+  CHECK(has(r, Rule::kImportDangerous, "builtins.exec"));
+  bool hidden = false;
+  for (const auto& f : r.findings)
+    if (f.global == "os.system" && f.member == "storages") hidden = true;
+  CHECK(hidden);
+  CHECK(r.verdict == Verdict::kUnsafe);
+}
