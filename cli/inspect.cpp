@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
+#include "safeckpt/safetensors.hpp"
 
 namespace safeckpt::cli {
 namespace {
@@ -51,7 +52,15 @@ int run_inspect(const InspectArgs& a) {
   LoadOptions opt;
   opt.allowlist = &allow;
   opt.verify_storage_crc = !a.no_verify_data;
-  auto r = load(a.file, opt);
+  // safetensors files (and sharded *.safetensors.index.json) are read by the
+  // safetensors reader; everything else by the checkpoint loader.
+  auto r = [&]() -> Result<Checkpoint> {
+    if (a.file.size() > 23 && a.file.substr(a.file.size() - 23) == ".safetensors.index.json")
+      return load_safetensors_index(a.file);
+    auto mf = MappedFile::open(a.file);
+    if (mf && sniff_format(mf->bytes()) == FileFormat::kSafetensors) return load_safetensors(a.file);
+    return load(a.file, opt);
+  }();
   if (!r) {
     const Error& e = r.error();
     std::fprintf(stderr, "safeckpt: %s: refused\n  %s\n", a.file.c_str(), e.to_string().c_str());
@@ -107,7 +116,7 @@ int run_inspect(const InspectArgs& a) {
 void register_inspect(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "Load a checkpoint with the weights-only rules and describe it");
-  cmd->add_option("file", args->file, "checkpoint file (.pt, .pth, .bin, legacy, bare pickle)")->required();
+  cmd->add_option("file", args->file, "checkpoint file (.pt, .pth, .bin, legacy, bare pickle, .safetensors, .safetensors.index.json)")->required();
   cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable)")
       ->expected(1)
       ->allow_extra_args(false);
