@@ -18,6 +18,7 @@
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
+#include "support/tree_json.hpp"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -43,71 +44,12 @@ std::vector<std::string> manifest(const fs::path& dir) {
   return out;
 }
 
-// Storage ids of empty storages are ambiguous in the recorded trees (the
-// generator keyed storages by (data_ptr, nbytes), and every empty storage has
-// data_ptr 0), so drop them and renumber the rest by first appearance. Sharing
-// of non-empty storages is still compared exactly.
-void normalize(json& j, std::map<long long, long long>& ids) {
-  std::vector<json*> work{&j};
-  while (!work.empty()) {
-    json* x = work.back();
-    work.pop_back();
-    if (x->is_object()) {
-      if (x->contains("$tensor")) {
-        json& t = (*x)["$tensor"];
-        if (t.contains("storage_id")) {
-          if (t.value("storage_nbytes", 0) == 0) {
-            t.erase("storage_id");
-          } else {
-            long long old = t["storage_id"].get<long long>();
-            auto it = ids.find(old);
-            if (it == ids.end()) it = ids.emplace(old, static_cast<long long>(ids.size())).first;
-            t["storage_id"] = it->second;
-          }
-        }
-        if (t.contains("sparse_indices") && !t["sparse_indices"].is_null()) work.push_back(&t["sparse_indices"]);
-        continue;
-      }
-      // visit in document order: arrays in order; objects by key (only
-      // $odict/_metadata have two keys and $odict sorts first).
-      std::vector<json*> kids;
-      for (auto& [k, v] : x->items()) kids.push_back(&v);
-      for (auto it = kids.rbegin(); it != kids.rend(); ++it) work.push_back(*it);
-    } else if (x->is_array()) {
-      for (auto it = x->rbegin(); it != x->rend(); ++it) work.push_back(&*it);
-    }
-  }
-}
-
 json normalized(json j) {
-  std::map<long long, long long> ids;
-  normalize(j, ids);
+  test_support::normalize(j);
   return j;
 }
 
-// First differing path, for a readable failure.
-std::string first_diff(const json& a, const json& b, const std::string& path = "$") {
-  if (a.type() != b.type()) return path + ": " + a.dump().substr(0, 200) + " != " + b.dump().substr(0, 200);
-  if (a.is_object()) {
-    for (auto& [k, v] : a.items()) {
-      if (!b.contains(k)) return path + "." + k + ": missing in expected";
-      auto d = first_diff(v, b.at(k), path + "." + k);
-      if (!d.empty()) return d;
-    }
-    for (auto& [k, v] : b.items())
-      if (!a.contains(k)) return path + "." + k + ": missing in ours";
-    return "";
-  }
-  if (a.is_array()) {
-    if (a.size() != b.size()) return path + ": length " + std::to_string(a.size()) + " != " + std::to_string(b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      auto d = first_diff(a[i], b[i], path + "[" + std::to_string(i) + "]");
-      if (!d.empty()) return d;
-    }
-    return "";
-  }
-  return a == b ? "" : path + ": " + a.dump().substr(0, 200) + " != " + b.dump().substr(0, 200);
-}
+using test_support::first_diff;
 
 void check_equal(const safeckpt::Checkpoint& c, const json& expected, const std::string& name) {
   auto text = safeckpt::to_json(c);
