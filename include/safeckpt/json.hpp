@@ -8,8 +8,11 @@
 // little-endian bytes, `storage_sha256` of the whole storage; sparse tensors
 // give `dense_sha256`. Extensions beyond the corpus schema: generic objects
 // are {"$object": name, "args": ..., "state": ...}, globals used as values
-// {"$global": name}, and a container met again inside itself (a cycle) or
-// beyond the output budget is {"$ref": node_id} — output stays bounded.
+// {"$global": name}, layouts/qschemes {"$layout"/"$qscheme": name}, and a
+// container met again inside itself (a cycle) is {"$ref": node_id}. Shared
+// (memoized) containers are written out at each use, as Python's JSON would;
+// the total is capped by JsonOptions::max_output_nodes (kLimitExceeded), so
+// the output of a hostile shared graph stays bounded.
 #pragma once
 
 #include <string>

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "safeckpt/checkpoint.hpp"
+#include "safeckpt/json.hpp"
 #include "support/zip_builder.hpp"
 
 using safeckpt::ErrorCode;
@@ -299,4 +300,21 @@ TEST_CASE("data opcodes torch lacks still denote the same values") {
   const auto& cl = cyc->values()[cyc->root()];
   REQUIRE(cl.items.size() == 1);
   CHECK(cl.items[0] == cyc->root());
+}
+
+TEST_CASE("JSON output of a hostile shared graph stays bounded") {
+  // L0 = []; L(i) = [L(i-1), L(i-1)] via the memo: 2^40 paths, 42 nodes.
+  std::string p = "\x80\x02]q"s + '\0';
+  for (int i = 1; i <= 40; ++i) {
+    p += "0(h"s + static_cast<char>(i - 1) + "h" + static_cast<char>(i - 1) + "lq" + static_cast<char>(i);
+  }
+  p += ".";
+  auto r = load_pickle(p);
+  REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+  CHECK(r->values().size() < 200);
+  safeckpt::JsonOptions o;
+  o.max_output_nodes = 1u << 16;
+  auto j = safeckpt::to_json(*r, o);
+  REQUIRE_FALSE(j.has_value());
+  CHECK(j.error().code() == ErrorCode::kLimitExceeded);
 }
