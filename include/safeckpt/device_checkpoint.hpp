@@ -69,7 +69,7 @@ class DeviceCheckpoint {
   std::shared_ptr<DeviceArena> arena_;
 };
 
-// Loads `path` (torch.save zip, legacy format) onto the GPU. `engine`:
+// Loads `path` (torch.save zip, legacy format, safetensors) onto the GPU. `engine`:
 // reuse one per process to keep the pinned ring (nullptr = one-shot).
 // Errors: everything safeckpt::load returns, plus kInvalidArgument (bad
 // map_location) and the transfer engine's (kDevice, kIo, kMalformed on CRC).

@@ -4,6 +4,8 @@
 
 #include <charconv>
 
+#include "safeckpt/safetensors.hpp"
+
 namespace safeckpt::cuda {
 namespace {
 
@@ -25,7 +27,15 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
   SAFECKPT_TRY(int device, parse_device(options.map_location));
   LoadOptions lo = options.load;
   lo.verify_storage_crc = false;  // checked on the reader threads instead (no second pass)
-  SAFECKPT_TRY(Checkpoint host, safeckpt::load(path, lo));
+  // safetensors files go through the safetensors reader (same storages, file
+  // offsets into the same file); everything else through the checkpoint loader.
+  auto host_r = [&]() -> Result<Checkpoint> {
+    auto mf = MappedFile::open(path);
+    if (mf && sniff_format(mf->bytes()) == FileFormat::kSafetensors) return load_safetensors(path);
+    return safeckpt::load(path, lo);
+  }();
+  if (!host_r) return unexpected(std::move(host_r).error());
+  Checkpoint host = std::move(host_r).value();
   const auto& storages = host.storages();
   std::vector<StorageSource> sources(storages.size());
   Bytes file = host.file().bytes();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "safeckpt/device_checkpoint.hpp"
+#include "safeckpt/safetensors.hpp"
 
 namespace fs = std::filesystem;
 
@@ -62,4 +63,29 @@ TEST_CASE("device checkpoint: corpus storages on the GPU equal the host load") {
     }
   }
   CHECK(files >= 30);
+}
+
+TEST_CASE("device checkpoint: safetensors files land on the GPU byte for byte") {
+  if (!have_device()) {
+    MESSAGE("SKIP: no CUDA device");
+    return;
+  }
+  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
+  fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(data / "safetensors-ref")) {
+    if (e.path().extension() != ".safetensors") continue;
+    auto host = safeckpt::load_safetensors(e.path());
+    if (!host) continue;
+    auto dev = safeckpt::cuda::load_to_device(e.path());
+    REQUIRE_MESSAGE(dev.has_value(), e.path().string() << ": " << (dev ? "" : dev.error().to_string()));
+    ++files;
+    for (std::size_t i = 0; i < host->storages().size(); ++i) {
+      const auto& s = host->storages()[i];
+      std::vector<std::uint8_t> back(s.nbytes);
+      REQUIRE(dev->arena().copy_to_host(i, back).has_value());
+      CHECK(std::equal(back.begin(), back.end(), s.bytes.begin()));
+    }
+  }
+  CHECK(files >= 3);
 }
