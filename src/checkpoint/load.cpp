@@ -166,6 +166,14 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
     else if (order != "little")
       return make_error(ErrorCode::kMalformed, "byteorder record must be 'little' or 'big'", Location{bo->name});
   }
+  // Every record that is not a storage is CRC-checked even when the loader has
+  // no use for it (.format_version, .storage_alignment, serialization_id, ...):
+  // a damaged archive is refused whole, so the loader and the scanner agree.
+  const std::string data_prefix = zip.root() + "/data/";
+  for (const ZipEntry& e : zip.entries()) {
+    if (e.name.rfind(data_prefix, 0) == 0) continue;
+    SAFECKPT_CHECK(zip.read(e, true));
+  }
   if (pkl->uncompressed_size > opt.limits.max_pickle_bytes)
     return make_error(ErrorCode::kLimitExceeded, "data.pkl larger than max_pickle_bytes", Location{pkl->name});
   SAFECKPT_TRY(RecordBytes pbytes, zip.read(*pkl, true));

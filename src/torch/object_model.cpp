@@ -54,6 +54,13 @@ Result<NodeId> TorchHooks::add_tensor(TensorInfo t) {
   return add(std::move(n));
 }
 
+Status TorchHooks::charge_items(std::size_t n) {
+  copied_items_ += n;
+  if (copied_items_ > lim_.max_nodes)
+    return make_error(ErrorCode::kLimitExceeded, "containers copied by constructors exceed max_nodes items");
+  return {};
+}
+
 const AllowEntry* TorchHooks::entry_of(NodeId g) const {
   const Node& n = arena_[g];
   if (n.kind != Kind::kGlobal || n.i < 0) return nullptr;
@@ -412,6 +419,12 @@ Result<NodeId> TorchHooks::rebuild_from_type_v2(const std::vector<NodeId>& v, co
   if (type == nullptr || (type->builtin != Builtin::kTensorClass && type->builtin != Builtin::kParameter))
     return make_error(ErrorCode::kUnsupported,
                       std::string(fn) + ": tensor subclass " + arena_[v[1]].text + " is not modelled");
+  // func must be a rebuild function that makes the tensor itself: nesting
+  // _rebuild_from_type_v2 inside its own args would recurse as deep as the
+  // file nests tuples (found by fuzz/regressions/load).
+  const AllowEntry* func = entry_of(v[0]);
+  if (func == nullptr || func->builtin == Builtin::kRebuildFromTypeV2)
+    return bad_args(fn, "func must be a tensor rebuild function");
   SAFECKPT_TRY(NodeId inner, call(v[0], v[2], ctx));
   if (arena_[inner].kind != Kind::kTensor) return bad_args(fn, "func did not build a tensor");
   const Node& state = arena_[v[3]];
@@ -432,6 +445,7 @@ Result<NodeId> TorchHooks::make_set(Kind kind, const std::vector<NodeId>& v) {
     const Node& src = arena_[v[0]];
     if (src.kind != Kind::kList && src.kind != Kind::kTuple && src.kind != Kind::kSet && src.kind != Kind::kFrozenSet)
       return bad_args(kind == Kind::kSet ? "set" : "frozenset", "argument must be a list, tuple or set");
+    SAFECKPT_CHECK(charge_items(src.items.size()));
     KeyIndex keys;
     for (NodeId id : src.items) {
       SAFECKPT_TRY(std::string k, keys.key_of(arena_, id, lim_));
@@ -504,6 +518,7 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
           }
           return {};
         };
+        SAFECKPT_CHECK(charge_items(src.items.size()));
         if (src.kind == Kind::kDict || src.kind == Kind::kOrderedDict || src.kind == Kind::kCounter) {
           for (std::size_t i = 0; i + 1 < src.items.size(); i += 2) SAFECKPT_CHECK(put(src.items[i], src.items[i + 1]));
         } else if (src.kind == Kind::kList || src.kind == Kind::kTuple) {
@@ -600,7 +615,7 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
       n.kind = Kind::kSize;
       if (v.size() == 1) {
         SAFECKPT_TRY(auto dims, a.int_tuple(0, "size", lim_.max_container_items));
-        (void)dims;
+        SAFECKPT_CHECK(charge_items(dims.size()));
         n.items = arena_[v[0]].items;
       }
       return add(std::move(n));

@@ -72,6 +72,10 @@ class TorchHooks final : public PickleHooks {
 
  private:
   const AllowEntry* entry_of(NodeId global) const;
+  // Containers built by copying (OrderedDict(d), Counter(d), set(l), Size(t))
+  // count their items against limits.max_nodes, so copying one memoized
+  // container many times cannot amplify memory (fuzz/regressions/pickle_torch).
+  Status charge_items(std::size_t n);
   Result<NodeId> add(Node n);
   Result<NodeId> add_tensor(TensorInfo t);
   Result<NodeId> rebuild_strided(const std::vector<NodeId>& a, Builtin which);
@@ -101,6 +105,7 @@ class TorchHooks final : public PickleHooks {
     char order = '=';  // byte order from the dtype's BUILD state
   };
   std::unordered_map<NodeId, NumpyState> numpy_objects_;
+  std::uint64_t copied_items_ = 0;
 };
 
 }  // namespace safeckpt
