@@ -278,6 +278,13 @@ Status ScanHooks::build(NodeId, NodeId, const OpContext&) { return {}; }
 Result<NodeId> ScanHooks::persistent_load(NodeId pid, const OpContext&) {
   PidInfo info;
   const Node& p = arena_[pid];
+  // The loader's policy (torch's too): only ("storage", ...) tuples. Anything
+  // else is refused there, so it must not scan clean (fuzz/regressions/differential).
+  {
+    const Node* tag = p.kind == Kind::kTuple && !p.items.empty() ? &arena_[p.items[0]] : nullptr;
+    if (tag == nullptr || !((tag->kind == Kind::kStr || tag->kind == Kind::kBytes) && tag->text == "storage"))
+      return make_error(ErrorCode::kDisallowedOperation, "Only persistent_load of storage is allowed");
+  }
   if (p.kind == Kind::kTuple && p.items.size() >= 5) {
     const Node& tag = arena_[p.items[0]];
     const Node& type = arena_[p.items[1]];

@@ -269,7 +269,7 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
     // container rules (CVE-2026-24747: SETITEM on a tensor, APPEND onto a
     // non-list) surface only as this error.
     static const std::set<std::string, std::less<>> kContainerOps = {"APPEND", "APPENDS", "SETITEM", "SETITEMS",
-                                                                     "ADDITEMS", "DICT", "FROZENSET"};
+                                                                     "ADDITEMS", "DICT", "FROZENSET", "BINPERSID"};
     const Error& pe = r.error();
     if (pe.code() == ErrorCode::kDisallowedOperation && kContainerOps.count(pe.where().opcode) != 0) {
       Finding f;
@@ -280,8 +280,10 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
       f.offset = pe.where().offset == Location::kNoOffset ? Location::kNoOffset : base + pe.where().offset;
       f.opcode = pe.where().opcode;
       f.message = pe.message();
-      f.why = "the weights-only rules allow SETITEM(S) only on dict/OrderedDict/Counter and APPEND(S) only on "
-              "lists; torch < 2.10 did not check (CVE-2026-24747: out-of-bounds tensor write)";
+      f.why = pe.where().opcode == "BINPERSID"
+                  ? "the weights-only rules load only (\"storage\", ...) persistent ids; the loader refuses others"
+                  : "the weights-only rules allow SETITEM(S) only on dict/OrderedDict/Counter and APPEND(S) only on "
+                    "lists; torch < 2.10 did not check (CVE-2026-24747: out-of-bounds tensor write)";
       sink_.add(std::move(f));
     }
     auto end = walk_to_stop(d);
