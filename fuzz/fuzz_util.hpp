@@ -10,12 +10,16 @@
 // is the file. fuzz/make_seeds.sh prepends that byte to real checkpoints.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
 #include <malloc.h>
+#define SAFECKPT_FUZZ_HAVE_MALLINFO2 1
+#endif
 #include <string>
 #include <string_view>
 
@@ -125,9 +129,11 @@ extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*)(const volatile
                                                           void (*)(const volatile void*)) __attribute__((weak));
 extern "C" std::size_t __sanitizer_get_allocated_size(const volatile void*) __attribute__((weak));
 
+// Atomic: the hooks run on whichever thread allocates. Signed: memory
+// allocated before the hooks were installed may be freed later.
 struct HeapCounter {
-  std::uint64_t live = 0;
-  std::uint64_t peak = 0;
+  std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> peak{0};
   bool hooked = false;
 };
 inline HeapCounter& heap_counter() {
@@ -136,13 +142,15 @@ inline HeapCounter& heap_counter() {
 }
 inline void heap_malloc_hook(const volatile void*, std::size_t n) {
   HeapCounter& c = heap_counter();
-  c.live += n;
-  if (c.live > c.peak) c.peak = c.live;
+  const auto add = static_cast<std::int64_t>(n);
+  const std::int64_t now = c.live.fetch_add(add, std::memory_order_relaxed) + add;
+  std::int64_t peak = c.peak.load(std::memory_order_relaxed);
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
 }
 inline void heap_free_hook(const volatile void* p) {
-  HeapCounter& c = heap_counter();
-  const std::uint64_t n = p ? __sanitizer_get_allocated_size(p) : 0;
-  c.live = n <= c.live ? c.live - n : 0;
+  if (p != nullptr)
+    heap_counter().live.fetch_sub(static_cast<std::int64_t>(__sanitizer_get_allocated_size(p)), std::memory_order_relaxed);
 }
 inline HeapCounter& heap_hooks() {
   HeapCounter& c = heap_counter();
@@ -160,16 +168,16 @@ class HeapProbe {
   HeapProbe() {
     HeapCounter& c = heap_hooks();
     if (c.hooked) {
-      start_ = c.live;
-      c.peak = c.live;
+      start_ = c.live.load();
+      c.peak.store(start_);
     } else {
-      start_ = mallinfo_bytes();
+      start_ = static_cast<std::int64_t>(mallinfo_bytes());
     }
   }
   void check(std::size_t input_size, std::string_view what) const {
     const HeapCounter& c = heap_counter();
-    const std::uint64_t top = c.hooked ? c.peak : mallinfo_bytes();
-    const std::uint64_t grown = top > start_ ? top - start_ : 0;
+    const std::int64_t top = c.hooked ? c.peak.load() : static_cast<std::int64_t>(mallinfo_bytes());
+    const std::uint64_t grown = top > start_ ? static_cast<std::uint64_t>(top - start_) : 0;
     const std::uint64_t budget = kHeapBytesPerInputByte * input_size + kHeapSlack;
     if (verbose())
       std::fprintf(stderr, "%.*s: heap peak +%llu bytes (%s)\n", static_cast<int>(what.size()), what.data(),
@@ -181,10 +189,14 @@ class HeapProbe {
 
  private:
   static std::uint64_t mallinfo_bytes() {
+#ifdef SAFECKPT_FUZZ_HAVE_MALLINFO2
     struct mallinfo2 mi = mallinfo2();
     return mi.uordblks + mi.hblkhd;
+#else
+    return 0;  // no portable measure: only the sanitizer hooks check
+#endif
   }
-  std::uint64_t start_ = 0;
+  std::int64_t start_ = 0;
 };
 
 }  // namespace safeckpt::fuzz

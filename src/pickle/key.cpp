@@ -86,6 +86,7 @@ Result<std::string> KeyIndex::key_of(const ValueArena& arena, NodeId root, const
 KeyIndex::Slot KeyIndex::find_or_insert(NodeId container, const std::string& key, std::size_t next_index) {
   auto& m = index_[container];
   auto [it, inserted] = m.emplace(key, next_index);
+  if (inserted) stored_bytes_ += key.size();
   return Slot{it->second, inserted};
 }
 

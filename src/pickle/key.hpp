@@ -30,8 +30,12 @@ class KeyIndex {
   };
   // Looks `key` up among `container`'s keys; inserts it at `next_index` if new.
   Slot find_or_insert(NodeId container, const std::string& key, std::size_t next_index);
+  // Bytes of all keys stored so far. Callers cap it (limits.max_string_bytes)
+  // so that many long tuple keys cannot amplify memory (fuzz/regressions/pickle).
+  std::uint64_t stored_bytes() const noexcept { return stored_bytes_; }
 
  private:
+  std::uint64_t stored_bytes_ = 0;
   std::unordered_map<NodeId, std::unordered_map<std::string, std::size_t>> index_;
 };
 

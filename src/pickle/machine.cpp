@@ -519,6 +519,8 @@ Status Machine::do_setitems(NodeId target, const std::vector<NodeId>& kv) {
       continue;
     }
     auto slot = keys_.find_or_insert(target, *key, arena_[target].items.size() / 2);
+    if (keys_.stored_bytes() > lim_.max_string_bytes)
+      return fail(ErrorCode::kLimitExceeded, "dict keys exceed max_string_bytes in total");
     if (slot.inserted) {
       if (arena_[target].items.size() / 2 >= lim_.max_container_items)
         return fail(ErrorCode::kLimitExceeded, "dict with more than max_container_items items");
@@ -546,6 +548,8 @@ Status Machine::do_additems(NodeId target, const std::vector<NodeId>& items) {
       continue;
     }
     auto slot = keys_.find_or_insert(target, *key, arena_[target].items.size());
+    if (keys_.stored_bytes() > lim_.max_string_bytes)
+      return fail(ErrorCode::kLimitExceeded, "set members exceed max_string_bytes in total");
     if (slot.inserted) {
       if (arena_[target].items.size() >= lim_.max_container_items)
         return fail(ErrorCode::kLimitExceeded, "set with more than max_container_items items");
