@@ -11,6 +11,7 @@
 //  - safetensors -> PyTorch: a state_dict (OrderedDict name -> tensor).
 //  - PyTorch -> PyTorch: re-saved from what the weights-only loader built,
 //    i.e. scrubbed to weights.
+//  --legacy writes PyTorch outputs in the pre-1.6 sequential-pickle format.
 // The output is written atomically and never replaces a file unless --force.
 // Exit codes: 0 converted, 1 input refused by policy, 2 anything else.
 #include <cstdio>
@@ -33,6 +34,7 @@ struct ConvertArgs {
   bool force = false;
   bool drop_non_tensors = false;
   bool cpu = false;
+  bool legacy = false;
   bool no_fsync = false;
 };
 
@@ -80,6 +82,13 @@ int run_convert(const ConvertArgs& a) {
   so.overwrite = a.force;
   so.fsync = !a.no_fsync;
   if (a.cpu) so.force_location = "cpu";
+  if (a.legacy) {
+    if (out != Out::kTorch) {
+      std::fprintf(stderr, "safeckpt convert: --legacy applies to PyTorch outputs only\n");
+      return 2;
+    }
+    so.legacy_format = true;
+  }
   std::vector<std::string> notes;
   Status st;
   if (out == Out::kSafetensors) {
@@ -115,6 +124,8 @@ void register_convert(CLI::App& app, int& exit_code) {
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");
   cmd->add_option("--allow", args->allow_files, "extra allowlist file(s) for reading a PyTorch input (trusted input only)");
   cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
+  cmd->add_flag("--legacy", args->legacy,
+                "to PyTorch: write the pre-1.6 legacy format (torch.save(..., _use_new_zipfile_serialization=False))");
   cmd->add_flag("--no-fsync", args->no_fsync, "skip fsync (faster, not crash-safe)");
   cmd->callback([args, &exit_code] { exit_code = run_convert(*args); });
 }

@@ -14,7 +14,8 @@
 // saving the original twice must give the same bytes (determinism).
 // Option byte bit 1: compute_crc32 off; bits 2-3: storage_alignment 64 / 1 /
 // 4096 / 64 with root "model"; bit 4: extended allowlist (file mode: values
-// outside torch's default set may then be refused with kUnsupported).
+// outside torch's default set may then be refused with kUnsupported); bit 5:
+// legacy (pre-1.6) format, which refuses storages without one typed class.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -269,6 +270,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 3: so.root_name = "model"; break;
     default: break;
   }
+  so.legacy_format = in.bit(5);
   sc::LoadOptions lo;
   lo.limits = sc::fuzz_limits();
   lo.allowlist = &fz::pick_allowlist(in.bit(4));
@@ -295,7 +297,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // Documented refusals: values outside torch's default allowlist (only
     // reachable with the extended allowlist), cycles through tuples, and
     // quantized tensors over mixed-dtype storages — all kUnsupported.
-    FUZZ_REQUIRE(file_mode && saved.error().code() == sc::ErrorCode::kUnsupported,
+    // Legacy format: a storage viewed as several dtypes or as a dtype
+    // without a legacy storage class (torch's _legacy_save refuses them too).
+    const bool legacy_refusal = so.legacy_format && saved.error().code() == sc::ErrorCode::kUnsupported &&
+                                saved.error().message().find("legacy format") != std::string::npos;
+    FUZZ_REQUIRE(legacy_refusal || (file_mode && saved.error().code() == sc::ErrorCode::kUnsupported),
                  "save_to_bytes failed: " + saved.error().to_string());
     return 0;
   }

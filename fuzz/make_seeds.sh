@@ -69,8 +69,9 @@ for dir in "$corpus"/torch-*; do
     seed differential "$name" "$f" 000 001 016
     # scan: 000 defaults (nesting 0), 106 nesting 3 + reports, 030 loader off.
     seed scan "$name" "$f" 000 106 030
-    # roundtrip file mode: 001 load -> save -> load, 005 alignment 1.
-    seed roundtrip "$name" "$f" 001 005
+    # roundtrip file mode: 001 load -> save -> load, 005 alignment 1,
+    # 041 legacy format (octal: bits 0 and 5).
+    seed roundtrip "$name" "$f" 001 005 041
     pkl=$tmp/data.pkl
     if extract_pkl "$f" "$pkl"; then
       # pickle: 000 plain, 001 tiny limits, 004 deny calls.

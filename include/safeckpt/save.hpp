@@ -1,7 +1,8 @@
 // safeckpt/save.hpp — write checkpoints that torch.load(weights_only=True) reads.
 //
 // save() writes the value tree of a Checkpoint (what load() returned, or what
-// a CheckpointBuilder made, safeckpt/builder.hpp) as a torch.save zip (docs/torch-format.md §2.3, §7):
+// a CheckpointBuilder made, safeckpt/builder.hpp) as a torch.save zip (docs/torch-format.md §2.3, §7),
+// or with SaveOptions::legacy_format in the pre-1.6 layout:
 //  1. Records, in PyTorch 2.7+'s order: data.pkl, .format_version ("1"),
 //     .storage_alignment ("64"), byteorder ("little"), data/0 .. data/N-1,
 //     version ("3\n"). No .data/serialization_id (PyTorch's is not
@@ -69,6 +70,18 @@ struct SaveOptions {
   std::uint32_t storage_alignment = 64;
   // Zip root folder; empty = torch's rule for the target file name.
   std::string root_name;
+  // Write the legacy sequential-pickle format instead of the zip
+  // (torch.save(..., _use_new_zipfile_serialization=False); torch/
+  // serialization.py _legacy_save, docs/torch-format.md §3.1): header
+  // pickles (magic, 1001, sys_info) byte-identical to Python's, the object
+  // pickle with 6-tuple persistent ids, the string-sorted storage keys, then
+  // per key an int64 element count and the storage bytes. storage_alignment,
+  // root_name and compute_crc32 do not apply (no zip). Like torch, refuses
+  // (kUnsupported) a storage viewed as several dtypes or as a dtype without
+  // a legacy storage class (uint16/32/64, float8, bits...). Read back by
+  // PyTorch 1.13 and 2.11 with weights_only=True (tests/unit/test_save_legacy.cpp,
+  // tests/interop/README.md).
+  bool legacy_format = false;
   // Saved device of every storage; empty keeps each storage's own location
   // ("cuda:0" files then need map_location to load on a CPU-only machine).
   std::string force_location;
@@ -78,7 +91,8 @@ struct SaveOptions {
 // Errors: kExists (target exists, overwrite off), kIo (create/write/fsync/
 // rename, errno text), kUnsupported (a value torch cannot load with
 // weights_only=True, a quantized tensor over a mixed-dtype storage, an int
-// wider than LONG1, a cycle through a tuple), kInvalidArgument (bad options),
+// wider than LONG1, a cycle through a tuple; legacy_format: a storage
+// without a single legacy storage class), kInvalidArgument (bad options),
 // kInternal (a tensor refers to a missing storage/node).
 Status save(const std::filesystem::path& path, const Checkpoint& ckpt, const SaveOptions& options = {});
 

@@ -14,6 +14,8 @@
 //  6. per key, in that order: u64 little-endian element count equal to the
 //     persistent id's numel, then count x element_size bytes (little-endian).
 #include <algorithm>
+#include <string>
+#include <unordered_map>
 
 #include "checkpoint/builder.hpp"
 #include "torch/object_model.hpp"
@@ -28,13 +30,11 @@ class LegacyStorages final : public StorageProvider {
   LegacyStorages(TorchTables& t, const Limits& l) : t_(t), lim_(l) {}
   Result<std::uint32_t> storage(std::string_view key, DType dtype, std::uint64_t nbytes, std::string_view location,
                                 const OpContext&) override {
-    for (std::uint32_t i = 0; i < t_.storages.size(); ++i) {
-      if (t_.storages[i].key == key) {
-        if (t_.storages[i].dtype != dtype || t_.storages[i].nbytes != nbytes)
-          return make_error(ErrorCode::kMalformed,
-                            "storage '" + std::string(key) + "' referenced with different types");
-        return i;
-      }
+    if (auto it = index_.find(std::string(key)); it != index_.end()) {
+      const StorageInfo& s = t_.storages[it->second];
+      if (s.dtype != dtype || s.nbytes != nbytes)
+        return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) + "' referenced with different types");
+      return it->second;
     }
     if (t_.storages.size() >= lim_.max_legacy_storages)
       return make_error(ErrorCode::kLimitExceeded, "more than max_legacy_storages storages");
@@ -48,13 +48,22 @@ class LegacyStorages final : public StorageProvider {
     s.nbytes = nbytes;
     s.record = "legacy storage " + std::string(key);
     t_.storages.push_back(std::move(s));
-    return static_cast<std::uint32_t>(t_.storages.size() - 1);
+    const auto idx = static_cast<std::uint32_t>(t_.storages.size() - 1);
+    index_.emplace(t_.storages.back().key, idx);
+    return idx;
+  }
+
+  // Storage index by key (the storage-keys pickle is matched against it too).
+  std::uint32_t find(const std::string& key) const {
+    auto it = index_.find(key);
+    return it == index_.end() ? kNoStorage : it->second;
   }
 
  private:
   TorchTables& t_;
   const Limits& lim_;
   std::uint64_t total_ = 0;
+  std::unordered_map<std::string, std::uint32_t> index_;  // key -> storage (linear search was quadratic)
 };
 
 }  // namespace
@@ -97,9 +106,7 @@ Result<Checkpoint> load_legacy(LoadBuilder& b, Bytes file, const LoadOptions& op
   std::vector<bool> done(tables.storages.size(), false);
   for (NodeId k : a[keys].items) {
     if (a[k].kind != Kind::kStr) return make_error(ErrorCode::kMalformed, "storage key is not a str");
-    std::uint32_t idx = kNoStorage;
-    for (std::uint32_t i = 0; i < tables.storages.size(); ++i)
-      if (tables.storages[i].key == a[k].text) idx = i;
+    const std::uint32_t idx = storages.find(a[k].text);
     if (idx == kNoStorage)
       return make_error(ErrorCode::kMalformed, "storage key '" + a[k].text + "' is not used by the object");
     if (done[idx]) return make_error(ErrorCode::kMalformed, "storage key '" + a[k].text + "' listed twice");

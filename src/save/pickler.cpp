@@ -104,6 +104,7 @@ class Pickler {
     TorchPickle r;
     r.bytes = std::move(out_);
     r.storages = std::move(key_order_);
+    r.numels = std::move(key_numel_);
     return r;
   }
 
@@ -345,6 +346,13 @@ class Pickler {
     seq.push_back(raw(kMark));
     seq.push_back(str("storage"));
     std::int64_t numel;
+    if (opt_.legacy_format && !typed_[s])
+      // torch/serialization.py _legacy_save raises the same ("Cannot save
+      // multiple tensors or storages that view the same data as different
+      // types"; dtypes without a legacy class fail in _pickle_storage_type).
+      return unsupported("save: the legacy format needs one typed storage class per storage; storage " + info.key +
+                         " is viewed as several dtypes or as a dtype without a legacy storage class "
+                         "(uint16/32/64, float8, ...); save in the zip format");
     if (typed_[s]) {
       seq.push_back(global("torch", storage_class_for(typed_dtype_[s])));
       numel = static_cast<std::int64_t>(info.nbytes / dtype_size(typed_dtype_[s]));
@@ -354,7 +362,10 @@ class Pickler {
     }
     seq.push_back(str(std::to_string(key_of_[s])));
     seq.push_back(str(opt_.force_location.empty() ? info.location : opt_.force_location));
+    if (key_numel_.size() <= key_of_[s]) key_numel_.resize(key_of_[s] + 1);
+    key_numel_[key_of_[s]] = static_cast<std::uint64_t>(numel);
     seq.push_back(integer(numel));
+    if (opt_.legacy_format) seq.push_back(raw(kNone));  // view_metadata (legacy storage views are never written)
     seq.push_back(raw(kTuple));
     seq.push_back(raw(kBinPersId));
     push(std::move(seq));
@@ -817,6 +828,7 @@ class Pickler {
   std::vector<DType> typed_dtype_;
   std::vector<std::uint32_t> key_of_;
   std::vector<std::uint32_t> key_order_;
+  std::vector<std::uint64_t> key_numel_;  // numel in each key's persistent id
 };
 
 }  // namespace

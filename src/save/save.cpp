@@ -1,6 +1,10 @@
 // save(): a Checkpoint as a torch.save zip. Layout and rules: save.hpp.
 #include "safeckpt/save.hpp"
 
+#include <algorithm>
+#include <iterator>
+#include <string>
+
 #include "save/pickler.hpp"
 #include "save/zip_writer.hpp"
 
@@ -45,6 +49,128 @@ Status write_zip(const std::function<Status(Bytes)>& write, const Checkpoint& ck
   return zip.finish();
 }
 
+// ---- legacy format (torch/serialization.py _legacy_save) ----
+
+// The three header pickles exactly as Python's pickle writes them with
+// protocol 2: MAGIC_NUMBER (LONG1), PROTOCOL_VERSION 1001, and sys_info
+// {'protocol_version': 1001, 'little_endian': True, 'type_sizes':
+// {'short': 2, 'int': 4, 'long': 4}} (serialization.py's constants).
+// tests/unit/test_save_legacy.cpp compares them with files PyTorch wrote.
+void legacy_header(std::vector<std::uint8_t>& out) {
+  static constexpr std::uint8_t kMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                            0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, '.'};
+  static constexpr std::uint8_t kProtocol[] = {0x80, 0x02, 'M', 0xe9, 0x03, '.'};
+  out.insert(out.end(), std::begin(kMagic), std::end(kMagic));
+  out.insert(out.end(), std::begin(kProtocol), std::end(kProtocol));
+  std::uint8_t memo = 0;
+  auto put = [&] {
+    out.push_back('q');
+    out.push_back(memo++);
+  };
+  auto str = [&](std::string_view t) {
+    out.push_back('X');
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(t.size() >> (8 * i)));
+    out.insert(out.end(), t.begin(), t.end());
+    put();
+  };
+  auto small_int = [&](std::uint8_t v) {
+    out.push_back('K');
+    out.push_back(v);
+  };
+  out.insert(out.end(), {0x80, 0x02, '}'});
+  put();
+  out.push_back('(');
+  str("protocol_version");
+  out.insert(out.end(), {'M', 0xe9, 0x03});
+  str("little_endian");
+  out.push_back(0x88);  // NEWTRUE: we write little-endian storages on every host
+  str("type_sizes");
+  out.push_back('}');
+  put();
+  out.push_back('(');
+  str("short");
+  small_int(2);
+  str("int");
+  small_int(4);
+  str("long");
+  small_int(4);
+  out.insert(out.end(), {'u', 'u', '.'});
+}
+
+// The storage-keys pickle: a list of str as Python's pickle writes it
+// (APPEND for one item, MARK ... APPENDS in batches of 1000 otherwise).
+std::vector<std::uint8_t> legacy_key_list(const std::vector<std::string>& keys) {
+  std::vector<std::uint8_t> out = {0x80, 0x02, ']'};
+  std::uint32_t memo = 0;
+  auto put = [&] {
+    if (memo < 256) {
+      out.push_back('q');
+      out.push_back(static_cast<std::uint8_t>(memo));
+    } else {
+      out.push_back('r');
+      for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(memo >> (8 * i)));
+    }
+    ++memo;
+  };
+  put();
+  for (std::size_t b = 0; b < keys.size(); b += 1000) {
+    const std::size_t n = std::min<std::size_t>(1000, keys.size() - b);
+    if (n > 1) out.push_back('(');
+    for (std::size_t i = b; i < b + n; ++i) {
+      out.push_back('X');
+      for (int j = 0; j < 4; ++j) out.push_back(static_cast<std::uint8_t>(keys[i].size() >> (8 * j)));
+      out.insert(out.end(), keys[i].begin(), keys[i].end());
+      put();
+    }
+    out.push_back(n > 1 ? 'e' : 'a');
+  }
+  out.push_back('.');
+  return out;
+}
+
+// Legacy layout (docs/torch-format.md §3.1): header pickles, the object
+// pickle, the sorted storage keys, then per key the u64 element count and
+// the storage bytes. Keys are "0".."N-1" in first-use order (torch uses
+// addresses; any distinct strings load) and, as in torch, the data follows
+// the keys in string order.
+Status write_legacy(const std::function<Status(Bytes)>& write, const Checkpoint& ckpt, const SaveOptions& o) {
+  SAFECKPT_CHECK(check_options(o));
+  PickleWriteOptions po;
+  po.weights_only_compatible = o.weights_only_compatible;
+  po.force_location = o.force_location;
+  po.legacy_format = true;
+  SAFECKPT_TRY(TorchPickle pk, write_torch_pickle(ckpt, po));
+  std::vector<std::uint8_t> head;
+  legacy_header(head);
+  head.insert(head.end(), pk.bytes.begin(), pk.bytes.end());
+  std::vector<std::string> keys;
+  for (std::size_t k = 0; k < pk.storages.size(); ++k) keys.push_back(std::to_string(k));
+  std::sort(keys.begin(), keys.end());
+  const auto list = legacy_key_list(keys);
+  head.insert(head.end(), list.begin(), list.end());
+  SAFECKPT_CHECK(write(Bytes(head.data(), head.size())));
+  const auto& storages = ckpt.storages();
+  for (const std::string& key : keys) {
+    const std::size_t k = std::stoul(key);
+    const StorageInfo& s = storages[pk.storages[k]];
+    if (s.bytes.size() != s.nbytes)
+      return make_error(ErrorCode::kInternal, "save: storage " + s.key + " has " + std::to_string(s.bytes.size()) +
+                                                  " bytes, expected " + std::to_string(s.nbytes));
+    // THPStorage_writeFileRaw: int64 numel in the storage's dtype, then the bytes.
+    const std::uint64_t numel = pk.numels[k];
+    std::uint8_t count[8];
+    for (int i = 0; i < 8; ++i) count[i] = static_cast<std::uint8_t>(numel >> (8 * i));
+    SAFECKPT_CHECK(write(Bytes(count, 8)));
+    SAFECKPT_CHECK(write(s.bytes));
+  }
+  return {};
+}
+
+Status write_any(const std::function<Status(Bytes)>& write, const Checkpoint& ckpt, const SaveOptions& o,
+                 const std::string& root) {
+  return o.legacy_format ? write_legacy(write, ckpt, o) : write_zip(write, ckpt, o, root);
+}
+
 }  // namespace
 
 std::string torch_archive_root(const std::filesystem::path& path) {
@@ -70,7 +196,7 @@ std::string torch_archive_root(const std::filesystem::path& path) {
 }
 
 Status save_to_writer(const std::function<Status(Bytes)>& write, const Checkpoint& ckpt, const SaveOptions& options) {
-  return write_zip(write, ckpt, options, options.root_name.empty() ? "archive" : options.root_name);
+  return write_any(write, ckpt, options, options.root_name.empty() ? "archive" : options.root_name);
 }
 
 Result<std::vector<std::uint8_t>> save_to_bytes(const Checkpoint& ckpt, const SaveOptions& options) {
@@ -88,7 +214,7 @@ Status save(const std::filesystem::path& path, const Checkpoint& ckpt, const Sav
   SAFECKPT_CHECK(check_options(options));
   const std::string root = options.root_name.empty() ? torch_archive_root(path) : options.root_name;
   return write_file_atomically(path, options, [&](const std::function<Status(Bytes)>& write) {
-    return write_zip(write, ckpt, options, root);
+    return write_any(write, ckpt, options, root);
   });
 }
 

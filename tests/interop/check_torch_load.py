@@ -214,7 +214,9 @@ def main():
     results, ok = {}, True
     for f in a.files:
         try:
-            results[f] = describe(f, a.require_weights_only, a.check_offsets and not f.endswith(".safetensors"))
+            import zipfile  # offsets are a zip matter; legacy-format files have none
+            results[f] = describe(f, a.require_weights_only,
+                                  a.check_offsets and not f.endswith(".safetensors") and zipfile.is_zipfile(f))
         except Exception as e:  # noqa: BLE001 - reported per file
             ok = False
             results[f] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],

@@ -60,6 +60,13 @@ TEST_CASE("convert: PyTorch <-> safetensors through the CLI") {
   // its plain values in __metadata__.
   CHECK(run("convert " + (c211 / "protocol_4.pt").string() + " " + (dir.path / "p4.pt").string(), log) == 0);
   CHECK(load(dir.path / "p4.pt").has_value());
+  // --legacy: the pre-1.6 layout, same tensors; not for safetensors outputs.
+  CHECK(run("convert --legacy " + st + " " + (dir.path / "legacy.pt").string(), log) == 0);
+  auto lg = load(dir.path / "legacy.pt");
+  REQUIRE(lg.has_value());
+  CHECK(lg->format() == FileFormat::kLegacyPickle);
+  CHECK(tree_diff(*b, *lg).empty());
+  CHECK(run("convert --legacy " + pt + " " + (dir.path / "legacy.safetensors").string(), log) == 2);
   CHECK(run("convert " + (c211 / "training_checkpoint.pt").string() + " " + (dir.path / "t.safetensors").string(), log) == 0);
   auto t = SafetensorsFile::open(dir.path / "t.safetensors");
   REQUIRE(t.has_value());

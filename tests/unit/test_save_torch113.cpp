@@ -59,6 +59,7 @@ TEST_CASE("save: PyTorch 1.13 reads what we write (torch.load, typed trees compa
   };
   std::vector<Case> cases;
   std::vector<std::string> skipped;
+  int legacy_cases = 0;
   for (const auto& [name, path] : corpus_files()) {
     auto r = load(path);
     if (!r) continue;
@@ -74,6 +75,18 @@ TEST_CASE("save: PyTorch 1.13 reads what we write (torch.load, typed trees compa
     auto st = save(out, *r);
     REQUIRE_MESSAGE(st.has_value(), name << ": " << st.error().to_string());
     cases.push_back({name, out, tree_json(*r)});
+    // The legacy (pre-1.6) layout too, where it can hold the file (one
+    // typed storage class per storage, as torch's _legacy_save requires).
+    fs::path out_legacy = dir.path / (stem + ".legacy.pt");
+    SaveOptions lo;
+    lo.legacy_format = true;
+    auto sl = save(out_legacy, *r, lo);
+    if (sl) {
+      cases.push_back({name + " (legacy)", out_legacy, tree_json(*r)});
+      ++legacy_cases;
+    } else {
+      REQUIRE_MESSAGE(sl.error().code() == ErrorCode::kUnsupported, sl.error().to_string());
+    }
   }
   {
     CheckpointBuilder b;
@@ -109,10 +122,11 @@ TEST_CASE("save: PyTorch 1.13 reads what we write (torch.load, typed trees compa
     std::string d = first_diff(theirs, c.tree);
     CHECK_MESSAGE(d.empty(), c.name << ": torch 1.13 sees " << d);
   }
-  MESSAGE("torch 1.13 loaded " << cases.size() << " files we wrote (" << weights_only
-                               << " with weights_only=True); skipped " << skipped.size()
+  MESSAGE("torch 1.13 loaded " << cases.size() << " files we wrote (" << legacy_cases << " in the legacy format, "
+                               << weights_only << " with weights_only=True); skipped " << skipped.size()
                                << " that need a newer torch");
   CHECK(weights_only >= 5);
+  CHECK(legacy_cases >= 20);
 }
 
 TEST_CASE("safetensors: files we write read back in Python (safetensors, or an independent reader)") {
