@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Baselines for safeckpt_gpu_bench: PyTorch and safetensors loading the same
+"""Baselines for `safeckpt bench` and safeckpt_gpu_bench: PyTorch and safetensors loading the same
 checkpoint into GPU memory, measured in the same run (issue 5).
 
   make DIR [--tensors 96] [--mib 64]
@@ -8,6 +8,10 @@ checkpoint into GPU memory, measured in the same run (issue 5).
       line "offset nbytes crc32" per storage record of model.pt, read from its
       zip central directory, so safeckpt_gpu_bench --file DIR/model.pt
       --ranges DIR/model.pt.ranges moves exactly the bytes torch.load reads.
+  files FILE... [--repeat 2] [--no-cold]
+      The same rows for the given files (one PyTorch checkpoint and/or one
+      .safetensors file): the companion of `safeckpt bench --baselines`, which
+      appends the files it benchmarks to the command.
   run DIR [--repeat 2] [--no-cold]
       Times, on DIR/model.pt and DIR/model.safetensors:
         torch.load(weights_only=True, map_location="cuda")
@@ -123,12 +127,23 @@ def cmd_make(args):
 
 
 def cmd_run(args):
+    run_baselines(os.path.join(args.dir, "model.pt"), os.path.join(args.dir, "model.safetensors"), args)
+
+
+def cmd_files(args):
+    pts = [f for f in args.files if not f.endswith(".safetensors")]
+    sts = [f for f in args.files if f.endswith(".safetensors")]
+    if len(pts) > 1 or len(sts) > 1:
+        raise SystemExit("files: at most one PyTorch file and one .safetensors file")
+    run_baselines(pts[0] if pts else None, sts[0] if sts else None, args)
+
+
+def run_baselines(pt, st, args):
+    """Rows for the PyTorch loaders on `pt` and safetensors on `st` (either may be None)."""
     import torch
     import safetensors
     from safetensors.torch import load_file
 
-    pt = os.path.join(args.dir, "model.pt")
-    st = os.path.join(args.dir, "model.safetensors")
     torch.zeros(1, device="cuda")  # CUDA context outside every row
     torch.cuda.synchronize()
     print(f"baselines: torch {torch.__version__}, safetensors {safetensors.__version__}, "
@@ -167,20 +182,25 @@ def cmd_run(args):
     def st_cuda():
         return load_file(st, device="cuda")
 
-    loaders = [
-        ("torch.load(map_location=cuda)", "warm", torch_cuda, pt, 1),
-        ("torch.load(mmap=True)+.cuda()", "warm", torch_mmap, pt, args.repeat),
-        ("safetensors load_file(cuda)", "warm", st_cuda, st, args.repeat),
-    ]
+    loaders = []
+    if pt:
+        loaders += [("torch.load(map_location=cuda)", "warm", torch_cuda, pt, 1),
+                    ("torch.load(mmap=True)+.cuda()", "warm", torch_mmap, pt, args.repeat)]
+    if st:
+        loaders += [("safetensors load_file(cuda)", "warm", st_cuda, st, args.repeat)]
     for what, mode, fn, path, n in loaders:
         warm_page_cache(path)
         for _ in range(n):
-            measure(what, mode, fn, "same tensors; all at once")
+            measure(what, mode, fn, f"{os.path.basename(path)}; all tensors at once")
     if not args.no_cold:
-        for what, fn, path in [("torch.load(map_location=cuda)", torch_cuda, pt),
-                               ("safetensors load_file(cuda)", st_cuda, st)]:
-            how = drop_page_cache([pt, st])
-            measure(what, "cold", fn, f"cache dropped via {how}")
+        cold = []
+        if pt:
+            cold.append(("torch.load(map_location=cuda)", torch_cuda, pt))
+        if st:
+            cold.append(("safetensors load_file(cuda)", st_cuda, st))
+        for what, fn, path in cold:
+            how = drop_page_cache([p for p in (pt, st) if p])
+            measure(what, "cold", fn, f"{os.path.basename(path)}; cache dropped via {how}")
 
 
 def main():
@@ -194,8 +214,12 @@ def main():
     r.add_argument("dir")
     r.add_argument("--repeat", type=int, default=2)
     r.add_argument("--no-cold", action="store_true")
+    f = sub.add_parser("files")
+    f.add_argument("files", nargs="+")
+    f.add_argument("--repeat", type=int, default=2)
+    f.add_argument("--no-cold", action="store_true")
     args = ap.parse_args()
-    {"make": cmd_make, "run": cmd_run}[args.cmd](args)
+    {"make": cmd_make, "run": cmd_run, "files": cmd_files}[args.cmd](args)
 
 
 if __name__ == "__main__":

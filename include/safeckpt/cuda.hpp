@@ -68,6 +68,16 @@ struct DeviceMemory {
 };
 Result<DeviceMemory> device_memory(int device);
 
+// The pinned host->device copy ceiling: copies `bytes` (1e9 per GB in the
+// result) from one pinned buffer (min(256 MiB, bytes)) to device memory in
+// `chunk_bytes` cudaMemcpyAsync calls spread round-robin over `streams`
+// streams; returns the median GB/s of 3 runs after a warm-up run. What the
+// transfer engine is compared against (docs/gpu-loading.md: 55 GB/s on the
+// H200 machine). Errors: kInvalidArgument (zero sizes, streams > 64),
+// kDevice (any CUDA call; memory is freed first).
+Result<double> measure_pinned_h2d(int device, std::uint64_t bytes, unsigned streams = 4,
+                                  std::uint64_t chunk_bytes = 16ull << 20);
+
 // ---------------------------------------------------------------------------
 // Transfer engine
 
@@ -156,6 +166,10 @@ struct LoadStats {
   unsigned reader_threads = 0;
   unsigned streams = 0;
   std::uint64_t chunks = 0;            // reads + copies issued
+  // Where the time before the first storage goes (bench "first tensor"):
+  double seconds_device_alloc = 0;     // cudaMalloc of the arena (before any read)
+  std::size_t slots_pinned = 0;        // staging slots pinned during this load (0 once the ring is grown)
+  double seconds_pinning = 0;          // wall time inside cudaHostAlloc for them (one at a time)
   double gb_per_s() const noexcept { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 

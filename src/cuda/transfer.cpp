@@ -215,6 +215,9 @@ struct detail::EngineState {
   std::size_t allocating = 0;  // cudaHostAlloc calls in progress
   std::size_t in_use = 0, peak_in_use = 0;
   std::atomic<std::uint64_t> pinned{0};
+  // This load's pinning (reset with peak_in_use; under ring_mu).
+  std::size_t slots_pinned_now = 0;
+  double pin_seconds_now = 0;
 
   std::mutex event_mu;
   std::vector<cudaEvent_t> events;  // all created
@@ -269,9 +272,13 @@ struct detail::EngineState {
         ++allocating;
         lock.unlock();
         void* p = nullptr;
+        const auto t0 = std::chrono::steady_clock::now();
         const cudaError_t err = cudaHostAlloc(&p, slot_bytes, cudaHostAllocDefault);
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         lock.lock();
         --allocating;
+        pin_seconds_now += took;
+        if (err == cudaSuccess) ++slots_pinned_now;
         if (err != cudaSuccess) {
           ring_cv.notify_all();
           return device_error("cudaHostAlloc of a " + std::to_string(slot_bytes) + "-byte staging slot", err);
@@ -955,6 +962,7 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
   }
 
   // 4. Allocate the arena.
+  const auto alloc_start = Clock::now();
   if (cudaError_t e = cudaSetDevice(eng.opt.device); e != cudaSuccess) return device_error("cudaSetDevice", e);
   DeviceArena arena;
   arena.device_ = eng.opt.device;
@@ -974,7 +982,10 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
   {
     std::lock_guard<std::mutex> lock(eng.ring_mu);
     eng.peak_in_use = eng.in_use;
+    eng.slots_pinned_now = 0;
+    eng.pin_seconds_now = 0;
   }
+  const double alloc_seconds = std::chrono::duration<double>(Clock::now() - alloc_start).count();
 
   // Empty storages are complete at once.
   for (std::size_t i = 0; i < n; ++i)
@@ -1025,7 +1036,10 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     {
       std::lock_guard<std::mutex> lock(eng.ring_mu);
       stats->peak_ring_bytes = eng.peak_in_use * eng.slot_bytes;
+      stats->slots_pinned = eng.slots_pinned_now;
+      stats->seconds_pinning = eng.pin_seconds_now;
     }
+    stats->seconds_device_alloc = alloc_seconds;
     stats->ring_bytes_pinned = eng.pinned.load();
     stats->io_mode = need_file ? st.mode : IoMode::kPread;
     stats->reader_threads = nreaders;
