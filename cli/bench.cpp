@@ -60,6 +60,7 @@ struct BenchArgs {
   bool no_cold = false;
   unsigned threads = 0;
   std::uint64_t ring_mib = 0;
+  bool pageable = false;
 };
 
 #ifdef SAFECKPT_HAVE_CUDA
@@ -328,8 +329,10 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
                 fmt_ms(m.seconds - m.stats.seconds).c_str(), fmt_ms(m.create).c_str(), fmt_ms(m.parse).c_str(),
                 fmt_ms(m.stats.seconds_device_alloc).c_str());
   row.note = buf;
-  std::snprintf(buf, sizeof buf, "pinned %zu slots in %s ms, ring peak %.0f MiB", m.stats.slots_pinned,
-                fmt_ms(m.stats.seconds_pinning).c_str(), static_cast<double>(m.stats.peak_ring_bytes) / kMiB);
+  std::snprintf(buf, sizeof buf, "pinned %zu slots in %s ms, %llu of %llu chunks staged pageable, ring peak %.0f MiB",
+                m.stats.slots_pinned, fmt_ms(m.stats.seconds_pinning).c_str(),
+                static_cast<unsigned long long>(m.stats.pageable_chunks),
+                static_cast<unsigned long long>(m.stats.chunks), static_cast<double>(m.stats.peak_ring_bytes) / kMiB);
   row.note += buf;
   return row;
 }
@@ -429,6 +432,7 @@ int run_bench(const BenchArgs& a) {
   o.transfer.device = *dev;
   if (a.threads) o.transfer.reader_threads = a.threads;
   if (a.ring_mib) o.transfer.ring_bytes = a.ring_mib << 20;
+  o.transfer.pageable_staging = a.pageable;
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const unsigned readers = o.transfer.reader_threads ? o.transfer.reader_threads : std::min(16u, hw);
 
@@ -575,6 +579,8 @@ void register_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-cold", args->no_cold, "skip the rows that drop the page cache");
   cmd->add_option("--threads", args->threads, "reader threads (default min(16, hardware threads))");
   cmd->add_option("--ring-mib", args->ring_mib, "pinned staging ring cap in MiB (default 128)");
+  cmd->add_flag("--pageable-staging", args->pageable,
+                "stage chunks in pageable memory instead of the pinned ring (TransferOptions::pageable_staging)");
   cmd->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_CUDA
     exit_code = run_bench(*args);

@@ -121,6 +121,7 @@ enum class IoMode : std::uint8_t {
 };
 std::string_view io_mode_name(IoMode mode) noexcept;
 
+
 struct TransferOptions {
   // CUDA device index.
   int device = 0;
@@ -143,6 +144,16 @@ struct TransferOptions {
   // CUDA streams the copies are spread over. 1..64.
   unsigned streams = 4;
   IoMode io_mode = IoMode::kAuto;
+  // Stage every chunk in a reader's own pageable buffer instead of the
+  // pinned ring: nothing is pinned, and a pageable cudaMemcpyAsync returns
+  // once the driver has copied the source into its own staging memory (CUDA
+  // Runtime API, "API synchronization behavior"). Measured on the H200
+  // machine (bench/RESULTS.md): 8.5-11 GB/s against 45 with the ring, and
+  // no faster to the first tensor (29-56 ms); staging in pageable memory only
+  // while the ring was still being pinned was worse still (cudaHostAlloc
+  // stalled behind the pageable copies: 3 slots in 465 ms). For hosts where
+  // pinned memory must not be used.
+  bool pageable_staging = false;
   // Compare each storage's CRC-32 with StorageSource::expected_crc32 (when
   // nonzero). Costs CPU on the reader threads; see bench/RESULTS.md.
   bool verify_crc = true;
@@ -170,6 +181,7 @@ struct LoadStats {
   double seconds_device_alloc = 0;     // cudaMalloc of the arena (before any read)
   std::size_t slots_pinned = 0;        // staging slots pinned during this load (0 once the ring is grown)
   double seconds_pinning = 0;          // wall time inside cudaHostAlloc for them (one at a time)
+  std::uint64_t pageable_chunks = 0;   // chunks staged in pageable memory (pageable_staging)
   double gb_per_s() const noexcept { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 

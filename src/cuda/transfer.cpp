@@ -346,6 +346,7 @@ struct LoadState {
 
   Clock::time_point start;
   std::atomic<std::int64_t> first_ready_ns{-1};
+  std::atomic<std::uint64_t> pageable_chunks{0};
 
   void fail(Error e) {
     {
@@ -435,34 +436,58 @@ void push_inflight(LoadState& st, InFlight f) {
   st.q_cv.notify_one();
 }
 
-Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t stream) {
+// A reader's own pageable staging buffer (pageable_staging), page-aligned for
+// O_DIRECT, allocated on first use and freed when the reader exits.
+struct PageableBuffer {
+  std::uint8_t* p = nullptr;
+  ~PageableBuffer() { std::free(p); }
+};
+
+Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t stream, PageableBuffer& pageable) {
   detail::EngineState& eng = *st.eng;
   const Item& item = st.items[item_index];
   const std::uint32_t ci = st.item_chunks[item.first];
   const Chunk& c = st.chunks[ci];
   const StorageSource& src = st.sources[c.storage];
 
-  SAFECKPT_TRY(Slot * slot, eng.acquire_slot(st.failed));
-  if (slot == nullptr) return {};  // stopping
-  const std::uint8_t* data = slot->host;
+  Slot* slot = nullptr;
+  std::uint8_t* buf = nullptr;
+  if (!eng.opt.pageable_staging) {
+    SAFECKPT_TRY(slot, eng.acquire_slot(st.failed));
+    if (slot == nullptr) return {};  // stopping
+    buf = slot->host;
+  } else {
+    if (pageable.p == nullptr) {
+      pageable.p = static_cast<std::uint8_t*>(std::aligned_alloc(kDirectAlign, eng.slot_bytes));
+      if (pageable.p == nullptr)
+        return make_error(ErrorCode::kIo, "out of host memory for a " + std::to_string(eng.slot_bytes) +
+                                              "-byte pageable staging buffer");
+    }
+    buf = pageable.p;
+    st.pageable_chunks.fetch_add(1, std::memory_order_relaxed);
+  }
+  auto release = [&] {
+    if (slot != nullptr) eng.release_slot(slot);
+  };
+  const std::uint8_t* data = buf;
   std::uint32_t crc = 0;
   Status read_status;
   if (src.host_bytes != nullptr) {
-    std::memcpy(slot->host, src.host_bytes + c.offset, c.len);
-    if (st.verify) crc = crc32_update(0, slot->host, c.len);
+    std::memcpy(buf, src.host_bytes + c.offset, c.len);
+    if (st.verify) crc = crc32_update(0, buf, c.len);
   } else if (st.mode == IoMode::kODirect) {
-    auto head = pread_direct(st.fd_direct, slot->host, src.file_offset + c.offset, c.len);
+    auto head = pread_direct(st.fd_direct, buf, src.file_offset + c.offset, c.len);
     if (!head) {
       read_status = std::move(head).error();
     } else {
-      data = slot->host + *head;
+      data = buf + *head;
       if (st.verify) crc = crc32_update(0, data, c.len);
     }
   } else {
-    read_status = pread_full(st.fd, slot->host, src.file_offset + c.offset, c.len, st.verify, &crc);
+    read_status = pread_full(st.fd, buf, src.file_offset + c.offset, c.len, st.verify, &crc);
   }
   if (!read_status) {
-    eng.release_slot(slot);
+    release();
     Error e = std::move(read_status).error();
     e.at_offset(src.file_offset + c.offset);
     return unexpected(Error(e.code(), "storage " + std::to_string(c.storage) + ": " + e.message(), e.where()));
@@ -471,9 +496,11 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
 
   auto ev = eng.acquire_event();
   if (!ev) {
-    eng.release_slot(slot);
+    release();
     return unexpected(std::move(ev).error());
   }
+  // From pageable memory cudaMemcpyAsync returns once `data` has been copied
+  // to the driver's staging memory: the buffer is free again on return.
   Status issued = issue_copy(st, c, data, stream);
   if (cudaError_t e = cudaEventRecord(*ev, stream); e != cudaSuccess && issued)
     issued = device_error("cudaEventRecord", e);
@@ -530,6 +557,7 @@ Status run_registered_item(LoadState& st, std::uint32_t item_index, cudaStream_t
 
 void reader_main(LoadState& st, unsigned reader_index) {
   detail::EngineState& eng = *st.eng;
+  PageableBuffer pageable;
   const cudaStream_t stream = eng.streams[reader_index % eng.streams.size()];
   if (cudaError_t e = cudaSetDevice(eng.opt.device); e != cudaSuccess) {
     st.fail(device_error("cudaSetDevice", e).error);
@@ -538,7 +566,7 @@ void reader_main(LoadState& st, unsigned reader_index) {
       const std::size_t i = st.next_item.fetch_add(1, std::memory_order_relaxed);
       if (i >= st.items.size()) break;
       const auto idx = static_cast<std::uint32_t>(i);
-      Status s = st.items[i].registered ? run_registered_item(st, idx, stream) : run_staged_item(st, idx, stream);
+      Status s = st.items[i].registered ? run_registered_item(st, idx, stream) : run_staged_item(st, idx, stream, pageable);
       if (!s) {
         st.fail(std::move(s).error());
         break;
@@ -1040,6 +1068,7 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
       stats->seconds_pinning = eng.pin_seconds_now;
     }
     stats->seconds_device_alloc = alloc_seconds;
+    stats->pageable_chunks = st.pageable_chunks.load();
     stats->ring_bytes_pinned = eng.pinned.load();
     stats->io_mode = need_file ? st.mode : IoMode::kPread;
     stats->reader_threads = nreaders;

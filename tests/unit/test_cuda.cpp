@@ -267,11 +267,14 @@ TEST_CASE("cuda: round trip of file ranges in every I/O mode") {
       {n - 77, 77, 1, 0, nullptr},                // ends at EOF (O_DIRECT tail)
       {(7 << 20) + 1, (6 << 20) - 100, 1, 0, nullptr},
   };
-  for (sc::IoMode mode : kModes) {
+  for (sc::IoMode mode : kModes)
+  for (bool pageable : {false, true}) {
     CAPTURE(sc::io_mode_name(mode));
+    CAPTURE(pageable);
     std::vector<std::size_t> ready;
     std::mutex ready_mu;
     auto opt = small_options(mode);
+    opt.pageable_staging = pageable;
     opt.on_storage_ready = [&](std::size_t i) {
       std::lock_guard<std::mutex> lock(ready_mu);
       ready.push_back(i);
@@ -280,7 +283,11 @@ TEST_CASE("cuda: round trip of file ranges in every I/O mode") {
     auto arena = sc::load_storages(f.path, sources, opt, &stats);
     REQUIRE_MESSAGE(arena.has_value(), arena.error().to_string());
     MESSAGE("mode ", sc::io_mode_name(mode), " ran as ", sc::io_mode_name(stats.io_mode), ", ", stats.chunks,
-            " chunks, peak ring ", stats.peak_ring_bytes, " bytes");
+            " chunks (", stats.pageable_chunks, " staged in pageable memory), peak ring ", stats.peak_ring_bytes,
+            " bytes");
+    if (stats.io_mode != sc::IoMode::kMmapRegister) {
+      CHECK(stats.pageable_chunks == (pageable ? stats.chunks : 0));
+    }
     REQUIRE(arena->storage_count() == sources.size());
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < sources.size(); ++i) {
