@@ -21,6 +21,7 @@
 // timed separately), peak host RSS growth (VmHWM after the row minus VmRSS
 // before it, peak reset through /proc/self/clear_refs), device memory
 // overhead (cudaMemGetInfo drop while the arena lives, minus storage bytes).
+#include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -43,8 +44,6 @@
 #include <thread>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "safeckpt/cuda.hpp"
 
 namespace sc = safeckpt::cuda;
@@ -54,7 +53,9 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 [[noreturn]] void die(const std::string& m) {
   std::fprintf(stderr, "gpu_bench: %s\n", m.c_str());
@@ -118,7 +119,7 @@ std::string drop_page_cache(const std::string& path) {
 void warm_page_cache(const std::string& path, unsigned threads) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) die("open " + path);
-  struct stat sb{};
+  struct stat sb {};
   ::fstat(fd, &sb);
   const std::uint64_t size = static_cast<std::uint64_t>(sb.st_size), chunk = 16 << 20;
   std::atomic<std::uint64_t> next{0};
@@ -141,7 +142,7 @@ void warm_page_cache(const std::string& path, unsigned threads) {
 double odirect_read_gbps(const std::string& path, unsigned threads, std::uint64_t chunk, double* seconds) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return -1;
-  struct stat sb{};
+  struct stat sb {};
   ::fstat(fd, &sb);
   const std::uint64_t size = static_cast<std::uint64_t>(sb.st_size);
   std::atomic<std::uint64_t> next{0};
@@ -192,7 +193,7 @@ std::vector<sc::StorageSource> read_ranges(const std::string& path) {
 }
 
 std::uint64_t file_size(const std::string& path) {
-  struct stat sb{};
+  struct stat sb {};
   if (::stat(path.c_str(), &sb) != 0) die("stat " + path);
   return static_cast<std::uint64_t>(sb.st_size);
 }
@@ -405,14 +406,16 @@ Row measure(const std::string& what, const std::string& path, const std::vector<
   row.rss_mib = rss;
   row.dev_mib = devo;
   char buf[160];
-  std::snprintf(buf, sizeof buf, "n=%d, peak ring %.0f MiB", repeat, static_cast<double>(m.stats.peak_ring_bytes) / kMiB);
+  std::snprintf(buf, sizeof buf, "n=%d, peak ring %.0f MiB", repeat,
+                static_cast<double>(m.stats.peak_ring_bytes) / kMiB);
   row.note = buf;
   if (!note.empty()) row.note += ", " + note;
   return row;
 }
 
 void print_table(const std::vector<Row>& rows, std::FILE* out) {
-  std::fprintf(out, "| what | mode | s | GB/s | first tensor ms | peak RSS growth MiB | device overhead MiB | notes |\n");
+  std::fprintf(out,
+               "| what | mode | s | GB/s | first tensor ms | peak RSS growth MiB | device overhead MiB | notes |\n");
   std::fprintf(out, "|---|---|---|---|---|---|---|---|\n");
   auto num = [](double v, const char* fmt) {
     if (v < 0) return std::string("—");
@@ -453,20 +456,34 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) die("missing value for " + a);
       return argv[++i];
     };
-    if (a == "--file") file = val();
-    else if (a == "--ranges") ranges = val();
-    else if (a == "--dir") dir = val();
-    else if (a == "--device") device = std::stoi(val());
-    else if (a == "--threads") opt.reader_threads = static_cast<unsigned>(std::stoul(val()));
-    else if (a == "--streams") opt.streams = static_cast<unsigned>(std::stoul(val()));
-    else if (a == "--chunk-mib") opt.chunk_bytes = std::stoull(val()) << 20;
-    else if (a == "--ring-mib") opt.ring_bytes = std::stoull(val()) << 20;
-    else if (a == "--repeat") repeat = std::max(1, std::stoi(val()));
-    else if (a == "--no-cold") cold = false;
-    else if (a == "--gen-storages") gen_count = static_cast<unsigned>(std::stoul(val()));
-    else if (a == "--gen-mib") gen_mib = std::stoull(val());
-    else if (a == "--sweep") sweep_out = val();
-    else if (a == "--baselines") baselines = val();
+    if (a == "--file")
+      file = val();
+    else if (a == "--ranges")
+      ranges = val();
+    else if (a == "--dir")
+      dir = val();
+    else if (a == "--device")
+      device = std::stoi(val());
+    else if (a == "--threads")
+      opt.reader_threads = static_cast<unsigned>(std::stoul(val()));
+    else if (a == "--streams")
+      opt.streams = static_cast<unsigned>(std::stoul(val()));
+    else if (a == "--chunk-mib")
+      opt.chunk_bytes = std::stoull(val()) << 20;
+    else if (a == "--ring-mib")
+      opt.ring_bytes = std::stoull(val()) << 20;
+    else if (a == "--repeat")
+      repeat = std::max(1, std::stoi(val()));
+    else if (a == "--no-cold")
+      cold = false;
+    else if (a == "--gen-storages")
+      gen_count = static_cast<unsigned>(std::stoul(val()));
+    else if (a == "--gen-mib")
+      gen_mib = std::stoull(val());
+    else if (a == "--sweep")
+      sweep_out = val();
+    else if (a == "--baselines")
+      baselines = val();
     else if (a == "-h" || a == "--help") {
       usage();
       return 0;
@@ -503,7 +520,8 @@ int main(int argc, char** argv) {
     note_input = "ranges from " + ranges;
   } else {
     const std::uint64_t size = file_size(file), each = 64ull << 20;
-    for (std::uint64_t off = 0; off < size; off += each) src.push_back({off, std::min(each, size - off), 1, 0, nullptr});
+    for (std::uint64_t off = 0; off < size; off += each)
+      src.push_back({off, std::min(each, size - off), 1, 0, nullptr});
     note_input = "whole file as 64 MiB storages";
   }
   std::uint64_t bytes = 0;
@@ -518,8 +536,8 @@ int main(int argc, char** argv) {
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
   std::fprintf(stderr, "gpu_bench: %s\n", date);
-  std::fprintf(stderr, "device: %s; %u CPU threads; context creation %.1f ms\n",
-               desc ? desc->c_str() : "?", hw, context_ms);
+  std::fprintf(stderr, "device: %s; %u CPU threads; context creation %.1f ms\n", desc ? desc->c_str() : "?", hw,
+               context_ms);
   std::fprintf(stderr, "input: %s, %zu storages, %.2f GiB (%s)\n", file.c_str(), src.size(),
                static_cast<double>(bytes) / (1ull << 30), note_input.c_str());
 
@@ -582,8 +600,8 @@ int main(int argc, char** argv) {
     rows.push_back(measure("ours warm, reused engine", file, src, o, true, repeat, device));
     std::fprintf(stderr, "warm %.1f / %.1f GB/s\n", rows[rows.size() - 2].gbps, rows.back().gbps);
     o.io_mode = sc::IoMode::kMmapRegister;
-    rows.push_back(measure("ours warm, mmap+register", file, src, o, false, repeat, device,
-                           "RSS counts the mapped page cache"));
+    rows.push_back(
+        measure("ours warm, mmap+register", file, src, o, false, repeat, device, "RSS counts the mapped page cache"));
     o.io_mode = sc::IoMode::kAuto;
     if (have_crc) {
       o.verify_crc = true;
@@ -607,8 +625,8 @@ int main(int argc, char** argv) {
       auto o = opt;
       o.ring_bytes = ring << 20;
       o.verify_crc = false;
-      sweep.push_back(measure("sweep new engine, ring " + std::to_string(ring) + " MiB", file, src, o, false, repeat,
-                              device));
+      sweep.push_back(
+          measure("sweep new engine, ring " + std::to_string(ring) + " MiB", file, src, o, false, repeat, device));
     }
     for (unsigned t : {12u, 16u, 24u})
       for (std::uint64_t c : {2ull, 4ull, 8ull}) {
@@ -616,7 +634,8 @@ int main(int argc, char** argv) {
         auto o = opt;
         o.reader_threads = t;
         o.chunk_bytes = c << 20;
-        o.ring_bytes = std::min<std::uint64_t>(512ull << 20, std::max<std::uint64_t>(128ull << 20, 2ull * t * o.chunk_bytes));
+        o.ring_bytes =
+            std::min<std::uint64_t>(512ull << 20, std::max<std::uint64_t>(128ull << 20, 2ull * t * o.chunk_bytes));
         o.verify_crc = false;
         sweep.push_back(measure("sweep reused engine", file, src, o, true, repeat, device));
       }

@@ -62,10 +62,14 @@ int main(int argc, char** argv) {
   fs::path dir = fs::temp_directory_path();
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--gib") gib = std::atof(argv[i + 1]);
-    else if (a == "--tensors") tensors = std::atoi(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--runs") runs = std::atoi(argv[i + 1]);
+    if (a == "--gib")
+      gib = std::atof(argv[i + 1]);
+    else if (a == "--tensors")
+      tensors = std::atoi(argv[i + 1]);
+    else if (a == "--dir")
+      dir = argv[i + 1];
+    else if (a == "--runs")
+      runs = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: %s [--gib N] [--tensors K] [--dir DIR] [--runs R]\n", argv[0]);
       return 2;
@@ -91,7 +95,9 @@ int main(int argc, char** argv) {
   if (!ckpt) return 1;
   std::vector<SafetensorsEntry> entries;
   for (int k = 0; k < tensors; ++k)
-    entries.push_back({"layers." + std::to_string(k) + ".weight", "F32", {per / 4},
+    entries.push_back({"layers." + std::to_string(k) + ".weight",
+                       "F32",
+                       {per / 4},
                        Bytes(bufs[static_cast<std::size_t>(k)].data(), per)});
 
   const fs::path out = dir / "safeckpt_save_bench.out";
@@ -107,7 +113,10 @@ int main(int argc, char** argv) {
       {"plain write+fsync (baseline)", [&] { return plain_write(out, bufs); }},
       {"save .pt (crc32)", [&] { return save(out, *ckpt, so).has_value(); }},
       {"save .pt (no crc32)", [&] { return save(out, *ckpt, nocrc).has_value(); }},
-      {"save_safetensors", [&] { return save_safetensors(out, entries, {{"format", "pt"}}, true, so).has_value(); }},
+      {"save_safetensors",
+       [&] {
+         return save_safetensors(out, entries, {{"format", "pt"}}, true, so).has_value();
+       }},
   };
   std::printf("state_dict: %d tensors, %.2f GiB; dir %s; median of %d runs\n", tensors,
               static_cast<double>(per) * tensors / (1ull << 30), dir.c_str(), runs);

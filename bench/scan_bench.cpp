@@ -50,8 +50,9 @@ std::uint32_t crc_zeros(std::uint64_t n) {
   std::uint64_t block_len = 1;
   while (n > 0) {
     if (n & 1) {
-      result = have == 0 ? block
-                         : static_cast<std::uint32_t>(crc32_combine64(result, block, static_cast<z_off64_t>(block_len)));
+      result = have == 0
+                   ? block
+                   : static_cast<std::uint32_t>(crc32_combine64(result, block, static_cast<z_off64_t>(block_len)));
       have += block_len;
     }
     block = static_cast<std::uint32_t>(crc32_combine64(block, block, static_cast<z_off64_t>(block_len)));
@@ -105,9 +106,10 @@ void write_checkpoint(const fs::path& path, const std::vector<std::uint64_t>& re
   Buf cd;
   for (const Rec& r : recs) {
     const std::uint64_t size = r.hole ? r.size : r.data.size();
-    const std::uint32_t crc = r.hole ? crc_zeros(size)
-                                     : static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(r.data.data()),
-                                                                        static_cast<uInt>(r.data.size())));
+    const std::uint32_t crc = r.hole
+                                  ? crc_zeros(size)
+                                  : static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(r.data.data()),
+                                                                     static_cast<uInt>(r.data.size())));
     const std::uint64_t lho = off;
     // 64-byte aligned data like PyTorch's writer (FB extra field of 'Z').
     std::uint64_t start = lho + 30 + r.name.size() + 4;
@@ -172,8 +174,9 @@ int main(int argc, char** argv) {
   ::uname(&u);
   std::printf("safeckpt scan bench: %s %s, %ld CPUs; files in %s (sparse)\n", u.sysname, u.machine,
               ::sysconf(_SC_NPROCESSORS_ONLN), dir.c_str());
-  std::printf("baseline = mmap + open zip + read data.pkl; scan = scan_file (loader verdict, every pickle, archive "
-              "checks); scan+crc = --verify-data\n\n");
+  std::printf(
+      "baseline = mmap + open zip + read data.pkl; scan = scan_file (loader verdict, every pickle, archive "
+      "checks); scan+crc = --verify-data\n\n");
   std::printf("%12s %8s %14s %10s %14s %10s\n", "tensor bytes", "records", "baseline ms", "scan ms", "scan/baseline",
               "scan+crc ms");
   // 1 GiB records; archives past 4 GiB use zip64 offsets as PyTorch's writer does.
@@ -203,8 +206,8 @@ int main(int argc, char** argv) {
     safeckpt::scan::FileReport last;
     double scan = median_ms(reps, [&] { last = safeckpt::scan::scan_file(file); });
     if (last.verdict != safeckpt::scan::Verdict::kClean) {
-      std::fprintf(stderr, "unexpected verdict %s for %s\n", std::string(safeckpt::scan::verdict_name(last.verdict)).c_str(),
-                   file.c_str());
+      std::fprintf(stderr, "unexpected verdict %s for %s\n",
+                   std::string(safeckpt::scan::verdict_name(last.verdict)).c_str(), file.c_str());
       for (const auto& f : last.findings) std::fprintf(stderr, "  %s\n", f.message.c_str());
       return 1;
     }

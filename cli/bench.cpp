@@ -68,7 +68,9 @@ struct BenchArgs {
 using Clock = std::chrono::steady_clock;
 constexpr double kMiB = 1024.0 * 1024.0;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // ---- host probes ----------------------------------------------------------
 
@@ -120,7 +122,7 @@ std::string drop_page_cache(const std::vector<std::string>& paths) {
 void warm_page_cache(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return;
-  struct stat sb{};
+  struct stat sb {};
   ::fstat(fd, &sb);
   const auto size = static_cast<std::uint64_t>(sb.st_size);
   constexpr std::uint64_t kChunk = 16u << 20;
@@ -140,7 +142,7 @@ void warm_page_cache(const std::string& path) {
 double odirect_read(const std::string& path, unsigned threads, std::uint64_t chunk, double* seconds) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return -1;
-  struct stat sb{};
+  struct stat sb {};
   ::fstat(fd, &sb);
   const auto size = static_cast<std::uint64_t>(sb.st_size);
   std::atomic<std::uint64_t> next{0};
@@ -236,8 +238,8 @@ Status generate(const std::filesystem::path& pt, const std::filesystem::path& st
   SAFECKPT_CHECK(save(pt, ckpt, so));
   SAFECKPT_CHECK(save_checkpoint_as_safetensors(st, ckpt, {}, so));
   char buf[200];
-  std::snprintf(buf, sizeof buf, "generated: %zu bf16 tensors (%d layers), %.1f s to fill, %.1f s to save both", specs.size(),
-                layers, gen_s, since(t1));
+  std::snprintf(buf, sizeof buf, "generated: %zu bf16 tensors (%d layers), %.1f s to fill, %.1f s to save both",
+                specs.size(), layers, gen_s, since(t1));
   *note = buf;
   return {};
 }
@@ -282,7 +284,8 @@ Result<OneLoad> one_load(const std::string& path, const cuda::DeviceLoadOptions&
   // Before the engine's transfer started: engine creation + host parse.
   r.parse = r.seconds - r.create - r.stats.seconds;
   r.first = r.seconds - r.stats.seconds + r.stats.seconds_to_first_storage;
-  r.dev = (static_cast<double>(free0) - static_cast<double>(free_device(dev)) - static_cast<double>(r.stats.bytes)) / kMiB;
+  r.dev =
+      (static_cast<double>(free0) - static_cast<double>(free_device(dev)) - static_cast<double>(r.stats.bytes)) / kMiB;
   r.rss = rss.growth_mib();
   return r;
 }
@@ -325,8 +328,8 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
     row.dev_mib = std::max(row.dev_mib, r.dev);
   }
   char buf[300];
-  std::snprintf(buf, sizeof buf, "n=%d; before transfer %s ms (engine %s, parse+verify %s), arena cudaMalloc %s ms, ", runs,
-                fmt_ms(m.seconds - m.stats.seconds).c_str(), fmt_ms(m.create).c_str(), fmt_ms(m.parse).c_str(),
+  std::snprintf(buf, sizeof buf, "n=%d; before transfer %s ms (engine %s, parse+verify %s), arena cudaMalloc %s ms, ",
+                runs, fmt_ms(m.seconds - m.stats.seconds).c_str(), fmt_ms(m.create).c_str(), fmt_ms(m.parse).c_str(),
                 fmt_ms(m.stats.seconds_device_alloc).c_str());
   row.note = buf;
   std::snprintf(buf, sizeof buf, "pinned %zu slots in %s ms, %llu of %llu chunks staged pageable, ring peak %.0f MiB",
@@ -338,7 +341,8 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
 }
 
 void print_table(const std::vector<Row>& rows) {
-  std::printf("| what | file | mode | s | GB/s | first tensor ms | peak RSS growth MiB | device overhead MiB | notes |\n");
+  std::printf(
+      "| what | file | mode | s | GB/s | first tensor ms | peak RSS growth MiB | device overhead MiB | notes |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   auto num = [](double v, const char* f) {
     if (v < 0) return std::string("—");
@@ -364,8 +368,10 @@ void run_baselines(const std::string& cmd, std::vector<Row>& rows) {
     if (std::strncmp(line, "ROW\t", 4) != 0) continue;
     std::vector<std::string> f(1);
     for (const char* c = line + 4; *c && *c != '\n'; ++c) {
-      if (*c == '\t') f.emplace_back();
-      else f.back() += *c;
+      if (*c == '\t')
+        f.emplace_back();
+      else
+        f.back() += *c;
     }
     if (f.size() < 8) continue;
     Row r;
@@ -415,7 +421,8 @@ int run_bench(const BenchArgs& a) {
   std::vector<std::string> files = a.files;
   std::string input_note;
   if (files.empty()) {
-    const std::filesystem::path dir = a.dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(a.dir);
+    const std::filesystem::path dir =
+        a.dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(a.dir);
     const auto pt = dir / "safeckpt-bench-bf16.pt", st = dir / "safeckpt-bench-bf16.safetensors";
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -500,8 +507,8 @@ int run_bench(const BenchArgs& a) {
       auto oc = o;
       if (how.empty()) oc.transfer.io_mode = cuda::IoMode::kODirect;  // cannot drop the cache: bypass it
       if (const Row* r = add(measure("safeckpt cold", f, oc, true, 1), f)) {
-        rows.back().note = (how.empty() ? "page cache not droppable, O_DIRECT forced; " : "cache dropped via " + how + "; ") +
-                           r->note;
+        rows.back().note =
+            (how.empty() ? "page cache not droppable, O_DIRECT forced; " : "cache dropped via " + how + "; ") + r->note;
         s.cold = r->gbps;
       }
     }
@@ -549,9 +556,10 @@ int run_bench(const BenchArgs& a) {
     if (s.cold > 0 && s.odirect > 0)
       std::printf("- %s cold: %.2f GB/s = %.0f%% of plain O_DIRECT read (target >= 90%%)\n", s.file.c_str(), s.cold,
                   100.0 * s.cold / s.odirect);
-    std::printf("- %s new engine: first tensor %.1f ms (target <= 20), peak RSS growth %.0f MiB (<= 1024), device "
-                "overhead %.0f MiB (<= 256)\n",
-                s.file.c_str(), s.first_new, s.rss, s.dev);
+    std::printf(
+        "- %s new engine: first tensor %.1f ms (target <= 20), peak RSS growth %.0f MiB (<= 1024), device "
+        "overhead %.0f MiB (<= 256)\n",
+        s.file.c_str(), s.first_new, s.rss, s.dev);
   }
   return rc;
 }
@@ -563,16 +571,21 @@ int run_bench(const BenchArgs& a) {
 void register_bench(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Measure checkpoint -> GPU loading against the pinned-copy and O_DIRECT ceilings (and PyTorch / "
-               "safetensors with --baselines), one table");
-  cmd->add_option("FILE", args->files,
-                  "checkpoint(s) to load: a PyTorch file and/or a .safetensors file of the same tensors; none = generate "
-                  "a bf16 model of --gen-gib GiB in --dir");
+      "bench",
+      "Measure checkpoint -> GPU loading against the pinned-copy and O_DIRECT ceilings (and PyTorch / "
+      "safetensors with --baselines), one table");
+  cmd->add_option(
+      "FILE", args->files,
+      "checkpoint(s) to load: a PyTorch file and/or a .safetensors file of the same tensors; none = generate "
+      "a bf16 model of --gen-gib GiB in --dir");
   cmd->add_option("--device", args->device, "CUDA device: cuda, cuda:N or N")->capture_default_str();
-  cmd->add_option("--runs", args->runs, "loads per warm row (median)")->capture_default_str()->check(CLI::Range(1, 100));
+  cmd->add_option("--runs", args->runs, "loads per warm row (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   cmd->add_option("--dir", args->dir, "where to generate the checkpoint (default: the temp directory)");
-  cmd->add_option("--gen-gib", args->gen_gib, "size of the generated checkpoint")->capture_default_str()->check(
-      CLI::Range(0.1, 1024.0));
+  cmd->add_option("--gen-gib", args->gen_gib, "size of the generated checkpoint")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 1024.0));
   cmd->add_option("--baselines", args->baselines,
                   "command printing ROW lines for the same files, which are appended to it, e.g. "
                   "\"python3 bench/torch_baselines.py files\"");

@@ -122,7 +122,8 @@ void register_convert(CLI::App& app, int& exit_code) {
   cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
   cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");
-  cmd->add_option("--allow", args->allow_files, "extra allowlist file(s) for reading a PyTorch input (trusted input only)");
+  cmd->add_option("--allow", args->allow_files,
+                  "extra allowlist file(s) for reading a PyTorch input (trusted input only)");
   cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
   cmd->add_flag("--legacy", args->legacy,
                 "to PyTorch: write the pre-1.6 legacy format (torch.save(..., _use_new_zipfile_serialization=False))");

@@ -116,7 +116,9 @@ int run_inspect(const InspectArgs& a) {
 void register_inspect(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "Load a checkpoint with the weights-only rules and describe it");
-  cmd->add_option("file", args->file, "checkpoint file (.pt, .pth, .bin, legacy, bare pickle, .safetensors, .safetensors.index.json)")->required();
+  cmd->add_option("file", args->file,
+                  "checkpoint file (.pt, .pth, .bin, legacy, bare pickle, .safetensors, .safetensors.index.json)")
+      ->required();
   cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable)")
       ->expected(1)
       ->allow_extra_args(false);

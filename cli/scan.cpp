@@ -3,6 +3,9 @@
 // this file parses options, expands paths and prints the report.
 // Exit codes: 0 every file clean (or not a model file), 1 any finding,
 // 2 usage error or a path that could not be read.
+#include "safeckpt/scan.hpp"
+
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,10 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "commands.hpp"
-#include "safeckpt/scan.hpp"
 
 namespace safeckpt::cli {
 namespace {

@@ -38,8 +38,10 @@ inline bool view_extent(const TensorInfo& t, u128& end, std::string& why) {
       why = "negative size or stride in dim " + std::to_string(i);
       return false;
     }
-    if (t.shape[i] == 0) empty = true;
-    else last += static_cast<u128>(static_cast<std::uint64_t>(t.shape[i] - 1)) * static_cast<std::uint64_t>(t.stride[i]);
+    if (t.shape[i] == 0)
+      empty = true;
+    else
+      last += static_cast<u128>(static_cast<std::uint64_t>(t.shape[i] - 1)) * static_cast<std::uint64_t>(t.stride[i]);
   }
   if (empty) return true;
   end = (last + 1) * dtype_size(t.dtype);
@@ -61,8 +63,8 @@ inline std::uint64_t check_tables(const ValueArena& arena, const std::vector<Ten
     const StorageInfo& s = storages[i];
     const std::string tag = "storage " + std::to_string(i) + " ('" + s.key + "')";
     FUZZ_REQUIRE(s.dtype < DType::kCount_, tag + ": invalid dtype");
-    FUZZ_REQUIRE(s.bytes.size() == s.nbytes,
-                 tag + ": " + std::to_string(s.bytes.size()) + " bytes handed out, nbytes says " + std::to_string(s.nbytes));
+    FUZZ_REQUIRE(s.bytes.size() == s.nbytes, tag + ": " + std::to_string(s.bytes.size()) +
+                                                 " bytes handed out, nbytes says " + std::to_string(s.nbytes));
     FUZZ_REQUIRE(s.nbytes % dtype_size(s.dtype) == 0, tag + ": nbytes not a multiple of the element size");
     FUZZ_REQUIRE(s.swap_unit == 1 || s.swap_unit == 2 || s.swap_unit == 4 || s.swap_unit == 8,
                  tag + ": swap_unit " + std::to_string(s.swap_unit));
@@ -88,7 +90,8 @@ inline std::uint64_t check_tables(const ValueArena& arena, const std::vector<Ten
     const TensorInfo& t = tensors[i];
     const std::string tag = "tensor " + std::to_string(i);
     FUZZ_REQUIRE(t.dtype < DType::kCount_, tag + ": invalid dtype");
-    FUZZ_REQUIRE(static_cast<unsigned>(t.layout) <= static_cast<unsigned>(Layout::kSparseBsc), tag + ": invalid layout");
+    FUZZ_REQUIRE(static_cast<unsigned>(t.layout) <= static_cast<unsigned>(Layout::kSparseBsc),
+                 tag + ": invalid layout");
     FUZZ_REQUIRE(t.shape.size() <= limits.max_tensor_rank, tag + ": rank above max_tensor_rank");
     u128 numel = 1;
     for (std::int64_t d : t.shape) {
@@ -106,8 +109,9 @@ inline std::uint64_t check_tables(const ValueArena& arena, const std::vector<Ten
       std::string why;
       FUZZ_REQUIRE(view_extent(t, end, why), tag + ": " + why);
       const StorageInfo& s = storages[t.storage];
-      FUZZ_REQUIRE(end <= s.nbytes, tag + ": view ends at byte " + std::to_string(static_cast<std::uint64_t>(end >> 64 ? ~0ull : end)) +
-                                        " beyond its storage '" + s.key + "' of " + std::to_string(s.nbytes) + " bytes");
+      FUZZ_REQUIRE(end <= s.nbytes,
+                   tag + ": view ends at byte " + std::to_string(static_cast<std::uint64_t>(end >> 64 ? ~0ull : end)) +
+                       " beyond its storage '" + s.key + "' of " + std::to_string(s.nbytes) + " bytes");
     } else if (t.layout == Layout::kStrided && !t.is_meta) {
       // A strided, non-meta tensor without storage: only allowed when it has
       // no elements to read.

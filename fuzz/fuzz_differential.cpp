@@ -53,8 +53,8 @@ std::string describe(const scan::FileReport& r) {
                   std::to_string(r.findings.size()) + " findings";
   for (std::size_t i = 0; i < r.findings.size() && i < 3; ++i) {
     const auto& f = r.findings[i];
-    s += "\n      [" + std::string(scan::rule_info(f.rule).id) + " " + std::string(scan::rule_info(f.rule).name) + "] " +
-         f.message + (f.member.empty() ? "" : " (member " + f.member + ")");
+    s += "\n      [" + std::string(scan::rule_info(f.rule).id) + " " + std::string(scan::rule_info(f.rule).name) +
+         "] " + f.message + (f.member.empty() ? "" : " (member " + f.member + ")");
   }
   if (r.loader.ran) s += "\n      scanner's loader: " + (r.loader.ok ? std::string("ok") : r.loader.message);
   return s;
@@ -96,8 +96,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_REQUIRE(full.loader.ok == loaded.has_value(),
                  "(5) scanner's loader and load_bytes disagree: load_bytes " + load_text + "; scan " + describe(full));
     if (!loaded) {
-      FUZZ_REQUIRE(full.loader.code == loaded.error().code(),
-                   "(5) scanner's loader failed with another code: load_bytes " + load_text + "; scan " + describe(full));
+      FUZZ_REQUIRE(
+          full.loader.code == loaded.error().code(),
+          "(5) scanner's loader failed with another code: load_bytes " + load_text + "; scan " + describe(full));
     }
   }
   if (loaded) {
@@ -115,8 +116,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   so.run_loader = false;
   const scan::FileReport own = scan::scan_bytes(in.data, "fuzz-input", so);
   if (own.verdict == scan::Verdict::kClean && !loaded) {
-    FUZZ_REQUIRE(!sc::is_policy_error(loaded.error().code()),
-                 "(3) scanner machinery says clean, loader refuses on policy: " + load_text + "; scan " + describe(own));
+    FUZZ_REQUIRE(
+        !sc::is_policy_error(loaded.error().code()),
+        "(3) scanner machinery says clean, loader refuses on policy: " + load_text + "; scan " + describe(own));
   }
   if (loaded) {
     for (const auto& f : own.findings) {

@@ -56,7 +56,9 @@ void check_loaded(const sc::Checkpoint& ck, sc::Bytes input, const sc::LoadOptio
     if (t.layout == sc::Layout::kStrided) {
       auto cb = ck.contiguous_bytes(i);
       if (t.storage == sc::kNoStorage) {
-        if (!cb) fz::check_error(cb.error(), {sc::ErrorCode::kInvalidArgument, sc::ErrorCode::kLimitExceeded}, "contiguous_bytes");
+        if (!cb)
+          fz::check_error(cb.error(), {sc::ErrorCode::kInvalidArgument, sc::ErrorCode::kLimitExceeded},
+                          "contiguous_bytes");
         continue;
       }
       if (!cb) {
@@ -72,8 +74,9 @@ void check_loaded(const sc::Checkpoint& ck, sc::Bytes input, const sc::LoadOptio
     } else {
       auto db = ck.dense_bytes(i);
       if (!db) {
-        fz::check_error(db.error(), {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kInvalidArgument,
-                                     sc::ErrorCode::kUnsupported},
+        fz::check_error(db.error(),
+                        {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kInvalidArgument,
+                         sc::ErrorCode::kUnsupported},
                         "dense_bytes");
       } else {
         FUZZ_REQUIRE(db->size() == want, "dense_bytes of tensor " + std::to_string(i) + " has the wrong size");
@@ -87,8 +90,10 @@ void check_loaded(const sc::Checkpoint& ck, sc::Bytes input, const sc::LoadOptio
     jo.indent = -1;
     jo.max_output_nodes = 1u << 14;
     auto j = sc::to_json(ck, jo);
-    if (!j) fz::check_error(j.error(), {sc::ErrorCode::kLimitExceeded}, "to_json");
-    else FUZZ_REQUIRE(!j->empty(), "to_json returned empty text");
+    if (!j)
+      fz::check_error(j.error(), {sc::ErrorCode::kLimitExceeded}, "to_json");
+    else
+      FUZZ_REQUIRE(!j->empty(), "to_json returned empty text");
   }
 }
 
@@ -112,8 +117,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::initializer_list<sc::ErrorCode> allowed = {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded,
                                                         sc::ErrorCode::kUnsupported, sc::ErrorCode::kDisallowedGlobal,
                                                         sc::ErrorCode::kDisallowedOperation};
-  if (!r) fz::check_error(r.error(), allowed, "load_bytes");
-  else check_loaded(*r, in.data, opt, true, in.bit(4));
+  if (!r)
+    fz::check_error(r.error(), allowed, "load_bytes");
+  else
+    check_loaded(*r, in.data, opt, true, in.bit(4));
 
   if (in.bit(3)) {
     auto b = sc::load_buffer(std::vector<std::uint8_t>(in.data.begin(), in.data.end()), opt);

@@ -41,8 +41,9 @@ void run_once(Run& r, sc::Bytes data, const sc::PickleOptions& opt, std::uint8_t
                      sc::ErrorCode::kDisallowedGlobal, sc::ErrorCode::kDisallowedOperation},
                     mode);
     const auto& w = r.result.error().where();
-    FUZZ_REQUIRE(w.offset == sc::Location::kNoOffset || w.offset <= data.size(),
-                 mode + ": error offset " + std::to_string(w.offset) + " past the stream of " + std::to_string(data.size()));
+    FUZZ_REQUIRE(
+        w.offset == sc::Location::kNoOffset || w.offset <= data.size(),
+        mode + ": error offset " + std::to_string(w.offset) + " past the stream of " + std::to_string(data.size()));
     fz::check_arena(r.arena, sc::kNoNode, true);
     return;
   }
@@ -106,7 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Differential: the scanner mode must see the same stream the loader sees.
   if (plain.result) {
-    FUZZ_REQUIRE(cont.result.has_value(), "plain run succeeded, continue run failed: " + cont.result.error().to_string());
+    FUZZ_REQUIRE(cont.result.has_value(),
+                 "plain run succeeded, continue run failed: " + cont.result.error().to_string());
     FUZZ_REQUIRE(cont.result->end_offset == plain.result->end_offset, "continue run stopped at a different STOP");
     FUZZ_REQUIRE(cont.result->protocol == plain.result->protocol, "continue run saw a different protocol");
     FUZZ_REQUIRE(cont.arena[cont.result->root].kind == plain.arena[plain.result->root].kind,

@@ -173,13 +173,16 @@ bool build_tree(Reader& r, sc::CheckpointBuilder& b) {
         stack.push_back(b.device(kDevices[r.u8() % 5]));
         break;
       }
-      case 17: stack.push_back(b.dtype(static_cast<sc::DType>(r.u8() % static_cast<unsigned>(sc::DType::kCount_)))); break;
+      case 17:
+        stack.push_back(b.dtype(static_cast<sc::DType>(r.u8() % static_cast<unsigned>(sc::DType::kCount_))));
+        break;
       case 18: {  // a storage
         const auto dt = static_cast<sc::DType>(r.u8() % static_cast<unsigned>(sc::DType::kCount_));
         const std::size_t n = r.u8() % 24;
         auto bytes = r.take(n * sc::dtype_size(dt));
         auto idx = b.add_storage(dt, std::move(bytes), (r.u8() & 1) ? "cpu" : "cuda:0");
-        FUZZ_REQUIRE(idx.has_value(), "CheckpointBuilder::add_storage refused a valid storage: " + idx.error().to_string());
+        FUZZ_REQUIRE(idx.has_value(),
+                     "CheckpointBuilder::add_storage refused a valid storage: " + idx.error().to_string());
         storage_dtypes.push_back(dt);
         storage_quantized_only.push_back(sc::dtype_is_quantized(dt));
         break;
@@ -212,8 +215,11 @@ bool build_tree(Reader& r, sc::CheckpointBuilder& b) {
           t.q_zero_point = static_cast<std::int8_t>(r.u8());
         }
         auto node = b.add_tensor(std::move(t));
-        if (node) stack.push_back(*node);  // views outside the storage are refused: fine
-        else FUZZ_REQUIRE(node.error().code() == sc::ErrorCode::kInvalidArgument, "add_tensor: " + node.error().to_string());
+        if (node)
+          stack.push_back(*node);  // views outside the storage are refused: fine
+        else
+          FUZZ_REQUIRE(node.error().code() == sc::ErrorCode::kInvalidArgument,
+                       "add_tensor: " + node.error().to_string());
         break;
       }
       case 20: {  // a meta tensor
@@ -286,7 +292,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Reader rd(in.data);
     if (!build_tree(rd, b)) return 0;
     auto r = std::move(b).finish();
-    FUZZ_REQUIRE(r.has_value(), "CheckpointBuilder::finish refused a tree built through its API: " + r.error().to_string());
+    FUZZ_REQUIRE(r.has_value(),
+                 "CheckpointBuilder::finish refused a tree built through its API: " + r.error().to_string());
     original = std::move(*r);
     fz::check_arena(original.values(), original.root(), false);
     fz::check_tables(original.values(), original.tensors(), original.storages(), {}, lo.limits, false);
@@ -310,11 +317,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   sc::LoadOptions lo2 = lo;
   lo2.allowlist = &sc::Allowlist::default_policy();  // a saved file needs nothing beyond torch's default set
-  lo2.limits = sc::Limits{};                        // saving may legitimately grow a fuzz-sized input a little
+  lo2.limits = sc::Limits{};                         // saving may legitimately grow a fuzz-sized input a little
   auto reloaded = sc::load_bytes(sc::Bytes(saved->data(), saved->size()), lo2);
   FUZZ_REQUIRE(reloaded.has_value(), "the saved file does not load: " + reloaded.error().to_string());
-  fz::check_tables(reloaded->values(), reloaded->tensors(), reloaded->storages(), sc::Bytes(saved->data(), saved->size()),
-                   lo2.limits, true);
+  fz::check_tables(reloaded->values(), reloaded->tensors(), reloaded->storages(),
+                   sc::Bytes(saved->data(), saved->size()), lo2.limits, true);
 
   fz::TreeCompare cmp(original, *reloaded);
   const std::string diff = cmp.compare(original.root(), reloaded->root());

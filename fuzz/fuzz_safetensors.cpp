@@ -66,7 +66,8 @@ void check_file(const sc::SafetensorsFile& f, sc::Bytes input, const sc::Safeten
       if (total_bits > (u128{1} << 80)) total_bits = u128{1} << 80;
     }
     FUZZ_REQUIRE(total_bits % 8 == 0, tag + ": size in bits not a multiple of 8");
-    FUZZ_REQUIRE(t.begin <= t.end && u128{t.end - t.begin} == total_bits / 8, tag + ": data_offsets disagree with shape x dtype");
+    FUZZ_REQUIRE(t.begin <= t.end && u128{t.end - t.begin} == total_bits / 8,
+                 tag + ": data_offsets disagree with shape x dtype");
     // Grammar 6: data order, tiling exactly.
     FUZZ_REQUIRE(t.begin == expect_begin, tag + ": gap or overlap before it (begin " + std::to_string(t.begin) +
                                               ", previous end " + std::to_string(expect_begin) + ")");
@@ -97,7 +98,8 @@ void require_same_tensors(const sc::SafetensorsFile& a, const sc::SafetensorsFil
   for (const auto& t : a.tensors()) {
     const auto* u = b.find(t.name);
     FUZZ_REQUIRE(u != nullptr, what + ": tensor '" + t.name.substr(0, 40) + "' missing");
-    FUZZ_REQUIRE(u->dtype == t.dtype && u->shape == t.shape, what + ": dtype/shape of '" + t.name.substr(0, 40) + "' differ");
+    FUZZ_REQUIRE(u->dtype == t.dtype && u->shape == t.shape,
+                 what + ": dtype/shape of '" + t.name.substr(0, 40) + "' differ");
     FUZZ_REQUIRE(u->data.size() == t.data.size() &&
                      (t.data.empty() || std::memcmp(u->data.data(), t.data.data(), t.data.size()) == 0),
                  what + ": bytes of '" + t.name.substr(0, 40) + "' differ");
@@ -180,7 +182,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_REQUIRE(zip.has_value(), "save_to_bytes of a safetensors checkpoint failed: " + zip.error().to_string());
     sc::LoadOptions lo;
     auto back = sc::load_bytes(sc::Bytes(zip->data(), zip->size()), lo);
-    FUZZ_REQUIRE(back.has_value(), "the torch.save file made from safetensors does not load: " + back.error().to_string());
+    FUZZ_REQUIRE(back.has_value(),
+                 "the torch.save file made from safetensors does not load: " + back.error().to_string());
     fz::TreeCompare cmp(*loaded, *back);
     const std::string diff = cmp.compare(loaded->root(), back->root());
     FUZZ_REQUIRE(diff.empty(), "safetensors -> torch.save -> load changed the value: " + diff);

@@ -34,7 +34,8 @@ constexpr std::size_t kMaxEvents = 100000 + 64;
 void check_report(const scan::FileReport& r, const scan::ScanOptions& opt, std::size_t input_size) {
   FUZZ_REQUIRE(static_cast<unsigned>(r.verdict) <= static_cast<unsigned>(scan::Verdict::kError), "invalid verdict");
   FUZZ_REQUIRE(r.verdict != scan::Verdict::kError, "scan_bytes gave verdict error (only paths can fail to read)");
-  FUZZ_REQUIRE(r.size == input_size, "report size " + std::to_string(r.size) + " != input " + std::to_string(input_size));
+  FUZZ_REQUIRE(r.size == input_size,
+               "report size " + std::to_string(r.size) + " != input " + std::to_string(input_size));
   FUZZ_REQUIRE(r.findings.size() <= kMaxFindings, std::to_string(r.findings.size()) + " findings (sink cap broken)");
   FUZZ_REQUIRE(r.events.size() <= kMaxEvents, std::to_string(r.events.size()) + " events (sink cap broken)");
   if (!opt.keep_events) FUZZ_REQUIRE(r.events.empty(), "events kept with keep_events off");
@@ -42,7 +43,8 @@ void check_report(const scan::FileReport& r, const scan::ScanOptions& opt, std::
     FUZZ_REQUIRE(f.rule < scan::Rule::kCount_, "finding with an invalid rule");
     FUZZ_REQUIRE(static_cast<unsigned>(f.severity) <= static_cast<unsigned>(scan::Severity::kCritical),
                  "finding with an invalid severity");
-    FUZZ_REQUIRE(!f.message.empty(), "finding without a message (rule " + std::string(scan::rule_info(f.rule).id) + ")");
+    FUZZ_REQUIRE(!f.message.empty(),
+                 "finding without a message (rule " + std::string(scan::rule_info(f.rule).id) + ")");
   }
   if (r.verdict == scan::Verdict::kClean) {
     FUZZ_REQUIRE(r.findings.empty(), "clean verdict with findings, first: " +

@@ -37,9 +37,9 @@ namespace safeckpt::fuzz {
   std::abort();
 }
 
-#define FUZZ_REQUIRE(cond, detail)                                                              \
-  do {                                                                                          \
-    if (!(cond)) ::safeckpt::fuzz::invariant_failed(#cond, __FILE__, __LINE__, (detail));       \
+#define FUZZ_REQUIRE(cond, detail)                                                        \
+  do {                                                                                    \
+    if (!(cond)) ::safeckpt::fuzz::invariant_failed(#cond, __FILE__, __LINE__, (detail)); \
   } while (0)
 
 // SAFECKPT_FUZZ_VERBOSE=1 in the environment: harnesses print what each
@@ -126,7 +126,7 @@ inline void check_memory(std::uint64_t held, std::size_t input_size, std::string
 // the run is used (current use only: a weaker check). Budget:
 // kHeapBytesPerInputByte per input byte + kHeapSlack.
 extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*)(const volatile void*, std::size_t),
-                                                          void (*)(const volatile void*)) __attribute__((weak));
+                                                         void (*)(const volatile void*)) __attribute__((weak));
 extern "C" std::size_t __sanitizer_get_allocated_size(const volatile void*) __attribute__((weak));
 
 // Atomic: the hooks run on whichever thread allocates. Signed: memory
@@ -150,7 +150,8 @@ inline void heap_malloc_hook(const volatile void*, std::size_t n) {
 }
 inline void heap_free_hook(const volatile void* p) {
   if (p != nullptr)
-    heap_counter().live.fetch_sub(static_cast<std::int64_t>(__sanitizer_get_allocated_size(p)), std::memory_order_relaxed);
+    heap_counter().live.fetch_sub(static_cast<std::int64_t>(__sanitizer_get_allocated_size(p)),
+                                  std::memory_order_relaxed);
 }
 inline HeapCounter& heap_hooks() {
   HeapCounter& c = heap_counter();

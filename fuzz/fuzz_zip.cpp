@@ -36,11 +36,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto zr = sc::ZipArchive::open(file, lim);
   const sc::FileFormat detected = sc::detect_format(file, lim);
   if (!zr) {
-    sc::fuzz::check_error(zr.error(), {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported},
+    sc::fuzz::check_error(zr.error(),
+                          {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported},
                           "ZipArchive::open");
     if (sniffed == sc::FileFormat::kTorchZip) {
-      FUZZ_REQUIRE(detected == sc::FileFormat::kUnknown,
-                   "detect_format says " + std::string(sc::file_format_name(detected)) + " for a zip that does not open");
+      FUZZ_REQUIRE(
+          detected == sc::FileFormat::kUnknown,
+          "detect_format says " + std::string(sc::file_format_name(detected)) + " for a zip that does not open");
     }
     return 0;
   }
@@ -88,15 +90,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     auto rr = zip.read(e, verify);
     if (!rr) {
-      sc::fuzz::check_error(rr.error(), {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported},
+      sc::fuzz::check_error(rr.error(),
+                            {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported},
                             "ZipArchive::read " + tag);
       continue;
     }
     const sc::RecordBytes& r = *rr;
     FUZZ_REQUIRE(e.method == 0 || e.method == 8, tag + ": read succeeded for method " + std::to_string(e.method));
-    FUZZ_REQUIRE(r.bytes.size() == e.uncompressed_size,
-                 tag + ": read gave " + std::to_string(r.bytes.size()) + " bytes, entry declares " +
-                     std::to_string(e.uncompressed_size));
+    FUZZ_REQUIRE(r.bytes.size() == e.uncompressed_size, tag + ": read gave " + std::to_string(r.bytes.size()) +
+                                                            " bytes, entry declares " +
+                                                            std::to_string(e.uncompressed_size));
     FUZZ_REQUIRE(r.bytes.size() <= lim.max_inflated_bytes || e.method == 0, tag + ": inflated past max_inflated_bytes");
     if (e.method == 0) {
       FUZZ_REQUIRE(r.bytes.data() == file.data() + e.data_offset && r.bytes.size() == e.compressed_size,

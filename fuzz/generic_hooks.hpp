@@ -32,17 +32,17 @@ class GenericHooks final : public PickleHooks {
   Result<NodeId> call(NodeId callable, NodeId args, const OpContext& ctx) override {
     return object(callable, args, ctx);
   }
-  Result<NodeId> new_object(NodeId cls, NodeId args, const OpContext& ctx) override {
-    return object(cls, args, ctx);
-  }
+  Result<NodeId> new_object(NodeId cls, NodeId args, const OpContext& ctx) override { return object(cls, args, ctx); }
   Status build(NodeId obj, NodeId state, const OpContext& ctx) override {
     check_ctx(ctx);
     check_id(obj);
     check_id(state);
     if (deny_ & 4) return make_error(ErrorCode::kDisallowedOperation, "fuzz hooks refuse BUILD");
     Node& o = arena_[obj];
-    if (o.kind == Kind::kObject && o.items.size() == 2) o.items[1] = state;
-    else if (o.kind == Kind::kOrderedDict) o.attrs = state;
+    if (o.kind == Kind::kObject && o.items.size() == 2)
+      o.items[1] = state;
+    else if (o.kind == Kind::kOrderedDict)
+      o.attrs = state;
     return {};
   }
   Result<NodeId> persistent_load(NodeId pid, const OpContext& ctx) override {

@@ -72,8 +72,8 @@ class TreeCompare {
 
   std::string where(NodeId x, NodeId y, const std::string& what) const {
     const Node& n = a_.values()[x];
-    return what + " (node " + std::to_string(x) + " " + std::string(kind_name(n.kind)) + " vs node " + std::to_string(y) +
-           " " + std::string(kind_name(b_.values()[y].kind)) + ")";
+    return what + " (node " + std::to_string(x) + " " + std::string(kind_name(n.kind)) + " vs node " +
+           std::to_string(y) + " " + std::string(kind_name(b_.values()[y].kind)) + ")";
   }
 
   std::string node(NodeId x, NodeId y) {
@@ -91,7 +91,8 @@ class TreeCompare {
       case Kind::kNone: return "";
       case Kind::kBool: return p.flag == q.flag ? "" : where(x, y, "bool differs");
       case Kind::kInt:
-      case Kind::kDtype: return p.i == q.i ? "" : where(x, y, "int differs: " + std::to_string(p.i) + " vs " + std::to_string(q.i));
+      case Kind::kDtype:
+        return p.i == q.i ? "" : where(x, y, "int differs: " + std::to_string(p.i) + " vs " + std::to_string(q.i));
       case Kind::kFloat: return same_bits(p.re, q.re) ? "" : where(x, y, "float bits differ");
       case Kind::kComplex:
         return same_bits(p.re, q.re) && same_bits(p.im, q.im) ? "" : where(x, y, "complex bits differ");
@@ -102,7 +103,8 @@ class TreeCompare {
       case Kind::kLayout:
       case Kind::kQScheme:
       case Kind::kGlobal:
-        if (p.text != q.text) return where(x, y, "text differs: '" + p.text.substr(0, 40) + "' vs '" + q.text.substr(0, 40) + "'");
+        if (p.text != q.text)
+          return where(x, y, "text differs: '" + p.text.substr(0, 40) + "' vs '" + q.text.substr(0, 40) + "'");
         return "";
       case Kind::kByteArray: return p.text == q.text ? "" : where(x, y, "bytearray differs");
       case Kind::kTensor: {
@@ -121,7 +123,8 @@ class TreeCompare {
         [[fallthrough]];
       default:
         if (p.items.size() != q.items.size())
-          return where(x, y, "item counts differ: " + std::to_string(p.items.size()) + " vs " + std::to_string(q.items.size()));
+          return where(
+              x, y, "item counts differ: " + std::to_string(p.items.size()) + " vs " + std::to_string(q.items.size()));
         for (std::size_t i = p.items.size(); i-- > 0;) work_.push_back({p.items[i], q.items[i]});
         if ((p.attrs == kNoNode) != (q.attrs == kNoNode)) return where(x, y, "attributes (_metadata) differ");
         if (p.attrs != kNoNode) work_.push_back({p.attrs, q.attrs});
@@ -166,7 +169,8 @@ class TreeCompare {
     } else {
       if (p.sparse_parts.size() != q.sparse_parts.size()) return tag + "sparse parts differ";
       if (p.coalesced != q.coalesced) return tag + "coalesced differs";
-      for (std::size_t i = 0; i < p.sparse_parts.size(); ++i) tensor_work_.push_back({p.sparse_parts[i], q.sparse_parts[i]});
+      for (std::size_t i = 0; i < p.sparse_parts.size(); ++i)
+        tensor_work_.push_back({p.sparse_parts[i], q.sparse_parts[i]});
     }
     if ((p.q_scales == kNoStorage) != (q.q_scales == kNoStorage)) return tag + "q_scales differ";
     if (p.q_scales != kNoStorage) tensor_work_.push_back({p.q_scales, q.q_scales});

@@ -128,8 +128,8 @@ class CheckpointBuilder {
 // stride_i) + 1) x element_size, or 0 for a zero-numel view; nullopt on
 // overflow or a negative size/stride/offset.
 std::optional<std::uint64_t> strided_extent_bytes(const std::vector<std::int64_t>& shape,
-                                                  const std::vector<std::int64_t>& stride,
-                                                  std::int64_t storage_offset, std::uint32_t element_size);
+                                                  const std::vector<std::int64_t>& stride, std::int64_t storage_offset,
+                                                  std::uint32_t element_size);
 // C-contiguous strides of `shape`.
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
 // True when `stride` is the C-contiguous stride of `shape` (dimensions of

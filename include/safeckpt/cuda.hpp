@@ -121,7 +121,6 @@ enum class IoMode : std::uint8_t {
 };
 std::string_view io_mode_name(IoMode mode) noexcept;
 
-
 struct TransferOptions {
   // CUDA device index.
   int device = 0;
@@ -167,21 +166,21 @@ struct TransferOptions {
 
 // Measurements of one load() call.
 struct LoadStats {
-  std::uint64_t bytes = 0;             // storage bytes delivered to the device
-  std::uint64_t arena_bytes = 0;       // device bytes allocated (incl. padding)
-  double seconds = 0;                  // load() wall time, call to return
-  double seconds_to_first_storage = 0; // call until the first storage completes on the device
-  std::uint64_t peak_ring_bytes = 0;   // most staging bytes in use at once
-  std::uint64_t ring_bytes_pinned = 0; // staging pinned by the engine after this load
-  IoMode io_mode = IoMode::kAuto;      // mode actually used for file ranges
+  std::uint64_t bytes = 0;              // storage bytes delivered to the device
+  std::uint64_t arena_bytes = 0;        // device bytes allocated (incl. padding)
+  double seconds = 0;                   // load() wall time, call to return
+  double seconds_to_first_storage = 0;  // call until the first storage completes on the device
+  std::uint64_t peak_ring_bytes = 0;    // most staging bytes in use at once
+  std::uint64_t ring_bytes_pinned = 0;  // staging pinned by the engine after this load
+  IoMode io_mode = IoMode::kAuto;       // mode actually used for file ranges
   unsigned reader_threads = 0;
   unsigned streams = 0;
-  std::uint64_t chunks = 0;            // reads + copies issued
+  std::uint64_t chunks = 0;  // reads + copies issued
   // Where the time before the first storage goes (bench "first tensor"):
-  double seconds_device_alloc = 0;     // cudaMalloc of the arena (before any read)
-  std::size_t slots_pinned = 0;        // staging slots pinned during this load (0 once the ring is grown)
-  double seconds_pinning = 0;          // wall time inside cudaHostAlloc for them (one at a time)
-  std::uint64_t pageable_chunks = 0;   // chunks staged in pageable memory (pageable_staging)
+  double seconds_device_alloc = 0;    // cudaMalloc of the arena (before any read)
+  std::size_t slots_pinned = 0;       // staging slots pinned during this load (0 once the ring is grown)
+  double seconds_pinning = 0;         // wall time inside cudaHostAlloc for them (one at a time)
+  std::uint64_t pageable_chunks = 0;  // chunks staged in pageable memory (pageable_staging)
   double gb_per_s() const noexcept { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
@@ -284,9 +283,9 @@ Result<DLDataType> dlpack_dtype(DType dtype);
 
 // One strided view into a device storage, in PyTorch's terms.
 struct TensorView {
-  void* storage_data = nullptr;        // device pointer of the storage's byte 0
-  std::uint64_t storage_nbytes = 0;    // for bounds checking
-  int device = 0;                      // CUDA device index
+  void* storage_data = nullptr;      // device pointer of the storage's byte 0
+  std::uint64_t storage_nbytes = 0;  // for bounds checking
+  int device = 0;                    // CUDA device index
   DType dtype = DType::kFloat32;
   std::span<const std::int64_t> shape;    // sizes, each >= 0
   std::span<const std::int64_t> strides;  // elements, same length as shape, each >= 0

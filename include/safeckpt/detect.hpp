@@ -25,7 +25,12 @@ enum class FileFormat : std::uint8_t {
   kSafetensors,      // u64 header length + '{' JSON header
   kNumpyNpy,         // \x93NUMPY
   kPreviewPytorch1,  // "PYTORCH1" pre-1.0 preview container
-  kGzip, kBzip2, kXz, kZstd, k7z, kRar,
+  kGzip,
+  kBzip2,
+  kXz,
+  kZstd,
+  k7z,
+  kRar,
   kEmpty,
   kUnknown,
 };

@@ -80,7 +80,7 @@ typedef struct {
 } DLDataType;
 
 typedef struct {
-  void* data;            // device pointer (aligned; see byte_offset)
+  void* data;  // device pointer (aligned; see byte_offset)
   DLDevice device;
   int32_t ndim;
   DLDataType dtype;

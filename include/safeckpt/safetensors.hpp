@@ -158,9 +158,9 @@ Result<std::vector<std::uint8_t>> safetensors_header(std::vector<SafetensorsEntr
                                                      const std::vector<std::pair<std::string, std::string>>& metadata,
                                                      bool with_metadata);
 // Whole file in memory / atomically on disk (SaveOptions: overwrite, fsync).
-Result<std::vector<std::uint8_t>> serialize_safetensors(std::vector<SafetensorsEntry> entries,
-                                                        const std::vector<std::pair<std::string, std::string>>& metadata = {},
-                                                        bool with_metadata = false);
+Result<std::vector<std::uint8_t>> serialize_safetensors(
+    std::vector<SafetensorsEntry> entries, const std::vector<std::pair<std::string, std::string>>& metadata = {},
+    bool with_metadata = false);
 Status save_safetensors(const std::filesystem::path& path, std::vector<SafetensorsEntry> entries,
                         const std::vector<std::pair<std::string, std::string>>& metadata, bool with_metadata,
                         const SaveOptions& options = {});

@@ -68,23 +68,23 @@ struct ZipEntry {
 };
 
 enum class ZipAnomalyKind : std::uint8_t {
-  kDuplicateName,       // second+ entry of a name; PyTorch reads the first
-  kLocalNameMismatch,   // local header name != central name
-  kOutsideRoot,         // entry not under the root folder
-  kFlagBits,            // encryption / patched / unknown flag bits
-  kOverlap,             // records overlap each other
-  kTrailingData,        // bytes after the end of central directory / comment
-  kUnsupportedMethod,   // compression other than stored/deflate
-  kCrcMismatch,         // found by read() with verify on (scanner --verify-data)
-  kGapData,             // bytes between records not belonging to any record
+  kDuplicateName,      // second+ entry of a name; PyTorch reads the first
+  kLocalNameMismatch,  // local header name != central name
+  kOutsideRoot,        // entry not under the root folder
+  kFlagBits,           // encryption / patched / unknown flag bits
+  kOverlap,            // records overlap each other
+  kTrailingData,       // bytes after the end of central directory / comment
+  kUnsupportedMethod,  // compression other than stored/deflate
+  kCrcMismatch,        // found by read() with verify on (scanner --verify-data)
+  kGapData,            // bytes between records not belonging to any record
 };
 std::string_view zip_anomaly_name(ZipAnomalyKind k) noexcept;
 
 struct ZipAnomaly {
   ZipAnomalyKind kind;
-  std::string entry;        // entry name concerned
-  std::uint64_t offset;     // file offset concerned
-  std::string detail;       // human text: what, and which copy PyTorch reads
+  std::string entry;     // entry name concerned
+  std::uint64_t offset;  // file offset concerned
+  std::string detail;    // human text: what, and which copy PyTorch reads
 };
 
 // Bytes of one record: a borrowed span of the file for stored records, an

@@ -62,7 +62,8 @@ constexpr CatalogueEntry kEntries[] = {
     {"torch.hub.*", "network", S::kCritical, "downloads and runs code from the network"},
     {"torch.package.*", "loader", S::kCritical, "loads packaged Python code"},
     // --- processes and shells ---------------------------------------------
-    {"os.*", "process", S::kCritical, "operating-system access (system, popen, exec*, spawn*, file writes); always blocked"},
+    {"os.*", "process", S::kCritical,
+     "operating-system access (system, popen, exec*, spawn*, file writes); always blocked"},
     {"posix.*", "process", S::kCritical, "operating-system access; always blocked"},
     {"nt.*", "process", S::kCritical, "operating-system access; always blocked"},
     {"sys.*", "process", S::kCritical, "interpreter internals (modules, settrace); always blocked"},

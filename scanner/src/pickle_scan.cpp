@@ -60,10 +60,30 @@ constexpr std::string_view kResultOf = "result of ";
 bool is_kind_name(std::string_view n) {
   if (n.size() < 3 || n.front() != '<' || n.back() != '>') return false;
   n = n.substr(1, n.size() - 2);
-  static const std::unordered_set<std::string_view> kKinds = {
-      "NoneType", "bool", "int", "float", "complex", "str", "bytes", "bytearray", "list", "tuple", "set",
-      "frozenset", "slice", "dict", "collections.OrderedDict", "collections.Counter", "torch.Size",
-      "torch.dtype", "torch.device", "torch.layout", "torch.qscheme", "torch.Tensor", "global", "object"};
+  static const std::unordered_set<std::string_view> kKinds = {"NoneType",
+                                                              "bool",
+                                                              "int",
+                                                              "float",
+                                                              "complex",
+                                                              "str",
+                                                              "bytes",
+                                                              "bytearray",
+                                                              "list",
+                                                              "tuple",
+                                                              "set",
+                                                              "frozenset",
+                                                              "slice",
+                                                              "dict",
+                                                              "collections.OrderedDict",
+                                                              "collections.Counter",
+                                                              "torch.Size",
+                                                              "torch.dtype",
+                                                              "torch.device",
+                                                              "torch.layout",
+                                                              "torch.qscheme",
+                                                              "torch.Tensor",
+                                                              "global",
+                                                              "object"};
   return kKinds.count(n) != 0;
 }
 
@@ -158,9 +178,8 @@ void ScanObserver::on_event(const PickleEvent& e) {
                 "the loader never accepts " + e.opcode + " (it builds objects of any class)");
       }
       if (!ev.allowed && !is_allowed(allow_, e.name)) {
-        std::string what = e.name.rfind(kResultOf, 0) == 0 || is_kind_name(e.name)
-                               ? "a value (" + e.name + ")"
-                               : e.name;
+        std::string what =
+            e.name.rfind(kResultOf, 0) == 0 || is_kind_name(e.name) ? "a value (" + e.name + ")" : e.name;
         Severity sev = c != nullptr ? c->severity : Severity::kHigh;
         finding(Rule::kCall, sev, e, e.name, e.opcode + " calls " + what,
                 (c != nullptr ? std::string(c->why) + "; " : std::string()) +
@@ -273,7 +292,9 @@ Result<NodeId> ScanHooks::new_object(NodeId cls, NodeId, const OpContext&) {
   return opaque(std::string(kResultOf) + name + "()");
 }
 
-Status ScanHooks::build(NodeId, NodeId, const OpContext&) { return {}; }
+Status ScanHooks::build(NodeId, NodeId, const OpContext&) {
+  return {};
+}
 
 Result<NodeId> ScanHooks::persistent_load(NodeId pid, const OpContext&) {
   PidInfo info;
@@ -351,29 +372,49 @@ std::optional<std::uint64_t> walk_to_stop(Bytes d) {
     std::uint8_t op = d[pos++];
     switch (op) {
       case '.': return pos;
-      case 0x80: case 'K': case 'h': case 'q': case 0x82:
+      case 0x80:
+      case 'K':
+      case 'h':
+      case 'q':
+      case 0x82:
         if (!need(1)) return std::nullopt;
         pos += 1;
         break;
-      case 'M': case 0x83:
+      case 'M':
+      case 0x83:
         if (!need(2)) return std::nullopt;
         pos += 2;
         break;
-      case 'J': case 'j': case 'r': case 0x84:
+      case 'J':
+      case 'j':
+      case 'r':
+      case 0x84:
         if (!need(4)) return std::nullopt;
         pos += 4;
         break;
-      case 'G': case 0x95:
+      case 'G':
+      case 0x95:
         if (!need(8)) return std::nullopt;
         pos += 8;
         break;
-      case 'I': case 'L': case 'F': case 'S': case 'V': case 'p': case 'g': case 'P':
+      case 'I':
+      case 'L':
+      case 'F':
+      case 'S':
+      case 'V':
+      case 'p':
+      case 'g':
+      case 'P':
         if (!skip_line()) return std::nullopt;
         break;
-      case 'c': case 'i':
+      case 'c':
+      case 'i':
         if (!skip_line() || !skip_line()) return std::nullopt;
         break;
-      case 'U': case 'C': case 0x8c: case 0x8a: {
+      case 'U':
+      case 'C':
+      case 0x8c:
+      case 0x8a: {
         if (!need(1)) return std::nullopt;
         std::uint64_t n = le(1);
         pos += 1;
@@ -381,7 +422,10 @@ std::optional<std::uint64_t> walk_to_stop(Bytes d) {
         pos += n;
         break;
       }
-      case 'T': case 'B': case 'X': case 0x8b: {
+      case 'T':
+      case 'B':
+      case 'X':
+      case 0x8b: {
         if (!need(4)) return std::nullopt;
         std::uint64_t n = le(4);
         pos += 4;
@@ -390,7 +434,9 @@ std::optional<std::uint64_t> walk_to_stop(Bytes d) {
         pos += n;
         break;
       }
-      case 0x8d: case 0x8e: case 0x96: {
+      case 0x8d:
+      case 0x8e:
+      case 0x96: {
         if (!need(8)) return std::nullopt;
         std::uint64_t n = le(8);
         pos += 8;

@@ -1,11 +1,11 @@
 // Reports: human text, JSON (schema: scanner/README.md), SARIF 2.1.0.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "safeckpt/scan.hpp"
 
@@ -113,8 +113,8 @@ std::string path_uri(const std::string& path) {
 
 std::string fingerprint(const std::string& path, const Finding& f) {
   std::string key = path + "|" + std::string(rule_info(f.rule).id) + "|" + f.member + "|" + std::to_string(f.stream) +
-                    "|" + (f.offset == kNoOffset ? std::string("-") : std::to_string(f.offset)) + "|" + f.global +
-                    "|" + f.opcode;
+                    "|" + (f.offset == kNoOffset ? std::string("-") : std::to_string(f.offset)) + "|" + f.global + "|" +
+                    f.opcode;
   // FNV-1a 64, hex: stable across runs and platforms.
   std::uint64_t h = 1469598103934665603ull;
   for (unsigned char c : key) {
@@ -161,7 +161,8 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, bool 
     std::string v(verdict_name(r.verdict));
     for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     out << fmt::format("{}: {} [{}, {} bytes", clean(r.path), v, r.format, r.size);
-    if (r.pickle_streams) out << fmt::format(", {} pickle stream{}", r.pickle_streams, r.pickle_streams == 1 ? "" : "s");
+    if (r.pickle_streams)
+      out << fmt::format(", {} pickle stream{}", r.pickle_streams, r.pickle_streams == 1 ? "" : "s");
     if (r.members) out << fmt::format(", {} member{}", r.members, r.members == 1 ? "" : "s");
     out << "]";
     if (!r.complete) out << " (scan incomplete)";
@@ -331,9 +332,8 @@ std::string to_sarif(const std::vector<FileReport>& reports) {
               {"artifacts", artifacts},
               {"results", results},
               {"columnKind", "utf16CodeUnits"}};
-  json root = {{"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
-               {"version", "2.1.0"},
-               {"runs", json::array({run})}};
+  json root = {
+      {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"}, {"version", "2.1.0"}, {"runs", json::array({run})}};
   return root.dump(2);
 }
 

@@ -23,13 +23,16 @@
 //  8. anything else is tried as a pickle without PROTO (the C unpickler
 //     accepts any opcode first); a file whose first opcode already fails is
 //     not_model.
+#include "safeckpt/scan.hpp"
+
+#include <zlib.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
-#include <zlib.h>
 
 #include "catalogue.hpp"
 #include "pickle_scan.hpp"
@@ -37,7 +40,6 @@
 #include "safeckpt/detect.hpp"
 #include "safeckpt/dtype.hpp"
 #include "safeckpt/safetensors.hpp"
-#include "safeckpt/scan.hpp"
 #include "safeckpt/zip.hpp"
 
 namespace safeckpt::scan {
@@ -82,10 +84,9 @@ const std::vector<RuleInfo>& rules() {
        "Imports a known-dangerous callable that is not in the allowlist", Severity::kCritical},
       {Rule::kImportUnlisted, "SCK102", "import-not-allowlisted", "Imports a global that is not in the allowlist",
        Severity::kMedium},
-      {Rule::kImportDynamic, "SCK103", "import-dynamic",
-       "STACK_GLOBAL with a module or name built at run time", Severity::kCritical},
-      {Rule::kImportDotted, "SCK104", "import-dotted", "Global whose name walks attributes (a.b)",
+      {Rule::kImportDynamic, "SCK103", "import-dynamic", "STACK_GLOBAL with a module or name built at run time",
        Severity::kCritical},
+      {Rule::kImportDotted, "SCK104", "import-dotted", "Global whose name walks attributes (a.b)", Severity::kCritical},
       {Rule::kImportExtension, "SCK105", "import-extension", "EXT1/EXT2/EXT4 extension-registry import",
        Severity::kHigh},
       {Rule::kCall, "SCK110", "call-not-allowlisted",
@@ -93,26 +94,23 @@ const std::vector<RuleInfo>& rules() {
       {Rule::kRefusedOpcode, "SCK111", "opcode-refused",
        "Opcode the loader never accepts (INST, OBJ, NEWOBJ_EX, EXTn, PERSID)", Severity::kHigh},
       {Rule::kRefusedOperation, "SCK112", "operation-refused",
-       "Operation the weights-only rules refuse (SETITEM on a tensor, APPEND to a non-list, ...)",
-       Severity::kHigh},
+       "Operation the weights-only rules refuse (SETITEM on a tensor, APPEND to a non-list, ...)", Severity::kHigh},
       {Rule::kEmbeddedPayload, "SCK120", "embedded-payload",
        "Byte string inside a pickle that is itself a pickle or checkpoint with findings", Severity::kHigh},
       {Rule::kExecutableCode, "SCK130", "executable-code",
        "TorchScript code or PT2 native code (.so, cubin) inside the archive", Severity::kHigh},
       {Rule::kUnscannable, "SCK140", "unscannable-container",
        "Compressed or foreign container the scanner cannot look into", Severity::kHigh},
-      {Rule::kArchiveAnomaly, "SCK150", "archive-anomaly",
-       "Zip ambiguity that different readers resolve differently", Severity::kHigh},
+      {Rule::kArchiveAnomaly, "SCK150", "archive-anomaly", "Zip ambiguity that different readers resolve differently",
+       Severity::kHigh},
       {Rule::kMalformed, "SCK160", "malformed", "Parse error: the rest of the stream was not examined",
        Severity::kHigh},
-      {Rule::kLimit, "SCK161", "limit-exceeded", "A resource cap was hit: the rest was not examined",
-       Severity::kHigh},
+      {Rule::kLimit, "SCK161", "limit-exceeded", "A resource cap was hit: the rest was not examined", Severity::kHigh},
       {Rule::kUnsupported, "SCK162", "unsupported", "Valid input this scanner or the loader does not handle",
        Severity::kMedium},
       {Rule::kTrailingData, "SCK163", "trailing-data", "Bytes after the last stream or storage data",
        Severity::kMedium},
-      {Rule::kNumpyObject, "SCK170", "numpy-object-array", "numpy object array: a pickled payload",
-       Severity::kMedium},
+      {Rule::kNumpyObject, "SCK170", "numpy-object-array", "numpy object array: a pickled payload", Severity::kMedium},
       {Rule::kSafetensors, "SCK171", "safetensors-invalid", "safetensors header or offsets are invalid",
        Severity::kMedium},
       {Rule::kLoaderRefused, "SCK180", "loader-refused", "safeckpt's loader refuses this file", Severity::kHigh},
@@ -140,8 +138,7 @@ Klass klass_of(const Finding& f) {
     case Rule::kUnsupported:
     case Rule::kIo:
     case Rule::kTrailingData:
-    case Rule::kSafetensors:
-      return Klass::kIncomplete;
+    case Rule::kSafetensors: return Klass::kIncomplete;
     case Rule::kUnscannable: return Klass::kUnscannable;
     case Rule::kLoaderRefused: return Klass::kIncomplete;  // policy refusals are set to kUnsafe below
     default: return Klass::kUnsafe;
@@ -159,11 +156,12 @@ Rule rule_for_error(ErrorCode c) {
   }
 }
 
-
 // Protocol-2+ opcodes that push a value: a pickle without PROTO can start
 // with them (sniff_format only knows protocol 0/1 starts and PROTO).
 bool can_start_pickle(Bytes b) {
-  static constexpr std::string_view kPushFirst = "\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96" "BC";
+  static constexpr std::string_view kPushFirst =
+      "\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96"
+      "BC";
   return !b.empty() && kPushFirst.find(static_cast<char>(b[0])) != std::string_view::npos;
 }
 
@@ -171,9 +169,9 @@ bool can_start_pickle(Bytes b) {
 
 struct StreamOutcome {
   enum Status { kDone, kPolicyDone, kFailed } status = kFailed;
-  std::uint64_t end = 0;      // offset just past STOP, relative to the stream start
-  NodeId root = kNoNode;      // kDone only
-  Error error;                // kFailed: the error; kPolicyDone: first policy error
+  std::uint64_t end = 0;         // offset just past STOP, relative to the stream start
+  NodeId root = kNoNode;         // kDone only
+  Error error;                   // kFailed: the error; kPolicyDone: first policy error
   bool failed_at_start = false;  // kFailed at the first opcode with no event
 };
 
@@ -232,8 +230,9 @@ class Scanner {
   bool not_model_ = false;
 };
 
-constexpr const char* kIncompleteWhy = "scan incomplete: bytes after this point were not examined, so the file "
-                                       "cannot be called clean";
+constexpr const char* kIncompleteWhy =
+    "scan incomplete: bytes after this point were not examined, so the file "
+    "cannot be called clean";
 
 // ---- pickle streams ---------------------------------------------------------
 
@@ -268,8 +267,8 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
     // Imports, calls and refused opcodes are reported as events; the
     // container rules (CVE-2026-24747: SETITEM on a tensor, APPEND onto a
     // non-list) surface only as this error.
-    static const std::set<std::string, std::less<>> kContainerOps = {"APPEND", "APPENDS", "SETITEM", "SETITEMS",
-                                                                     "ADDITEMS", "DICT", "FROZENSET", "BINPERSID"};
+    static const std::set<std::string, std::less<>> kContainerOps = {"APPEND",   "APPENDS", "SETITEM",   "SETITEMS",
+                                                                     "ADDITEMS", "DICT",    "FROZENSET", "BINPERSID"};
     const Error& pe = r.error();
     if (pe.code() == ErrorCode::kDisallowedOperation && kContainerOps.count(pe.where().opcode) != 0) {
       Finding f;
@@ -298,14 +297,15 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
       out.end = *end;
     } else {
       out.status = StreamOutcome::kFailed;
-      out.error = Error(ErrorCode::kInternal, "could not locate the end of a stream that parsed (" +
-                                                  r.error().message() + ")");
+      out.error =
+          Error(ErrorCode::kInternal, "could not locate the end of a stream that parsed (" + r.error().message() + ")");
     }
   } else {
     out.status = StreamOutcome::kFailed;
     out.error = r.error();
     const Error& e = r.error();
-    out.failed_at_start = obs_.events_seen == events_before && (e.where().offset == 0 || e.where().offset == Location::kNoOffset);
+    out.failed_at_start =
+        obs_.events_seen == events_before && (e.where().offset == 0 || e.where().offset == Location::kNoOffset);
     if (capped && e.code() == ErrorCode::kMalformed && e.message().find("truncated") != std::string::npos)
       out.error = Error(ErrorCode::kLimitExceeded,
                         "pickle stream longer than max_pickle_bytes (" + std::to_string(cap) + ")", e.where());
@@ -337,9 +337,10 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
     }
     if (!payloads.empty() && depth >= opt_.max_nesting) {
       add(Rule::kLimit, Severity::kHigh, member,
-          std::to_string(payloads.size()) + " embedded byte string(s) that look like pickles or checkpoints are "
-                                            "nested deeper than max_nesting (" + std::to_string(opt_.max_nesting) +
-              ") and were not examined",
+          std::to_string(payloads.size()) +
+              " embedded byte string(s) that look like pickles or checkpoints are "
+              "nested deeper than max_nesting (" +
+              std::to_string(opt_.max_nesting) + ") and were not examined",
           kIncompleteWhy, Location::kNoOffset, index);
       payloads.clear();
     }
@@ -416,9 +417,7 @@ void Scanner::scan_top(Bytes data) {
   switch (sniff_format(data)) {
     case FileFormat::kTorchZip:
     case FileFormat::kLegacyPickle:
-    case FileFormat::kBarePickle:
-      run_loader(data);
-      break;
+    case FileFormat::kBarePickle: run_loader(data); break;
     case FileFormat::kUnknown:
       if (!not_model_) run_loader(data);  // a pickle without PROTO: what does the loader say?
       break;
@@ -489,8 +488,8 @@ void Scanner::dispatch(Bytes data, const std::string& member, int depth, bool to
   // hostile file cannot drive the recursion deep.
   if (depth > opt_.max_nesting && f != FileFormat::kUnknown && f != FileFormat::kEmpty) {
     add(Rule::kLimit, Severity::kHigh, member,
-        "nested " + std::string(file_format_name(f)) + " deeper than max_nesting (" +
-            std::to_string(opt_.max_nesting) + "): not examined",
+        "nested " + std::string(file_format_name(f)) + " deeper than max_nesting (" + std::to_string(opt_.max_nesting) +
+            "): not examined",
         kIncompleteWhy);
     return;
   }
@@ -581,8 +580,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
   for (const ZipAnomaly& a : zip.anomalies()) {
     Severity s = Severity::kHigh;
     if (a.kind == ZipAnomalyKind::kTrailingData || a.kind == ZipAnomalyKind::kGapData) s = Severity::kMedium;
-    add(Rule::kArchiveAnomaly, s, prefix + a.entry,
-        std::string(zip_anomaly_name(a.kind)) + ": " + a.detail,
+    add(Rule::kArchiveAnomaly, s, prefix + a.entry, std::string(zip_anomaly_name(a.kind)) + ": " + a.detail,
         "readers disagree on such archives (PyTorch's miniz vs Python's zipfile vs scanners); the loader refuses "
         "it, and the scanner examined the bytes PyTorch would read",
         a.offset);
@@ -603,7 +601,8 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
         if (listed++ < 100)
           add(Rule::kExecutableCode, Severity::kHigh, prefix + e.name,
               "PT2 archive member is native code (" + std::string(n.substr(n.rfind('.'))) + ")",
-              "AOTInductor loads and runs compiled shared libraries / GPU kernels from the archive", e.local_header_offset);
+              "AOTInductor loads and runs compiled shared libraries / GPU kernels from the archive",
+              e.local_header_offset);
       }
     }
     add(Rule::kExecutableCode, Severity::kHigh, member,
@@ -757,7 +756,8 @@ void Scanner::scan_plain_zip(Bytes data, const std::string& member, int depth) {
     Bytes body = raw;
     if (method == 8) {
       if (usize > std::min(opt_.limits.max_inflated_bytes, opt_.limits.max_pickle_bytes)) {
-        add(Rule::kLimit, Severity::kHigh, prefix + name, "member inflates to more than the limit", kIncompleteWhy, lho);
+        add(Rule::kLimit, Severity::kHigh, prefix + name, "member inflates to more than the limit", kIncompleteWhy,
+            lho);
         continue;
       }
       inflated.resize(static_cast<std::size_t>(usize));
@@ -801,8 +801,8 @@ void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
       return;
     }
     std::vector<PidInfo> p;
-    StreamOutcome o = run_stream(data.subspan(static_cast<std::size_t>(pos)), pos, member, i, depth, &p,
-                                 i == 4 ? &keys : nullptr);
+    StreamOutcome o =
+        run_stream(data.subspan(static_cast<std::size_t>(pos)), pos, member, i, depth, &p, i == 4 ? &keys : nullptr);
     if (o.status == StreamOutcome::kFailed) {
       add_error(o.error, member, i, pos, kIncompleteWhy);
       return;
@@ -843,8 +843,8 @@ void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
     auto it = elem.find(k);
     if (it == elem.end()) {
       add(Rule::kMalformed, Severity::kHigh, member,
-          "legacy storage key '" + k.substr(0, 64) + "' has no persistent id with a known storage type",
-          kIncompleteWhy, pos);
+          "legacy storage key '" + k.substr(0, 64) + "' has no persistent id with a known storage type", kIncompleteWhy,
+          pos);
       return;
     }
     if (data.size() - pos < 8) {
@@ -853,7 +853,8 @@ void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
       return;
     }
     std::uint64_t count = 0;
-    for (int b = 7; b >= 0; --b) count = (count << 8) | data[static_cast<std::size_t>(pos) + static_cast<std::size_t>(b)];
+    for (int b = 7; b >= 0; --b)
+      count = (count << 8) | data[static_cast<std::size_t>(pos) + static_cast<std::size_t>(b)];
     pos += 8;
     if (count > (data.size() - pos) / it->second) {
       add(Rule::kMalformed, Severity::kHigh, member,
@@ -986,7 +987,8 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
             break;
           }
           std::uint64_t cnt = 0;
-          for (int b = 7; b >= 0; --b) cnt = (cnt << 8) | body[static_cast<std::size_t>(p) + static_cast<std::size_t>(b)];
+          for (int b = 7; b >= 0; --b)
+            cnt = (cnt << 8) | body[static_cast<std::size_t>(p) + static_cast<std::size_t>(b)];
           p += 8;
           if (cnt > (body.size() - p) / esz) {
             add(Rule::kMalformed, Severity::kHigh, m, "tar storage declares more bytes than remain", kIncompleteWhy,
@@ -1001,7 +1003,8 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
             break;
           }
           std::uint32_t ndim = 0;
-          for (int b = 3; b >= 0; --b) ndim = (ndim << 8) | body[static_cast<std::size_t>(p) + static_cast<std::size_t>(b)];
+          for (int b = 3; b >= 0; --b)
+            ndim = (ndim << 8) | body[static_cast<std::size_t>(p) + static_cast<std::size_t>(b)];
           p += 8;
           if (ndim > opt_.limits.max_tensor_rank || (2ull * ndim + 1) * 8 > body.size() - p) {
             add(Rule::kMalformed, Severity::kHigh, m, "tar tensor record with a bad rank", kIncompleteWhy, p - 8);
@@ -1022,8 +1025,8 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
       if (sniff_format(b) != FileFormat::kUnknown) dispatch(b, m, depth + 1, false);
     }
   }
-  add(Rule::kMalformed, Severity::kHigh, member, "tar archive is truncated (no end-of-archive marker)",
-      kIncompleteWhy, pos);
+  add(Rule::kMalformed, Severity::kHigh, member, "tar archive is truncated (no end-of-archive marker)", kIncompleteWhy,
+      pos);
 }
 
 // ---- numpy -------------------------------------------------------------------
@@ -1067,8 +1070,8 @@ void Scanner::scan_npy(Bytes data, const std::string& member, int depth) {
   }
   auto fpos = header.find("'fortran_order'", dpos);
   auto spos = header.find("'shape'", dpos);
-  std::size_t dend = std::min(fpos == std::string::npos ? header.size() : fpos,
-                              spos == std::string::npos ? header.size() : spos);
+  std::size_t dend =
+      std::min(fpos == std::string::npos ? header.size() : fpos, spos == std::string::npos ? header.size() : spos);
   std::string descr = header.substr(dpos + 7, dend - (dpos + 7));
   bool object = false;
   for (std::size_t i = 0; i < descr.size(); ++i) {
@@ -1111,8 +1114,9 @@ void Scanner::scan_safetensors(Bytes data, const std::string& member) {
   f.member = member;
   f.offset = e.where().offset;
   f.message = "safetensors: " + std::string(error_code_name(e.code())) + ": " + e.message();
-  f.why = "safetensors readers disagree on invalid files (duplicate keys, overlaps and gaps can hide data); the "
-          "file is not clean";
+  f.why =
+      "safetensors readers disagree on invalid files (duplicate keys, overlaps and gaps can hide data); the "
+      "file is not clean";
   sink_.add(std::move(f));
 }
 

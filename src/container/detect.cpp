@@ -28,8 +28,7 @@ namespace safeckpt {
 namespace {
 
 bool starts_with(Bytes f, std::string_view magic, std::size_t at = 0) noexcept {
-  return at <= f.size() && magic.size() <= f.size() - at &&
-         std::memcmp(f.data() + at, magic.data(), magic.size()) == 0;
+  return at <= f.size() && magic.size() <= f.size() - at && std::memcmp(f.data() + at, magic.data(), magic.size()) == 0;
 }
 
 // The ten little-endian bytes of 0x1950A86A20F9469CFC6C (LONG1 payload).
@@ -121,8 +120,7 @@ FileFormat classify_zip(const ZipArchive& zip) noexcept {
   const std::string aoti_dir = zip.root() + "/data/aotinductor/";
   for (const ZipEntry& e : zip.entries()) {
     const std::string_view n = e.name;
-    if (n.ends_with(".so") || n.ends_with(".cubin") || n.starts_with(aoti_dir))
-      return FileFormat::kPt2Archive;
+    if (n.ends_with(".so") || n.ends_with(".cubin") || n.starts_with(aoti_dir)) return FileFormat::kPt2Archive;
   }
   if (zip.find("data.pkl") != nullptr) return FileFormat::kTorchZip;
   return FileFormat::kOtherZip;

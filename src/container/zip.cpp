@@ -78,7 +78,9 @@ std::uint64_t le64(Bytes b, std::uint64_t off) noexcept {
   return static_cast<std::uint64_t>(le32(b, off)) | (static_cast<std::uint64_t>(le32(b, off + 4)) << 32);
 }
 
-std::string_view as_chars(Bytes b) noexcept { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+std::string_view as_chars(Bytes b) noexcept {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
 
 std::string hex32(std::uint32_t v) {
   char buf[16];
@@ -129,19 +131,18 @@ struct EndRecord {
 Result<EndRecord> read_end_record(Bytes f, std::vector<ZipAnomaly>& anomalies) {
   const std::uint64_t size = f.size();
   if (size < kEocdSize) {
-    return fail(
-        ErrorCode::kMalformed,
-        "file of " + std::to_string(size) + " bytes is too short for an end of central directory record", 0);
+    return fail(ErrorCode::kMalformed,
+                "file of " + std::to_string(size) + " bytes is too short for an end of central directory record", 0);
   }
   const std::uint64_t lowest = size - kEocdSize > kMaxCommentSize ? size - kEocdSize - kMaxCommentSize : 0;
   std::uint64_t eocd = size - kEocdSize;
   for (;;) {
     if (le32(f, eocd) == kSigEocd) break;
     if (eocd == lowest) {
-      return fail(ErrorCode::kMalformed,
-                  "no end of central directory record (PK\\5\\6) in the last " +
-                      std::to_string(size - lowest) + " bytes",
-                  lowest);
+      return fail(
+          ErrorCode::kMalformed,
+          "no end of central directory record (PK\\5\\6) in the last " + std::to_string(size - lowest) + " bytes",
+          lowest);
     }
     --eocd;
   }
@@ -157,8 +158,7 @@ Result<EndRecord> read_end_record(Bytes f, std::vector<ZipAnomaly>& anomalies) {
   if (comment_len > size - comment_at) {
     return fail(ErrorCode::kMalformed,
                 "end of central directory comment of " + std::to_string(comment_len) +
-                    " bytes runs past the end of the file (" + std::to_string(size - comment_at) +
-                    " bytes left)",
+                    " bytes runs past the end of the file (" + std::to_string(size - comment_at) + " bytes left)",
                 eocd);
   }
   if (comment_at + comment_len < size) {
@@ -233,12 +233,11 @@ Result<EndRecord> read_end_record(Bytes f, std::vector<ZipAnomaly>& anomalies) {
   }
   // A classic field must either be its "see zip64" sentinel or agree with the
   // zip64 value: a tool that ignores zip64 would otherwise see another archive.
-  auto agree = [&](std::uint64_t classic, std::uint64_t sentinel, std::uint64_t z64,
-                   const char* what) -> Status {
+  auto agree = [&](std::uint64_t classic, std::uint64_t sentinel, std::uint64_t z64, const char* what) -> Status {
     if (classic == sentinel || classic == z64) return {};
     return fail(ErrorCode::kMalformed,
-                std::string("classic end of central directory record gives ") + what + " " +
-                    std::to_string(classic) + " but the zip64 record gives " + std::to_string(z64),
+                std::string("classic end of central directory record gives ") + what + " " + std::to_string(classic) +
+                    " but the zip64 record gives " + std::to_string(z64),
                 eocd);
   };
   SAFECKPT_CHECK(agree(disk, kMax16, disk64, "disk number"));
@@ -259,16 +258,14 @@ Result<EndRecord> read_end_record(Bytes f, std::vector<ZipAnomaly>& anomalies) {
 // for zip64 entries). A second zip64 block is refused: miniz uses the first,
 // CPython the last. When `want_*` is set, the zip64 block must carry that
 // 64-bit value, in the order usize, csize, local header offset (APPNOTE 4.5.3).
-Status read_central_extra(Bytes extra, bool want_usize, bool want_csize, bool want_offset,
-                          std::uint64_t& usize, std::uint64_t& csize, std::uint64_t& offset,
-                          std::string_view name, std::uint64_t extra_at) {
+Status read_central_extra(Bytes extra, bool want_usize, bool want_csize, bool want_offset, std::uint64_t& usize,
+                          std::uint64_t& csize, std::uint64_t& offset, std::string_view name, std::uint64_t extra_at) {
   const bool want_any = want_usize || want_csize || want_offset;
   bool seen_zip64 = false;
   std::uint64_t pos = 0;
   while (pos < extra.size()) {
     if (extra.size() - pos < 4) {
-      return fail(ErrorCode::kMalformed,
-                  "central extra field of " + quote_name(name) + " ends inside a block header",
+      return fail(ErrorCode::kMalformed, "central extra field of " + quote_name(name) + " ends inside a block header",
                   extra_at + pos, name);
     }
     const std::uint16_t id = le16(extra, pos);
@@ -276,15 +273,13 @@ Status read_central_extra(Bytes extra, bool want_usize, bool want_csize, bool wa
     if (len > extra.size() - pos - 4) {
       return fail(ErrorCode::kMalformed,
                   "central extra block 0x" + hex32(id).substr(6) + " of " + quote_name(name) + " declares " +
-                      std::to_string(len) + " bytes but only " + std::to_string(extra.size() - pos - 4) +
-                      " remain",
+                      std::to_string(len) + " bytes but only " + std::to_string(extra.size() - pos - 4) + " remain",
                   extra_at + pos, name);
     }
     if (id == kExtraZip64) {
       if (seen_zip64) {
-        return fail(ErrorCode::kMalformed,
-                    "two zip64 extra blocks in the central header of " + quote_name(name), extra_at + pos,
-                    name);
+        return fail(ErrorCode::kMalformed, "two zip64 extra blocks in the central header of " + quote_name(name),
+                    extra_at + pos, name);
       }
       seen_zip64 = true;
       const Bytes body = extra.subspan(pos + 4, len);
@@ -308,10 +303,9 @@ Status read_central_extra(Bytes extra, bool want_usize, bool want_csize, bool wa
     pos += 4 + len;
   }
   if (want_any && !seen_zip64) {
-    return fail(
-        ErrorCode::kMalformed,
-        "central header of " + quote_name(name) + " has a 0xFFFFFFFF size or offset but no zip64 extra block",
-        extra_at, name);
+    return fail(ErrorCode::kMalformed,
+                "central header of " + quote_name(name) + " has a 0xFFFFFFFF size or offset but no zip64 extra block",
+                extra_at, name);
   }
   return {};
 }
@@ -392,8 +386,8 @@ Result<RecordBytes> inflate_record(Bytes in, const ZipEntry& e, std::uint64_t ca
                 e.data_offset, e.name);
   }
   if (usize > SIZE_MAX) {
-    return fail(ErrorCode::kLimitExceeded, "record " + quote_name(e.name) + " does not fit in memory",
-                e.data_offset, e.name);
+    return fail(ErrorCode::kLimitExceeded, "record " + quote_name(e.name) + " does not fit in memory", e.data_offset,
+                e.name);
   }
   auto out = std::make_shared<std::vector<std::uint8_t>>();
   constexpr std::uint64_t kFirstChunk = 64u << 10;
@@ -401,10 +395,9 @@ Result<RecordBytes> inflate_record(Bytes in, const ZipEntry& e, std::uint64_t ca
     try {
       out->resize(static_cast<std::size_t>(want));
     } catch (const std::bad_alloc&) {
-      return fail(
-          ErrorCode::kLimitExceeded,
-          "out of memory inflating record " + quote_name(e.name) + " to " + std::to_string(want) + " bytes",
-          e.data_offset, e.name);
+      return fail(ErrorCode::kLimitExceeded,
+                  "out of memory inflating record " + quote_name(e.name) + " to " + std::to_string(want) + " bytes",
+                  e.data_offset, e.name);
     }
     return {};
   };
@@ -432,30 +425,29 @@ Result<RecordBytes> inflate_record(Bytes in, const ZipEntry& e, std::uint64_t ca
     // With the buffer full at the declared size, keep inflating into a
     // scratch buffer: any further output means the declared size is wrong.
     const bool full = out_pos == out->size();
-    const std::uint64_t room =
-        full ? sizeof scratch : std::min<std::uint64_t>(out->size() - out_pos, kMaxChunk);
+    const std::uint64_t room = full ? sizeof scratch : std::min<std::uint64_t>(out->size() - out_pos, kMaxChunk);
     zs.next_out = full ? scratch : out->data() + out_pos;
     zs.avail_out = static_cast<uInt>(room);
     const int rc = inflate(&zs, Z_NO_FLUSH);
     const std::uint64_t produced = room - zs.avail_out;
     if (full && produced > 0) {
-      return fail(ErrorCode::kMalformed,
-                  "record " + quote_name(e.name) + " inflates to more than its declared " +
-                      std::to_string(usize) + " bytes",
-                  e.data_offset, e.name);
+      return fail(
+          ErrorCode::kMalformed,
+          "record " + quote_name(e.name) + " inflates to more than its declared " + std::to_string(usize) + " bytes",
+          e.data_offset, e.name);
     }
     out_pos += produced;
     if (rc == Z_STREAM_END) break;
     if (rc == Z_OK) continue;
     if (rc == Z_BUF_ERROR && zs.avail_in == 0 && in_pos == in.size()) {
       return fail(ErrorCode::kMalformed,
-                  "deflate stream of record " + quote_name(e.name) + " is truncated (" +
-                      std::to_string(out_pos) + " of " + std::to_string(usize) + " bytes inflated)",
+                  "deflate stream of record " + quote_name(e.name) + " is truncated (" + std::to_string(out_pos) +
+                      " of " + std::to_string(usize) + " bytes inflated)",
                   e.data_offset + in.size(), e.name);
     }
     if (rc == Z_MEM_ERROR) {
-      return fail(ErrorCode::kLimitExceeded, "zlib out of memory inflating record " + quote_name(e.name),
-                  e.data_offset, e.name);
+      return fail(ErrorCode::kLimitExceeded, "zlib out of memory inflating record " + quote_name(e.name), e.data_offset,
+                  e.name);
     }
     const std::uint64_t consumed = in_pos - zs.avail_in;
     return fail(ErrorCode::kMalformed,
@@ -537,8 +529,7 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
   if (!in_bounds(end.cd_limit, end.cd_offset, end.cd_size)) {
     return fail(ErrorCode::kMalformed,
                 "central directory [" + std::to_string(end.cd_offset) + ", +" + std::to_string(end.cd_size) +
-                    ") does not end before the end of central directory record at " +
-                    std::to_string(end.cd_limit),
+                    ") does not end before the end of central directory record at " + std::to_string(end.cd_limit),
                 end.cd_limit);
   }
   if (end.entries > limits.max_zip_entries || end.entries > kMax32) {
@@ -561,8 +552,7 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
     z.entries_.reserve(static_cast<std::size_t>(end.entries));
   } catch (const std::bad_alloc&) {
     return fail(ErrorCode::kLimitExceeded,
-                "out of memory for " + std::to_string(end.entries) + " central directory entries",
-                end.cd_offset);
+                "out of memory for " + std::to_string(end.entries) + " central directory entries", end.cd_offset);
   }
 
   // Grammar item 3: central directory entries.
@@ -571,13 +561,12 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
   for (std::uint64_t i = 0; i < end.entries; ++i) {
     if (cd_end - p < kCentralHeaderSize) {
       return fail(ErrorCode::kMalformed,
-                  "central directory ends inside entry #" + std::to_string(i) + " (" +
-                      std::to_string(cd_end - p) + " bytes left)",
+                  "central directory ends inside entry #" + std::to_string(i) + " (" + std::to_string(cd_end - p) +
+                      " bytes left)",
                   p);
     }
     if (le32(file, p) != kSigCentral) {
-      return fail(ErrorCode::kMalformed, "bad central directory signature for entry #" + std::to_string(i),
-                  p);
+      return fail(ErrorCode::kMalformed, "bad central directory signature for entry #" + std::to_string(i), p);
     }
     ZipEntry e{};
     e.flags = le16(file, p + 8);
@@ -592,36 +581,32 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
     e.local_header_offset = le32(file, p + 42);
     e.index = static_cast<std::uint32_t>(i);
     if (name_len > limits.max_zip_name_bytes) {
-      return fail(
-          ErrorCode::kLimitExceeded,
-          "entry #" + std::to_string(i) + " has a name of " + std::to_string(name_len) +
-              " bytes, above limits.max_zip_name_bytes = " + std::to_string(limits.max_zip_name_bytes),
-          p);
+      return fail(ErrorCode::kLimitExceeded,
+                  "entry #" + std::to_string(i) + " has a name of " + std::to_string(name_len) +
+                      " bytes, above limits.max_zip_name_bytes = " + std::to_string(limits.max_zip_name_bytes),
+                  p);
     }
     const std::uint64_t var_len = name_len + extra_len + comment_len;
     if (var_len > cd_end - p - kCentralHeaderSize) {
-      return fail(
-          ErrorCode::kMalformed,
-          "central directory entry #" + std::to_string(i) + " runs past the end of the central directory", p);
+      return fail(ErrorCode::kMalformed,
+                  "central directory entry #" + std::to_string(i) + " runs past the end of the central directory", p);
     }
     e.name = std::string(as_chars(file.subspan(p + kCentralHeaderSize, name_len)));
     const std::uint64_t extra_at = p + kCentralHeaderSize + name_len;
     SAFECKPT_CHECK(read_central_extra(file.subspan(extra_at, extra_len), e.uncompressed_size == kMax32,
-                                      e.compressed_size == kMax32, e.local_header_offset == kMax32,
-                                      e.uncompressed_size, e.compressed_size, e.local_header_offset, e.name,
-                                      extra_at));
+                                      e.compressed_size == kMax32, e.local_header_offset == kMax32, e.uncompressed_size,
+                                      e.compressed_size, e.local_header_offset, e.name, extra_at));
     if (disk_start != 0) {
-      return fail(ErrorCode::kUnsupported,
-                  "entry " + quote_name(e.name) + " starts on disk " + std::to_string(disk_start) +
-                      " (multi-disk archive)",
-                  p, e.name);
+      return fail(
+          ErrorCode::kUnsupported,
+          "entry " + quote_name(e.name) + " starts on disk " + std::to_string(disk_start) + " (multi-disk archive)", p,
+          e.name);
     }
     // miniz refuses both at open; deflate cannot encode N > 0 bytes in 0.
     if (e.method == kMethodStored && e.compressed_size != e.uncompressed_size) {
       return fail(ErrorCode::kMalformed,
-                  "stored entry " + quote_name(e.name) + " has compressed size " +
-                      std::to_string(e.compressed_size) + " != uncompressed size " +
-                      std::to_string(e.uncompressed_size),
+                  "stored entry " + quote_name(e.name) + " has compressed size " + std::to_string(e.compressed_size) +
+                      " != uncompressed size " + std::to_string(e.uncompressed_size),
                   p, e.name);
     }
     if (e.compressed_size == 0 && e.uncompressed_size != 0) {
@@ -676,17 +661,15 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
     if (local_name_len + local_extra_len > end.cd_offset - header_end) {
       return fail(ErrorCode::kMalformed,
                   "local header of " + quote_name(e.name) + " (name " + std::to_string(local_name_len) +
-                      " bytes, extra " + std::to_string(local_extra_len) +
-                      " bytes) runs into the central directory",
+                      " bytes, extra " + std::to_string(local_extra_len) + " bytes) runs into the central directory",
                   lho, e.name);
     }
     e.data_offset = header_end + local_name_len + local_extra_len;
     if (!in_bounds(end.cd_offset, e.data_offset, e.compressed_size)) {
       return fail(ErrorCode::kMalformed,
-                  "record " + quote_name(e.name) + " of " + std::to_string(e.compressed_size) +
-                      " bytes at offset " + std::to_string(e.data_offset) +
-                      " runs past the start of the central directory at " + std::to_string(end.cd_offset) +
-                      " (file size " + std::to_string(size) + ")",
+                  "record " + quote_name(e.name) + " of " + std::to_string(e.compressed_size) + " bytes at offset " +
+                      std::to_string(e.data_offset) + " runs past the start of the central directory at " +
+                      std::to_string(end.cd_offset) + " (file size " + std::to_string(size) + ")",
                   e.data_offset, e.name);
     }
     // CVE-2025-1944: CPython's zipfile refuses a name mismatch, PyTorch
@@ -707,8 +690,7 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
     if (central_bad != 0 || local_bad != 0) {
       std::string detail;
       if (central_bad != 0) detail += "central flags " + flag_names(central_bad);
-      if (local_bad != 0)
-        detail += std::string(detail.empty() ? "" : "; ") + "local flags " + flag_names(local_bad);
+      if (local_bad != 0) detail += std::string(detail.empty() ? "" : "; ") + "local flags " + flag_names(local_bad);
       z.anomalies_.push_back(
           {ZipAnomalyKind::kFlagBits, e.name, lho,
            detail + "; PyTorch ignores flag bits, other readers refuse the entry or decode it differently"});
@@ -764,11 +746,11 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
     const ZipEntry& e = z.entries_[idx];
     const std::uint64_t data_end = e.data_offset + e.compressed_size;
     if (furthest != nullptr && e.local_header_offset < covered) {
-      z.anomalies_.push_back(
-          {ZipAnomalyKind::kOverlap, e.name, e.local_header_offset,
-           "record [" + std::to_string(e.local_header_offset) + ", " + std::to_string(data_end) +
-               ") overlaps record " + quote_name(furthest->name) + " [" +
-               std::to_string(furthest->local_header_offset) + ", " + std::to_string(covered) + ")"});
+      z.anomalies_.push_back({ZipAnomalyKind::kOverlap, e.name, e.local_header_offset,
+                              "record [" + std::to_string(e.local_header_offset) + ", " + std::to_string(data_end) +
+                                  ") overlaps record " + quote_name(furthest->name) + " [" +
+                                  std::to_string(furthest->local_header_offset) + ", " + std::to_string(covered) +
+                                  ")"});
     } else if (e.local_header_offset > accounted) {
       z.anomalies_.push_back({ZipAnomalyKind::kGapData, e.name, accounted,
                               std::to_string(e.local_header_offset - accounted) +
@@ -783,16 +765,14 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
     accounted = std::max(accounted, end_with_descriptor);
   }
   if (accounted < end.cd_offset) {
-    z.anomalies_.push_back(
-        {ZipAnomalyKind::kGapData, "", accounted,
-         std::to_string(end.cd_offset - accounted) +
-             " bytes between the last record and the central directory belong to no record"});
+    z.anomalies_.push_back({ZipAnomalyKind::kGapData, "", accounted,
+                            std::to_string(end.cd_offset - accounted) +
+                                " bytes between the last record and the central directory belong to no record"});
   }
   if (cd_end < end.cd_limit) {
-    z.anomalies_.push_back(
-        {ZipAnomalyKind::kGapData, "", cd_end,
-         std::to_string(end.cd_limit - cd_end) +
-             " bytes between the central directory and the end of central directory record"});
+    z.anomalies_.push_back({ZipAnomalyKind::kGapData, "", cd_end,
+                            std::to_string(end.cd_limit - cd_end) +
+                                " bytes between the central directory and the end of central directory record"});
   }
   return z;
 }
@@ -821,19 +801,17 @@ int compare_under_root(std::string_view name, std::string_view root, std::string
 }  // namespace
 
 const ZipEntry* ZipArchive::find(std::string_view name_under_root) const {
-  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), name_under_root,
-                             [&](std::uint32_t i, std::string_view n) {
-                               return compare_under_root(entries_[i].name, root_, n) < 0;
-                             });
-  if (it == sorted_.end() || compare_under_root(entries_[*it].name, root_, name_under_root) != 0)
-    return nullptr;
+  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), name_under_root, [&](std::uint32_t i, std::string_view n) {
+    return compare_under_root(entries_[i].name, root_, n) < 0;
+  });
+  if (it == sorted_.end() || compare_under_root(entries_[*it].name, root_, name_under_root) != 0) return nullptr;
   return &entries_[*it];
 }
 
 Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const try {
   if (!in_bounds(file_.size(), e.data_offset, e.compressed_size)) {
-    return fail(ErrorCode::kInvalidArgument,
-                "entry " + quote_name(e.name) + " does not belong to this archive", e.data_offset, e.name);
+    return fail(ErrorCode::kInvalidArgument, "entry " + quote_name(e.name) + " does not belong to this archive",
+                e.data_offset, e.name);
   }
   const Bytes raw = file_.subspan(e.data_offset, e.compressed_size);
   RecordBytes r;
@@ -853,15 +831,14 @@ Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const t
     const std::uint32_t actual = crc32_update(0, r.bytes);
     if (actual != e.crc32) {
       return fail(ErrorCode::kMalformed,
-                  "CRC-32 mismatch in record " + quote_name(e.name) + ": central directory says " +
-                      hex32(e.crc32) + ", data has " + hex32(actual),
+                  "CRC-32 mismatch in record " + quote_name(e.name) + ": central directory says " + hex32(e.crc32) +
+                      ", data has " + hex32(actual),
                   e.data_offset, e.name);
     }
   }
   return r;
 } catch (const std::bad_alloc&) {
-  return fail(ErrorCode::kLimitExceeded, "out of memory reading record " + std::string(e.name), e.data_offset,
-              e.name);
+  return fail(ErrorCode::kLimitExceeded, "out of memory reading record " + std::string(e.name), e.data_offset, e.name);
 }
 
 Status ZipArchive::require_no_anomalies() const {

@@ -43,7 +43,7 @@ std::uint32_t crc32_zlib(std::uint32_t crc, const std::uint8_t* data, std::size_
 // *inverted* running value (zlib's internal register). Returns the inverted
 // register.
 __attribute__((target("pclmul,sse4.1"))) std::uint32_t crc32_fold_pclmul(const std::uint8_t* buf, std::size_t len,
-                                                                          std::uint32_t crc) noexcept {
+                                                                         std::uint32_t crc) noexcept {
   // k1 = x^(4*128+32) mod P, k2 = x^(4*128-32) mod P (fold by 512 bits);
   // k3 = x^(128+32) mod P, k4 = x^(128-32) mod P (fold by 128 bits);
   // k5 = x^64 mod P; poly = P' (reflected, 33 bits) and mu = x^64 / P.

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "safeckpt/cuda.hpp"
 
@@ -43,8 +43,8 @@ Status fill_tensor(const TensorView& v, DLTensor& t, std::int64_t* shape, std::i
   if (v.shape.size() > kMaxRank)
     return make_error(ErrorCode::kInvalidArgument, "tensor rank " + std::to_string(v.shape.size()) + " exceeds 64");
   if (v.shape.size() != v.strides.size())
-    return make_error(ErrorCode::kInvalidArgument, "shape has " + std::to_string(v.shape.size()) + " dims but strides has " +
-                                                       std::to_string(v.strides.size()));
+    return make_error(ErrorCode::kInvalidArgument, "shape has " + std::to_string(v.shape.size()) +
+                                                       " dims but strides has " + std::to_string(v.strides.size()));
   if (v.storage_offset < 0)
     return make_error(ErrorCode::kInvalidArgument, "negative storage_offset " + std::to_string(v.storage_offset));
   const std::uint64_t itemsize = dtype_size(v.dtype);
@@ -69,7 +69,8 @@ Status fill_tensor(const TensorView& v, DLTensor& t, std::int64_t* shape, std::i
     if (__builtin_add_overflow(last, 1, &need) || __builtin_mul_overflow(need, itemsize, &need))
       return make_error(ErrorCode::kMalformed, "view extent overflows 64 bits");
     if (need > v.storage_nbytes)
-      return make_error(ErrorCode::kMalformed, "view needs " + std::to_string(need) + " bytes of its storage but it has " +
+      return make_error(ErrorCode::kMalformed, "view needs " + std::to_string(need) +
+                                                   " bytes of its storage but it has " +
                                                    std::to_string(v.storage_nbytes));
     if (v.storage_data == nullptr)
       return make_error(ErrorCode::kInvalidArgument, "null storage_data for a view with elements");
@@ -143,8 +144,7 @@ Result<DLDataType> dlpack_dtype(DType dtype) {
 
 Result<DLManagedTensorVersioned*> to_dlpack_versioned(const TensorView& view, std::shared_ptr<const void> owner,
                                                       bool read_only) {
-  return make_managed<DLManagedTensorVersioned>(view, std::move(owner),
-                                                read_only ? DLPACK_FLAG_BITMASK_READ_ONLY : 0);
+  return make_managed<DLManagedTensorVersioned>(view, std::move(owner), read_only ? DLPACK_FLAG_BITMASK_READ_ONLY : 0);
 }
 
 Result<DLManagedTensor*> to_dlpack_legacy(const TensorView& view, std::shared_ptr<const void> owner) {

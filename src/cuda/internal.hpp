@@ -1,9 +1,9 @@
 // src/cuda/internal.hpp — pieces shared inside the CUDA layer (not installed).
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 namespace safeckpt::cuda::detail {
 

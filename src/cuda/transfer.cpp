@@ -20,6 +20,7 @@
 // chunk completes and reports it ready. Any error sets `failed`; readers stop
 // claiming, the completion thread drains what was issued, every stream is
 // synchronized, then the arena is freed.
+#include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -41,8 +42,6 @@
 #include <thread>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "cuda/internal.hpp"
 #include "safeckpt/cuda.hpp"
 
@@ -51,7 +50,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::uint64_t kDirectAlign = 4096;   // O_DIRECT offset/length/buffer alignment (safe for 512e/4Kn)
+constexpr std::uint64_t kDirectAlign = 4096;  // O_DIRECT offset/length/buffer alignment (safe for 512e/4Kn)
 constexpr std::uint64_t kMinChunk = 64ull << 10;
 constexpr std::uint64_t kMaxChunk = 1ull << 30;
 constexpr std::uint64_t kMaxRing = 16ull << 30;
@@ -65,10 +64,16 @@ Unexpected device_error(const std::string& what, cudaError_t e) {
   return make_error(ErrorCode::kDevice, what + " failed: " + cuda_message(e));
 }
 
-std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+std::string errno_text(int err) {
+  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+}
 
-constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
-constexpr std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+constexpr std::uint64_t align_down(std::uint64_t v, std::uint64_t a) {
+  return v / a * a;
+}
 
 // Restores the calling thread's current device on scope exit.
 class DeviceGuard {
@@ -150,8 +155,7 @@ double page_cache_residency(const Mapping& map, std::span<const StorageSource> s
   std::uint64_t base = 0;  // bytes of file ranges before sources[si]
   for (int w = 0; w < kWindows; ++w) {
     const std::uint64_t target = total / kWindows * static_cast<std::uint64_t>(w);
-    while (si < sources.size() &&
-           (sources[si].host_bytes != nullptr || base + sources[si].nbytes <= target)) {
+    while (si < sources.size() && (sources[si].host_bytes != nullptr || base + sources[si].nbytes <= target)) {
       if (sources[si].host_bytes == nullptr) base += sources[si].nbytes;
       ++si;
     }
@@ -177,8 +181,8 @@ struct Chunk {
 struct Item {
   std::uint32_t first;  // index into item_chunks
   std::uint32_t count;
-  bool registered;              // kMmapRegister block item
-  std::uint64_t block_begin;    // registered: page-aligned file offset
+  bool registered;            // kMmapRegister block item
+  std::uint64_t block_begin;  // registered: page-aligned file offset
   std::uint64_t block_len;
 };
 
@@ -324,7 +328,7 @@ struct LoadState {
   std::vector<std::uint32_t> item_chunks;
   std::vector<Item> items;
   std::vector<std::uint32_t> chunk_crc;
-  std::vector<std::uint32_t> storage_first_chunk;  // chunks of storage s: [first[s], first[s+1])
+  std::vector<std::uint32_t> storage_first_chunk;           // chunks of storage s: [first[s], first[s+1])
   std::unique_ptr<std::atomic<std::uint32_t>[]> remaining;  // chunks not yet complete, per storage
   std::atomic<std::size_t> next_item{0};
 
@@ -566,7 +570,8 @@ void reader_main(LoadState& st, unsigned reader_index) {
       const std::size_t i = st.next_item.fetch_add(1, std::memory_order_relaxed);
       if (i >= st.items.size()) break;
       const auto idx = static_cast<std::uint32_t>(i);
-      Status s = st.items[i].registered ? run_registered_item(st, idx, stream) : run_staged_item(st, idx, stream, pageable);
+      Status s =
+          st.items[i].registered ? run_registered_item(st, idx, stream) : run_staged_item(st, idx, stream, pageable);
       if (!s) {
         st.fail(std::move(s).error());
         break;
@@ -656,7 +661,10 @@ Status validate_options(const TransferOptions& o) {
   if (o.streams < 1 || o.streams > 64) return bad("streams must be in [1, 64]");
   if (o.device < 0) return bad("device must be >= 0");
   switch (o.io_mode) {
-    case IoMode::kAuto: case IoMode::kPread: case IoMode::kODirect: case IoMode::kMmapRegister: break;
+    case IoMode::kAuto:
+    case IoMode::kPread:
+    case IoMode::kODirect:
+    case IoMode::kMmapRegister: break;
     default: return bad("unknown io_mode");
   }
   return {};
@@ -730,7 +738,9 @@ DeviceArena& DeviceArena::operator=(DeviceArena&& o) noexcept {
   return *this;
 }
 
-DeviceArena::~DeviceArena() { reset(); }
+DeviceArena::~DeviceArena() {
+  reset();
+}
 
 void DeviceArena::reset() noexcept {
   if (base_ != nullptr) {
@@ -748,12 +758,14 @@ void* DeviceArena::storage_data(std::size_t i) const noexcept {
   return static_cast<std::uint8_t*>(base_) + layout_[2 * i];
 }
 
-std::uint64_t DeviceArena::storage_nbytes(std::size_t i) const noexcept { return i < count_ ? layout_[2 * i + 1] : 0; }
+std::uint64_t DeviceArena::storage_nbytes(std::size_t i) const noexcept {
+  return i < count_ ? layout_[2 * i + 1] : 0;
+}
 
 Status DeviceArena::copy_to_host(std::size_t i, std::span<std::uint8_t> out) const {
   if (i >= count_)
-    return make_error(ErrorCode::kInvalidArgument, "storage index " + std::to_string(i) + " out of range (" +
-                                                       std::to_string(count_) + " storages)");
+    return make_error(ErrorCode::kInvalidArgument,
+                      "storage index " + std::to_string(i) + " out of range (" + std::to_string(count_) + " storages)");
   if (out.size() != storage_nbytes(i))
     return make_error(ErrorCode::kInvalidArgument, "copy_to_host: buffer is " + std::to_string(out.size()) +
                                                        " bytes, storage " + std::to_string(i) + " has " +
@@ -774,8 +786,12 @@ TransferEngine::TransferEngine(TransferEngine&&) noexcept = default;
 TransferEngine& TransferEngine::operator=(TransferEngine&&) noexcept = default;
 TransferEngine::~TransferEngine() = default;
 
-const TransferOptions& TransferEngine::options() const noexcept { return impl_->opt; }
-std::uint64_t TransferEngine::pinned_bytes() const noexcept { return impl_->pinned.load(); }
+const TransferOptions& TransferEngine::options() const noexcept {
+  return impl_->opt;
+}
+std::uint64_t TransferEngine::pinned_bytes() const noexcept {
+  return impl_->pinned.load();
+}
 
 Result<TransferEngine> TransferEngine::create(const TransferOptions& options) {
   SAFECKPT_CHECK(validate_options(options));
@@ -826,8 +842,9 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const auto& s = sources[i];
     if (s.swap_unit != 1 && s.swap_unit != 2 && s.swap_unit != 4 && s.swap_unit != 8)
-      return make_error(ErrorCode::kInvalidArgument,
-                        "storage " + std::to_string(i) + ": swap_unit must be 1, 2, 4 or 8, got " + std::to_string(s.swap_unit));
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          "storage " + std::to_string(i) + ": swap_unit must be 1, 2, 4 or 8, got " + std::to_string(s.swap_unit));
     if (s.nbytes % s.swap_unit != 0)
       return make_error(ErrorCode::kInvalidArgument, "storage " + std::to_string(i) + ": " + std::to_string(s.nbytes) +
                                                          " bytes is not a multiple of swap_unit " +
@@ -835,7 +852,8 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     if (s.host_bytes == nullptr && s.nbytes > 0) {
       need_file = true;
       if (s.file_offset > UINT64_MAX - s.nbytes)
-        return make_error(ErrorCode::kInvalidArgument, "storage " + std::to_string(i) + ": file_offset + nbytes overflows");
+        return make_error(ErrorCode::kInvalidArgument,
+                          "storage " + std::to_string(i) + ": file_offset + nbytes overflows");
     }
   }
 
@@ -844,12 +862,11 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
   Mapping map;
   st.mode = eng.opt.io_mode;
   if (need_file) {
-    if (file.empty())
-      return make_error(ErrorCode::kInvalidArgument, "a storage is a file range but no file was given");
+    if (file.empty()) return make_error(ErrorCode::kInvalidArgument, "a storage is a file range but no file was given");
     fd = Fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0)
       return make_error(ErrorCode::kIo, "open " + file.string() + ": " + errno_text(errno), Location{file.string()});
-    struct stat sb{};
+    struct stat sb {};
     if (::fstat(fd.get(), &sb) != 0)
       return make_error(ErrorCode::kIo, "fstat " + file.string() + ": " + errno_text(errno), Location{file.string()});
     if (!S_ISREG(sb.st_mode))
@@ -866,8 +883,7 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
                           Location{file.string(), s.file_offset, {}});
     }
     const bool want_map = st.mode == IoMode::kAuto || st.mode == IoMode::kMmapRegister;
-    if (want_map && !map.map(fd.get(), st.file_size) && st.mode == IoMode::kMmapRegister)
-      st.mode = IoMode::kPread;
+    if (want_map && !map.map(fd.get(), st.file_size) && st.mode == IoMode::kMmapRegister) st.mode = IoMode::kPread;
     if (st.mode == IoMode::kMmapRegister && !eng.can_register_read_only) st.mode = IoMode::kPread;
     if (st.mode == IoMode::kMmapRegister) {
       // Some kernels / file systems refuse to pin file pages; find out with
@@ -915,8 +931,8 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
   for (std::size_t i = 0; i < n; ++i) {
     st.storage_first_chunk[i] = static_cast<std::uint32_t>(st.chunks.size());
     const auto& s = sources[i];
-    const bool registered = st.mode == IoMode::kMmapRegister && s.host_bytes == nullptr &&
-                            s.file_offset % s.swap_unit == 0;
+    const bool registered =
+        st.mode == IoMode::kMmapRegister && s.host_bytes == nullptr && s.file_offset % s.swap_unit == 0;
     // Registered storages are cut at block boundaries (file offsets), staged
     // ones every `chunk` bytes from their start.
     const std::uint64_t block = 4 * chunk;
@@ -966,8 +982,7 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
       }
       by_block.emplace_back(k.block, k.chunk);
     }
-    std::stable_sort(by_block.begin(), by_block.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(by_block.begin(), by_block.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     const std::uint64_t mapped_end = align_up(st.file_size, kDirectAlign);
     for (std::size_t j = 0; j < by_block.size();) {
       std::size_t k = j;
@@ -1000,7 +1015,8 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     void* base = nullptr;
     if (cudaError_t e = cudaMalloc(&base, total); e != cudaSuccess) {
       (void)cudaGetLastError();
-      return device_error("cudaMalloc of " + std::to_string(total) + " bytes for " + std::to_string(n) + " storages", e);
+      return device_error("cudaMalloc of " + std::to_string(total) + " bytes for " + std::to_string(n) + " storages",
+                          e);
     }
     arena.base_ = base;
     arena.size_ = total;

@@ -19,19 +19,24 @@
 namespace safeckpt {
 namespace {
 
-Unexpected unsupported(std::string msg) { return make_error(ErrorCode::kUnsupported, "safetensors: " + std::move(msg)); }
+Unexpected unsupported(std::string msg) {
+  return make_error(ErrorCode::kUnsupported, "safetensors: " + std::move(msg));
+}
 
 std::string json_quote(std::string_view s) {
   static const char* hex = "0123456789abcdef";
   std::string out = "\"";
   for (unsigned char c : s) {
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
+    if (c == '"')
+      out += "\\\"";
+    else if (c == '\\')
+      out += "\\\\";
     else if (c < 0x20) {
       out += "\\u00";
       out.push_back(hex[c >> 4]);
       out.push_back(hex[c & 15]);
-    } else out.push_back(static_cast<char>(c));
+    } else
+      out.push_back(static_cast<char>(c));
   }
   return out + "\"";
 }
@@ -60,8 +65,10 @@ Encoded encode(const ValueArena& a, NodeId root, std::uint64_t budget) {
       case Kind::kBigInt: e.text += n.text; return true;
       case Kind::kFloat: {
         std::string r = python_float_repr(n.re);
-        if (r == "nan" || r == "inf" || r == "-inf") e.text += json_quote(r);
-        else e.text += r;
+        if (r == "nan" || r == "inf" || r == "-inf")
+          e.text += json_quote(r);
+        else
+          e.text += r;
         return true;
       }
       case Kind::kStr:
@@ -108,8 +115,10 @@ Encoded encode(const ValueArena& a, NodeId root, std::uint64_t budget) {
     if (f.next > 0) e.text.push_back(',');
     if (is_dict) {
       const Node& k = a[n.items[f.next]];
-      if (k.kind == Kind::kStr) e.text += json_quote(k.text);
-      else if (k.kind == Kind::kInt) e.text += json_quote(std::to_string(k.i));
+      if (k.kind == Kind::kStr)
+        e.text += json_quote(k.text);
+      else if (k.kind == Kind::kInt)
+        e.text += json_quote(std::to_string(k.i));
       else {
         e.unrepresentable = "dict key of type " + std::string(kind_name(k.kind));
         return e;
@@ -149,12 +158,16 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
     }
     tensor_name.emplace(ti, name);
     const TensorInfo& t = ckpt.tensors()[ti];
-    if (t.layout != Layout::kStrided) return unsupported("\"" + name + "\" is a sparse tensor; safetensors holds dense tensors only");
+    if (t.layout != Layout::kStrided)
+      return unsupported("\"" + name + "\" is a sparse tensor; safetensors holds dense tensors only");
     if (t.is_meta) return unsupported("\"" + name + "\" is a meta tensor (no data)");
-    if (dtype_is_quantized(t.dtype)) return unsupported("\"" + name + "\" is a quantized tensor; safetensors has no quantized dtypes");
+    if (dtype_is_quantized(t.dtype))
+      return unsupported("\"" + name + "\" is a quantized tensor; safetensors has no quantized dtypes");
     if (t.conj || t.neg) return unsupported("\"" + name + "\" has a lazy conj/neg bit; resolve it before converting");
     std::string_view st = safetensors_dtype_name(t.dtype);
-    if (st.empty()) return unsupported("\"" + name + "\" has dtype " + std::string(dtype_name(t.dtype)) + ", which safetensors lacks");
+    if (st.empty())
+      return unsupported("\"" + name + "\" has dtype " + std::string(dtype_name(t.dtype)) +
+                         ", which safetensors lacks");
     if (t.storage >= ckpt.storages().size()) return make_error(ErrorCode::kInternal, "tensor without storage");
     SafetensorsEntry e;
     e.name = name;
@@ -247,10 +260,13 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
         std::string key;
         if (is_dict) {
           const Node& k = a[n.items[i]];
-          if (k.kind == Kind::kStr) key = k.text;
-          else if (k.kind == Kind::kInt) key = std::to_string(k.i);
-          else return unsupported("dict key of type " + std::string(kind_name(k.kind)) + " under \"" + f.name +
-                                  "\" cannot name a safetensors entry");
+          if (k.kind == Kind::kStr)
+            key = k.text;
+          else if (k.kind == Kind::kInt)
+            key = std::to_string(k.i);
+          else
+            return unsupported("dict key of type " + std::string(kind_name(k.kind)) + " under \"" + f.name +
+                               "\" cannot name a safetensors entry");
         } else {
           key = std::to_string(i);
         }

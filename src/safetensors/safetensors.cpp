@@ -58,7 +58,9 @@ const StDtype* find_dtype(std::string_view name) {
   return nullptr;
 }
 
-Unexpected malformed(std::string msg) { return make_error(ErrorCode::kMalformed, "safetensors: " + std::move(msg)); }
+Unexpected malformed(std::string msg) {
+  return make_error(ErrorCode::kMalformed, "safetensors: " + std::move(msg));
+}
 
 bool valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -72,10 +74,14 @@ bool valid_utf8(std::string_view s) {
     }
     std::size_t len;
     std::uint32_t cp;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
-    else return false;
+    if ((c & 0xE0) == 0xC0)
+      len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+      len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+      len = 4, cp = c & 0x07;
+    else
+      return false;
     if (i + len > n) return false;
     for (std::size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xC0) != 0x80) return false;
@@ -114,14 +120,17 @@ int safetensors_dtype_rank(std::string_view name) noexcept {
   return -1;
 }
 
-bool st_valid_utf8(std::string_view s) { return valid_utf8(s); }
+bool st_valid_utf8(std::string_view s) {
+  return valid_utf8(s);
+}
 
 // Parses JSON text refusing duplicate keys (at every level) and nesting
 // deeper than `max_depth`. Throws nothing; kMalformed on any problem.
 Result<json> parse_strict_json(std::string_view text, std::size_t max_depth, std::string_view what) {
   std::vector<std::unordered_set<std::string>> keys;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
-    if (static_cast<std::size_t>(depth) > max_depth) throw JsonReject{"nesting deeper than " + std::to_string(max_depth)};
+    if (static_cast<std::size_t>(depth) > max_depth)
+      throw JsonReject{"nesting deeper than " + std::to_string(max_depth)};
     switch (ev) {
       case json::parse_event_t::object_start: keys.emplace_back(); break;
       case json::parse_event_t::object_end:
@@ -149,7 +158,8 @@ Result<json> parse_strict_json(std::string_view text, std::size_t max_depth, std
 
 Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const SafetensorsOptions& opt) {
   const Bytes b = f.bytes_;
-  if (b.size() < 8) return malformed("file of " + std::to_string(b.size()) + " bytes is shorter than the 8-byte header length");
+  if (b.size() < 8)
+    return malformed("file of " + std::to_string(b.size()) + " bytes is shorter than the 8-byte header length");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | b[static_cast<std::size_t>(i)];
   if (n > opt.max_header_bytes)
@@ -203,16 +213,18 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
     if (!d) return malformed(where("unknown dtype \"" + t.dtype + "\""));
     const json& shape = v["shape"];
     if (shape.size() > opt.limits.max_tensor_rank)
-      return make_error(ErrorCode::kLimitExceeded, "safetensors: " + where("rank " + std::to_string(shape.size()) +
-                                                                          " exceeds max_tensor_rank"));
+      return make_error(ErrorCode::kLimitExceeded,
+                        "safetensors: " + where("rank " + std::to_string(shape.size()) + " exceeds max_tensor_rank"));
     std::uint64_t numel = 1;
     bool overflow = false;
     for (const json& dim : shape) {
       if (!dim.is_number_unsigned()) return malformed(where("shape entries must be non-negative integers"));
       auto x = dim.get<std::uint64_t>();
       t.shape.push_back(x);
-      if (x != 0 && numel > std::numeric_limits<std::uint64_t>::max() / x) overflow = true;
-      else numel *= x;
+      if (x != 0 && numel > std::numeric_limits<std::uint64_t>::max() / x)
+        overflow = true;
+      else
+        numel *= x;
     }
     for (auto x : t.shape)
       if (x == 0) numel = 0, overflow = false;
@@ -228,8 +240,8 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
     t.end = off[1].get<std::uint64_t>();
     if (t.end < t.begin) return malformed(where("data_offsets end < begin"));
     if (t.end - t.begin != bits / 8)
-      return malformed(where("data_offsets span " + std::to_string(t.end - t.begin) + " bytes but dtype and shape need " +
-                             std::to_string(bits / 8)));
+      return malformed(where("data_offsets span " + std::to_string(t.end - t.begin) +
+                             " bytes but dtype and shape need " + std::to_string(bits / 8)));
     if (t.end > data_size)
       return malformed(where("data_offsets end " + std::to_string(t.end) + " is past the data section of " +
                              std::to_string(data_size) + " bytes"));
@@ -244,8 +256,9 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
   std::uint64_t cursor = 0;
   for (const auto& t : ts) {
     if (t.begin != cursor)
-      return malformed("tensor \"" + t.name + "\" starts at " + std::to_string(t.begin) + " but the previous data ends at " +
-                       std::to_string(cursor) + (t.begin < cursor ? " (overlap)" : " (gap)"));
+      return malformed("tensor \"" + t.name + "\" starts at " + std::to_string(t.begin) +
+                       " but the previous data ends at " + std::to_string(cursor) +
+                       (t.begin < cursor ? " (overlap)" : " (gap)"));
     cursor = t.end;
   }
   if (cursor != data_size)
@@ -277,7 +290,8 @@ Result<SafetensorsFile> SafetensorsFile::parse(Bytes data, const SafetensorsOpti
   return validate(std::move(f), options);
 }
 
-Result<SafetensorsFile> SafetensorsFile::parse_buffer(std::vector<std::uint8_t> data, const SafetensorsOptions& options) {
+Result<SafetensorsFile> SafetensorsFile::parse_buffer(std::vector<std::uint8_t> data,
+                                                      const SafetensorsOptions& options) {
   SafetensorsFile f;
   f.file_ = MappedFile::from_buffer(std::move(data));
   f.bytes_ = f.file_.bytes();
@@ -289,8 +303,8 @@ Result<SafetensorsFile> SafetensorsFile::parse_buffer(std::vector<std::uint8_t> 
 Status add_safetensors_tensor(CheckpointBuilder& b, const SafetensorsTensor& t, NodeId& out) {
   auto d = dtype_from_safetensors(t.dtype);
   if (!d)
-    return make_error(ErrorCode::kUnsupported,
-                      "safetensors: tensor \"" + t.name + "\" has dtype " + t.dtype + ", which PyTorch has no dtype for");
+    return make_error(ErrorCode::kUnsupported, "safetensors: tensor \"" + t.name + "\" has dtype " + t.dtype +
+                                                   ", which PyTorch has no dtype for");
   std::vector<std::int64_t> shape;
   for (auto x : t.shape) {
     if (x > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
@@ -346,7 +360,8 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const Sa
   if (!valid_utf8(text)) return malformed("index is not valid UTF-8");
   SAFECKPT_TRY(json root, parse_strict_json(text, 64, "index"));
   if (!root.is_object()) return malformed("index is not a JSON object");
-  if (!root.contains("weight_map") || !root["weight_map"].is_object()) return malformed("index has no weight_map object");
+  if (!root.contains("weight_map") || !root["weight_map"].is_object())
+    return malformed("index has no weight_map object");
   SafetensorsIndex idx;
   if (root.contains("metadata")) idx.metadata_json = root["metadata"].dump();
   std::unordered_set<std::string> seen;

@@ -9,7 +9,9 @@
 namespace safeckpt {
 namespace {
 
-Unexpected invalid(std::string msg) { return make_error(ErrorCode::kInvalidArgument, "safetensors: " + std::move(msg)); }
+Unexpected invalid(std::string msg) {
+  return make_error(ErrorCode::kInvalidArgument, "safetensors: " + std::move(msg));
+}
 
 // serde_json's string escaping: \" \\ \b \f \n \r \t, other controls as
 // \u00xx (lower-case hex); everything else, non-ASCII included, verbatim.
@@ -53,9 +55,12 @@ Result<std::vector<std::uint8_t>> safetensors_header(std::vector<SafetensorsEntr
     std::uint64_t numel = 1;
     bool zero = false;
     for (auto d : e.shape) {
-      if (d == 0) zero = true;
-      else if (numel > std::numeric_limits<std::uint64_t>::max() / d) return invalid("shape of \"" + e.name + "\" overflows");
-      else numel *= d;
+      if (d == 0)
+        zero = true;
+      else if (numel > std::numeric_limits<std::uint64_t>::max() / d)
+        return invalid("shape of \"" + e.name + "\" overflows");
+      else
+        numel *= d;
     }
     if (zero) numel = 0;
     if (numel > std::numeric_limits<std::uint64_t>::max() / bits || (numel * bits) % 8 != 0 ||
@@ -123,9 +128,9 @@ Status stream(const std::function<Status(Bytes)>& write, std::vector<Safetensors
 }
 }  // namespace
 
-Result<std::vector<std::uint8_t>> serialize_safetensors(std::vector<SafetensorsEntry> entries,
-                                                        const std::vector<std::pair<std::string, std::string>>& metadata,
-                                                        bool with_metadata) {
+Result<std::vector<std::uint8_t>> serialize_safetensors(
+    std::vector<SafetensorsEntry> entries, const std::vector<std::pair<std::string, std::string>>& metadata,
+    bool with_metadata) {
   std::vector<std::uint8_t> out;
   SAFECKPT_CHECK(stream(
       [&out](Bytes b) -> Status {

@@ -4,12 +4,13 @@
 #include <algorithm>
 #include <limits>
 
-
 namespace safeckpt {
 
 namespace {
 
-Unexpected invalid(std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); }
+Unexpected invalid(std::string msg) {
+  return make_error(ErrorCode::kInvalidArgument, std::move(msg));
+}
 
 bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return true;
@@ -20,8 +21,8 @@ bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
 }  // namespace
 
 std::optional<std::uint64_t> strided_extent_bytes(const std::vector<std::int64_t>& shape,
-                                                  const std::vector<std::int64_t>& stride,
-                                                  std::int64_t storage_offset, std::uint32_t element_size) {
+                                                  const std::vector<std::int64_t>& stride, std::int64_t storage_offset,
+                                                  std::uint32_t element_size) {
   if (shape.size() != stride.size() || storage_offset < 0) return std::nullopt;
   bool empty = false;
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -67,9 +68,13 @@ bool is_c_contiguous(const std::vector<std::int64_t>& shape, const std::vector<s
   return true;
 }
 
-CheckpointBuilder::CheckpointBuilder(MappedFile file) { *ckpt_.file_ = std::move(file); }
+CheckpointBuilder::CheckpointBuilder(MappedFile file) {
+  *ckpt_.file_ = std::move(file);
+}
 
-NodeId CheckpointBuilder::none() { return add(Node{}); }
+NodeId CheckpointBuilder::none() {
+  return add(Node{});
+}
 NodeId CheckpointBuilder::boolean(bool v) {
   Node n;
   n.kind = Kind::kBool;
@@ -121,7 +126,7 @@ NodeId CheckpointBuilder::device(std::string_view device) {
 }
 
 Result<std::uint32_t> CheckpointBuilder::add_storage_impl(DType dtype, Bytes bytes, std::string location,
-                                                    std::uint64_t file_offset) {
+                                                          std::uint64_t file_offset) {
   if (dtype >= DType::kCount_) return invalid("add_storage: invalid dtype");
   const std::uint32_t es = dtype_size(dtype);
   if (bytes.size() % es != 0)
@@ -142,7 +147,8 @@ Result<std::uint32_t> CheckpointBuilder::add_storage_impl(DType dtype, Bytes byt
   return index;
 }
 
-Result<std::uint32_t> CheckpointBuilder::add_storage(DType dtype, std::vector<std::uint8_t> bytes, std::string location) {
+Result<std::uint32_t> CheckpointBuilder::add_storage(DType dtype, std::vector<std::uint8_t> bytes,
+                                                     std::string location) {
   auto buf = std::make_shared<std::vector<std::uint8_t>>(std::move(bytes));
   Bytes view(buf->data(), buf->size());
   SAFECKPT_TRY(std::uint32_t idx, add_storage_impl(dtype, view, std::move(location), Location::kNoOffset));
@@ -151,11 +157,13 @@ Result<std::uint32_t> CheckpointBuilder::add_storage(DType dtype, std::vector<st
 }
 
 Result<std::uint32_t> CheckpointBuilder::add_storage_borrowed(DType dtype, Bytes bytes, std::string location,
-                                                        std::uint64_t file_offset) {
+                                                              std::uint64_t file_offset) {
   return add_storage_impl(dtype, bytes, std::move(location), file_offset);
 }
 
-StorageInfo& CheckpointBuilder::storage(std::uint32_t index) { return ckpt_.storages_.at(index); }
+StorageInfo& CheckpointBuilder::storage(std::uint32_t index) {
+  return ckpt_.storages_.at(index);
+}
 
 void CheckpointBuilder::keep_alive(std::shared_ptr<const void> owner) {
   // Checkpoint keeps owners as shared_ptr<vector<uint8_t>>; the aliasing
@@ -210,7 +218,7 @@ Result<NodeId> CheckpointBuilder::add_tensor(TensorInfo t) {
 }
 
 Result<NodeId> CheckpointBuilder::add_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint32_t storage,
-                                       std::int64_t storage_offset, std::vector<std::int64_t> stride) {
+                                             std::int64_t storage_offset, std::vector<std::int64_t> stride) {
   TensorInfo t;
   t.dtype = dtype;
   t.shape = std::move(shape);
@@ -268,7 +276,7 @@ Result<std::uint64_t> state_dict_nbytes(DType dtype, const std::vector<std::int6
 }  // namespace
 
 Status CheckpointBuilder::add_state_dict_tensor(std::string_view name, DType dtype, std::vector<std::int64_t> shape,
-                                          std::vector<std::uint8_t> bytes, bool parameter) {
+                                                std::vector<std::uint8_t> bytes, bool parameter) {
   SAFECKPT_CHECK(state_dict_nbytes(dtype, shape, bytes.size()));
   SAFECKPT_TRY(std::uint32_t s, add_storage(dtype, std::move(bytes)));
   TensorInfo t;
@@ -281,7 +289,7 @@ Status CheckpointBuilder::add_state_dict_tensor(std::string_view name, DType dty
 }
 
 Status CheckpointBuilder::add_state_dict_tensor_borrowed(std::string_view name, DType dtype,
-                                                   std::vector<std::int64_t> shape, Bytes bytes, bool parameter) {
+                                                         std::vector<std::int64_t> shape, Bytes bytes, bool parameter) {
   SAFECKPT_CHECK(state_dict_nbytes(dtype, shape, bytes.size()));
   SAFECKPT_TRY(std::uint32_t s, add_storage_borrowed(dtype, bytes));
   TensorInfo t;
@@ -300,7 +308,8 @@ Result<Checkpoint> CheckpointBuilder::finish() && {
   for (std::size_t id = 0; id < nn; ++id) {
     const Node& n = a[static_cast<NodeId>(id)];
     for (NodeId c : n.items)
-      if (c != kNoNode && c >= nn) return invalid("CheckpointBuilder::finish: node " + std::to_string(id) + " refers to a missing node");
+      if (c != kNoNode && c >= nn)
+        return invalid("CheckpointBuilder::finish: node " + std::to_string(id) + " refers to a missing node");
     if (n.attrs != kNoNode && n.attrs >= nn) return invalid("CheckpointBuilder::finish: bad attrs node");
     if (n.kind == Kind::kTensor && (n.i < 0 || static_cast<std::uint64_t>(n.i) >= ckpt_.tensors_.size()))
       return invalid("CheckpointBuilder::finish: tensor node with no tensor");

@@ -33,12 +33,16 @@ constexpr std::uint8_t kMark = '(', kStop = '.', kBinInt = 'J', kBinInt1 = 'K', 
                        kBinUnicode = 'X', kAppend = 'a', kAppends = 'e', kBinGet = 'h', kLongBinGet = 'j',
                        kEmptyList = ']', kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't',
                        kSetItems = 'u', kEmptyDict = '}', kEmptyTuple = ')', kGlobalOp = 'c', kReduce = 'R',
-                       kBuild = 'b', kBinFloat = 'G', kBinPersId = 'Q', kProto = 0x80, kTuple1 = 0x85,
-                       kTuple2 = 0x86, kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a;
+                       kBuild = 'b', kBinFloat = 'G', kBinPersId = 'Q', kProto = 0x80, kTuple1 = 0x85, kTuple2 = 0x86,
+                       kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a;
 constexpr std::size_t kBatch = 1000;  // pickle._BATCHSIZE
 
-Unexpected unsupported(std::string msg) { return make_error(ErrorCode::kUnsupported, std::move(msg)); }
-Unexpected internal(std::string msg) { return make_error(ErrorCode::kInternal, std::move(msg)); }
+Unexpected unsupported(std::string msg) {
+  return make_error(ErrorCode::kUnsupported, std::move(msg));
+}
+Unexpected internal(std::string msg) {
+  return make_error(ErrorCode::kInternal, std::move(msg));
+}
 
 // Minimal little-endian two's complement of a decimal integer (pickle
 // encode_long). Empty on syntax error.
@@ -79,8 +83,10 @@ std::vector<std::uint8_t> long_bytes_from_decimal(std::string_view dec, bool& ok
   // Trim redundant sign bytes.
   while (mag.size() > 1) {
     std::uint8_t last = mag.back(), prev = mag[mag.size() - 2];
-    if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80))) mag.pop_back();
-    else break;
+    if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80)))
+      mag.pop_back();
+    else
+      break;
   }
   return mag;
 }
@@ -110,18 +116,18 @@ class Pickler {
 
  private:
   enum class Op : std::uint8_t {
-    kNode,          // a value node (a)
-    kTensor,        // tensor index a, full form (with Parameter / state wrappers)
-    kTensorCore,    // tensor index a, plain rebuild call; flag = requires_grad
-    kPid,           // persistent id of storage a
-    kRaw,           // raw bytes in text
-    kStr,           // str literal in text (memoized by content)
-    kLatin1,        // str whose code points are the bytes in text
-    kGlobal,        // GLOBAL text = "module\nname"
-    kInt,           // integer v
-    kMemoNode,      // memoize the top of the stack as node a
-    kMemoTensor,    // memoize the top of the stack as tensor a
-    kLeave,         // node a is finished (for cycle detection)
+    kNode,        // a value node (a)
+    kTensor,      // tensor index a, full form (with Parameter / state wrappers)
+    kTensorCore,  // tensor index a, plain rebuild call; flag = requires_grad
+    kPid,         // persistent id of storage a
+    kRaw,         // raw bytes in text
+    kStr,         // str literal in text (memoized by content)
+    kLatin1,      // str whose code points are the bytes in text
+    kGlobal,      // GLOBAL text = "module\nname"
+    kInt,         // integer v
+    kMemoNode,    // memoize the top of the stack as node a
+    kMemoTensor,  // memoize the top of the stack as tensor a
+    kLeave,       // node a is finished (for cycle detection)
     kLeaveTensor,
   };
   struct Action {
@@ -215,8 +221,10 @@ class Pickler {
       for (int i = 0; i < 8; ++i) b[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i));
       while (b.size() > 1) {
         std::uint8_t last = b.back(), prev = b[b.size() - 2];
-        if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80))) b.pop_back();
-        else break;
+        if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80)))
+          b.pop_back();
+        else
+          break;
       }
       emit(kLong1);
       emit(static_cast<std::uint8_t>(b.size()));
@@ -431,8 +439,10 @@ class Pickler {
         bool ok = false;
         auto b = long_bytes_from_decimal(n.text, ok);
         if (!ok) return internal("save: malformed big integer text");
-        if (b.size() > 255) return unsupported("save: integer wider than 255 bytes needs LONG4, which torch's "
-                                                "weights-only unpickler refuses");
+        if (b.size() > 255)
+          return unsupported(
+              "save: integer wider than 255 bytes needs LONG4, which torch's "
+              "weights-only unpickler refuses");
         emit(kLong1);
         emit(static_cast<std::uint8_t>(b.size()));
         out_.insert(out_.end(), b.begin(), b.end());
@@ -440,7 +450,8 @@ class Pickler {
       }
       case Kind::kFloat: write_float(n.re); return {};
       case Kind::kComplex: {
-        Seq parts{global("__builtin__", "complex"), {Op::kRaw, 0, 0, false, float_bytes(n.re) + float_bytes(n.im)},
+        Seq parts{global("__builtin__", "complex"),
+                  {Op::kRaw, 0, 0, false, float_bytes(n.re) + float_bytes(n.im)},
                   raw(kTuple2)};
         reduce_value(std::move(parts));
         break;
@@ -452,8 +463,7 @@ class Pickler {
         break;
       }
       case Kind::kByteArray: {
-        Seq parts{global("__builtin__", "bytearray"), {Op::kLatin1, 0, 0, false, n.text}, str("latin-1"),
-                  raw(kTuple2)};
+        Seq parts{global("__builtin__", "bytearray"), {Op::kLatin1, 0, 0, false, n.text}, str("latin-1"), raw(kTuple2)};
         reduce_value(std::move(parts));
         break;
       }
@@ -598,8 +608,10 @@ class Pickler {
           return unsupported("save: " + n.text + " (node " + std::to_string(id) +
                              ") is an opaque object the loader kept no arguments for; it cannot be re-pickled");
         Seq parts{{Op::kGlobal, 0, 0, false, m + "\n" + nm}};
-        if (args == kNoNode) parts.push_back(raw(kEmptyTuple));
-        else parts.push_back(node(args));
+        if (args == kNoNode)
+          parts.push_back(raw(kEmptyTuple));
+        else
+          parts.push_back(node(args));
         reduce_value(std::move(parts));
         if (state != kNoNode) {
           seq.push_back(node(state));

@@ -213,9 +213,8 @@ Result<std::vector<std::uint8_t>> save_to_bytes(const Checkpoint& ckpt, const Sa
 Status save(const std::filesystem::path& path, const Checkpoint& ckpt, const SaveOptions& options) {
   SAFECKPT_CHECK(check_options(options));
   const std::string root = options.root_name.empty() ? torch_archive_root(path) : options.root_name;
-  return write_file_atomically(path, options, [&](const std::function<Status(Bytes)>& write) {
-    return write_any(write, ckpt, options, root);
-  });
+  return write_file_atomically(
+      path, options, [&](const std::function<Status(Bytes)>& write) { return write_any(write, ckpt, options, root); });
 }
 
 }  // namespace safeckpt

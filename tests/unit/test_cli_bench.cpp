@@ -4,12 +4,12 @@
 // SAFECKPT_CLI / SAFECKPT_TEST_DATA_DIR override the built-in paths so the
 // binary can run on another machine.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <sys/wait.h>
 
 namespace fs = std::filesystem;
 
@@ -38,7 +38,9 @@ fs::path data_dir() {
   return env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
 }
 
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
 
 }  // namespace
 

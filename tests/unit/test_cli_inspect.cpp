@@ -2,13 +2,13 @@
 // policy / 2 malformed or unreadable, --json equal to the library's tree,
 // --allow files, safetensors files.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"

@@ -7,10 +7,13 @@
 
 #ifndef SAFECKPT_HAVE_CUDA
 
-TEST_CASE("cuda: not built") { MESSAGE("SKIP: safeckpt built without CUDA (SAFECKPT_CUDA=OFF or no toolkit)"); }
+TEST_CASE("cuda: not built") {
+  MESSAGE("SKIP: safeckpt built without CUDA (SAFECKPT_CUDA=OFF or no toolkit)");
+}
 
 #else
 
+#include <cuda_runtime_api.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -25,8 +28,6 @@ TEST_CASE("cuda: not built") { MESSAGE("SKIP: safeckpt built without CUDA (SAFEC
 #include <random>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "safeckpt/cuda.hpp"
 
@@ -77,8 +78,8 @@ std::uint32_t zlib_crc(const std::uint8_t* p, std::size_t n) {
 
 std::vector<std::uint8_t> swapped(const std::uint8_t* p, std::size_t n, std::uint32_t unit) {
   std::vector<std::uint8_t> v(p, p + n);
-  for (std::size_t i = 0; i + unit <= n; i += unit) std::reverse(v.begin() + static_cast<std::ptrdiff_t>(i),
-                                                                  v.begin() + static_cast<std::ptrdiff_t>(i + unit));
+  for (std::size_t i = 0; i + unit <= n; i += unit)
+    std::reverse(v.begin() + static_cast<std::ptrdiff_t>(i), v.begin() + static_cast<std::ptrdiff_t>(i + unit));
   return v;
 }
 
@@ -144,14 +145,22 @@ TEST_CASE("cuda: DLPack dtype codes") {
     std::uint8_t code, bits;
   };
   const Row rows[] = {
-      {DType::kFloat64, kDLFloat, 64},       {DType::kFloat32, kDLFloat, 32},
-      {DType::kFloat16, kDLFloat, 16},       {DType::kBFloat16, kDLBfloat, 16},
-      {DType::kInt64, kDLInt, 64},           {DType::kInt8, kDLInt, 8},
-      {DType::kUInt8, kDLUInt, 8},           {DType::kUInt64, kDLUInt, 64},
-      {DType::kBool, kDLBool, 8},            {DType::kComplex64, kDLComplex, 64},
-      {DType::kComplex128, kDLComplex, 128}, {DType::kComplex32, kDLComplex, 32},
-      {DType::kFloat8_e4m3fn, kDLFloat8_e4m3fn, 8}, {DType::kFloat8_e5m2, kDLFloat8_e5m2, 8},
-      {DType::kFloat8_e4m3fnuz, kDLFloat8_e4m3fnuz, 8}, {DType::kFloat8_e5m2fnuz, kDLFloat8_e5m2fnuz, 8},
+      {DType::kFloat64, kDLFloat, 64},
+      {DType::kFloat32, kDLFloat, 32},
+      {DType::kFloat16, kDLFloat, 16},
+      {DType::kBFloat16, kDLBfloat, 16},
+      {DType::kInt64, kDLInt, 64},
+      {DType::kInt8, kDLInt, 8},
+      {DType::kUInt8, kDLUInt, 8},
+      {DType::kUInt64, kDLUInt, 64},
+      {DType::kBool, kDLBool, 8},
+      {DType::kComplex64, kDLComplex, 64},
+      {DType::kComplex128, kDLComplex, 128},
+      {DType::kComplex32, kDLComplex, 32},
+      {DType::kFloat8_e4m3fn, kDLFloat8_e4m3fn, 8},
+      {DType::kFloat8_e5m2, kDLFloat8_e5m2, 8},
+      {DType::kFloat8_e4m3fnuz, kDLFloat8_e4m3fnuz, 8},
+      {DType::kFloat8_e5m2fnuz, kDLFloat8_e5m2fnuz, 8},
       {DType::kFloat8_e8m0fnu, kDLFloat8_e8m0fnu, 8},
   };
   for (const auto& r : rows) {
@@ -259,55 +268,56 @@ TEST_CASE("cuda: round trip of file ranges in every I/O mode") {
   const std::size_t n = (13 << 20) + 4321;
   TempFile f(n, 11);
   const std::vector<sc::StorageSource> sources = {
-      {0, 0, 1, 0, nullptr},                      // empty
-      {1, 1, 1, 0, nullptr},                      // one byte, odd offset
-      {3, 4097, 1, 0, nullptr},                   // odd size, unaligned
-      {4096, (5 << 20) + 13, 1, 0, nullptr},      // many chunks, aligned start
-      {12345, 3 << 20, 1, 0, nullptr},            // overlaps the previous one
-      {n - 77, 77, 1, 0, nullptr},                // ends at EOF (O_DIRECT tail)
+      {0, 0, 1, 0, nullptr},                  // empty
+      {1, 1, 1, 0, nullptr},                  // one byte, odd offset
+      {3, 4097, 1, 0, nullptr},               // odd size, unaligned
+      {4096, (5 << 20) + 13, 1, 0, nullptr},  // many chunks, aligned start
+      {12345, 3 << 20, 1, 0, nullptr},        // overlaps the previous one
+      {n - 77, 77, 1, 0, nullptr},            // ends at EOF (O_DIRECT tail)
       {(7 << 20) + 1, (6 << 20) - 100, 1, 0, nullptr},
   };
   for (sc::IoMode mode : kModes)
-  for (bool pageable : {false, true}) {
-    CAPTURE(sc::io_mode_name(mode));
-    CAPTURE(pageable);
-    std::vector<std::size_t> ready;
-    std::mutex ready_mu;
-    auto opt = small_options(mode);
-    opt.pageable_staging = pageable;
-    opt.on_storage_ready = [&](std::size_t i) {
-      std::lock_guard<std::mutex> lock(ready_mu);
-      ready.push_back(i);
-    };
-    sc::LoadStats stats;
-    auto arena = sc::load_storages(f.path, sources, opt, &stats);
-    REQUIRE_MESSAGE(arena.has_value(), arena.error().to_string());
-    MESSAGE("mode ", sc::io_mode_name(mode), " ran as ", sc::io_mode_name(stats.io_mode), ", ", stats.chunks,
-            " chunks (", stats.pageable_chunks, " staged in pageable memory), peak ring ", stats.peak_ring_bytes,
-            " bytes");
-    if (stats.io_mode != sc::IoMode::kMmapRegister) {
-      CHECK(stats.pageable_chunks == (pageable ? stats.chunks : 0));
-    }
-    REQUIRE(arena->storage_count() == sources.size());
-    std::uint64_t total = 0;
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      CAPTURE(i);
-      total += sources[i].nbytes;
-      CHECK(arena->storage_nbytes(i) == sources[i].nbytes);
-      if (sources[i].nbytes == 0) {
-        CHECK(arena->storage_data(i) == nullptr);
-        continue;
+    for (bool pageable : {false, true}) {
+      CAPTURE(sc::io_mode_name(mode));
+      CAPTURE(pageable);
+      std::vector<std::size_t> ready;
+      std::mutex ready_mu;
+      auto opt = small_options(mode);
+      opt.pageable_staging = pageable;
+      opt.on_storage_ready = [&](std::size_t i) {
+        std::lock_guard<std::mutex> lock(ready_mu);
+        ready.push_back(i);
+      };
+      sc::LoadStats stats;
+      auto arena = sc::load_storages(f.path, sources, opt, &stats);
+      REQUIRE_MESSAGE(arena.has_value(), arena.error().to_string());
+      MESSAGE("mode ", sc::io_mode_name(mode), " ran as ", sc::io_mode_name(stats.io_mode), ", ", stats.chunks,
+              " chunks (", stats.pageable_chunks, " staged in pageable memory), peak ring ", stats.peak_ring_bytes,
+              " bytes");
+      if (stats.io_mode != sc::IoMode::kMmapRegister) {
+        CHECK(stats.pageable_chunks == (pageable ? stats.chunks : 0));
       }
-      CHECK(reinterpret_cast<std::uintptr_t>(arena->storage_data(i)) % sc::kArenaAlignment == 0);
-      const auto got = copy_back(*arena, i);
-      CHECK(std::equal(got.begin(), got.end(), f.bytes.begin() + static_cast<std::ptrdiff_t>(sources[i].file_offset)));
+      REQUIRE(arena->storage_count() == sources.size());
+      std::uint64_t total = 0;
+      for (std::size_t i = 0; i < sources.size(); ++i) {
+        CAPTURE(i);
+        total += sources[i].nbytes;
+        CHECK(arena->storage_nbytes(i) == sources[i].nbytes);
+        if (sources[i].nbytes == 0) {
+          CHECK(arena->storage_data(i) == nullptr);
+          continue;
+        }
+        CHECK(reinterpret_cast<std::uintptr_t>(arena->storage_data(i)) % sc::kArenaAlignment == 0);
+        const auto got = copy_back(*arena, i);
+        CHECK(
+            std::equal(got.begin(), got.end(), f.bytes.begin() + static_cast<std::ptrdiff_t>(sources[i].file_offset)));
+      }
+      CHECK(stats.bytes == total);
+      CHECK(stats.peak_ring_bytes <= opt.ring_bytes);
+      std::sort(ready.begin(), ready.end());
+      CHECK(ready.size() == sources.size());
+      for (std::size_t i = 0; i < ready.size(); ++i) CHECK(ready[i] == i);
     }
-    CHECK(stats.bytes == total);
-    CHECK(stats.peak_ring_bytes <= opt.ring_bytes);
-    std::sort(ready.begin(), ready.end());
-    CHECK(ready.size() == sources.size());
-    for (std::size_t i = 0; i < ready.size(); ++i) CHECK(ready[i] == i);
-  }
 }
 
 TEST_CASE("cuda: byte swap of 2, 4 and 8-byte units on the device") {

@@ -46,11 +46,10 @@ TEST_CASE("safetensors: byte-exact outputs of the reference implementation (tens
   auto out = serialize_safetensors({{"attn.0", "F32", {1, 2, 3}, Bytes(data.data(), data.size())}});
   REQUIRE(out.has_value());
   const std::vector<std::uint8_t> expect1 = {
-      64, 0,   0,   0,   0,   0,   0,   0,   123, 34,  97,  116, 116, 110, 46,  48,  34,  58,  123, 34,  100,
-      116, 121, 112, 101, 34,  58,  34,  70,  51,  50,  34,  44,  34,  115, 104, 97,  112, 101, 34,  58,  91,
-      49,  44,  50,  44,  51,  93,  44,  34,  100, 97,  116, 97,  95,  111, 102, 102, 115, 101, 116, 115, 34,
-      58,  91,  48,  44,  50,  52,  93,  125, 125, 0,   0,   0,   0,   0,   0,   128, 63,  0,   0,   0,   64,
-      0,   0,   64,  64,  0,   0,   128, 64,  0,   0,   160, 64};
+      64,  0,  0,   0,  0,   0,  0,   0,   123, 34,  97,  116, 116, 110, 46,  48, 34, 58, 123, 34, 100, 116, 121, 112,
+      101, 34, 58,  34, 70,  51, 50,  34,  44,  34,  115, 104, 97,  112, 101, 34, 58, 91, 49,  44, 50,  44,  51,  93,
+      44,  34, 100, 97, 116, 97, 95,  111, 102, 102, 115, 101, 116, 115, 34,  58, 91, 48, 44,  50, 52,  93,  125, 125,
+      0,   0,  0,   0,  0,   0,  128, 63,  0,   0,   0,   64,  0,   0,   64,  64, 0,  0,  128, 64, 0,   0,   160, 64};
   CHECK(*out == expect1);
   // test_empty, without and with {"framework": "pt"}.
   auto empty = serialize_safetensors({});
@@ -58,10 +57,9 @@ TEST_CASE("safetensors: byte-exact outputs of the reference implementation (tens
   CHECK(*empty == std::vector<std::uint8_t>{8, 0, 0, 0, 0, 0, 0, 0, 123, 125, 32, 32, 32, 32, 32, 32});
   auto md = serialize_safetensors({}, {{"framework", "pt"}}, true);
   REQUIRE(md.has_value());
-  const std::vector<std::uint8_t> expect_md = {40,  0,   0,   0,   0,   0,   0,   0,   123, 34,  95,  95,
-                                               109, 101, 116, 97,  100, 97,  116, 97,  95,  95,  34,  58,
-                                               123, 34,  102, 114, 97,  109, 101, 119, 111, 114, 107, 34,
-                                               58,  34,  112, 116, 34,  125, 125, 32,  32,  32,  32,  32};
+  const std::vector<std::uint8_t> expect_md = {
+      40,  0,  0,   0,   0,  0,   0,   0,   123, 34,  95,  95, 109, 101, 116, 97,  100, 97,  116, 97, 95, 95, 34, 58,
+      123, 34, 102, 114, 97, 109, 101, 119, 111, 114, 107, 34, 58,  34,  112, 116, 34,  125, 125, 32, 32, 32, 32, 32};
   CHECK(*md == expect_md);
   // test_serialization_forced_alignement: "attn0", shape [1,1,2,3].
   auto al = serialize_safetensors({{"attn0", "F32", {1, 1, 2, 3}, Bytes(data.data(), data.size())}});
@@ -123,8 +121,10 @@ TEST_CASE("safetensors: every grammar rule has a refusal") {
   CHECK(parse_code(raw_file(ok + "   ", 8)) == ErrorCode::kOk);
   CHECK(parse_code(raw_file(ok + " x", 8)) == ErrorCode::kMalformed);
   CHECK(parse_code(raw_file(ok + "{}", 8)) == ErrorCode::kMalformed);
-  CHECK(parse_code(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8)) ==
-        ErrorCode::kMalformed);
+  CHECK(
+      parse_code(raw_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+          8)) == ErrorCode::kMalformed);
   CHECK(parse_code(raw_file(R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8)) ==
         ErrorCode::kMalformed);
   CHECK(parse_code(raw_file(R"({"__metadata__":{"k":"1","k":"2"}})", 0)) == ErrorCode::kMalformed);
@@ -153,16 +153,22 @@ TEST_CASE("safetensors: every grammar rule has a refusal") {
   CHECK(parse_code(raw_file(R"({"a":{"dtype":"F32","shape":[0,5],"data_offsets":[0,0]}})", 0)) == ErrorCode::kOk);
   // 6. tiling: gap, overlap, trailing bytes, past the end, end < begin
   CHECK(parse_code(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)) == ErrorCode::kMalformed);
-  CHECK(parse_code(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)) ==
-        ErrorCode::kMalformed);
+  CHECK(
+      parse_code(raw_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          8)) == ErrorCode::kMalformed);
   CHECK(parse_code(raw_file(ok, 9)) == ErrorCode::kMalformed);
   CHECK(parse_code(raw_file(ok, 4)) == ErrorCode::kMalformed);
   CHECK(parse_code(raw_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}})", 8)) == ErrorCode::kMalformed);
   // 7. max_tensors
   SafetensorsOptions one;
   one.limits.max_tensors = 1;
-  CHECK(parse_code(raw_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2),
-                   one) == ErrorCode::kLimitExceeded);
+  CHECK(
+      parse_code(
+          raw_file(
+              R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+              2),
+          one) == ErrorCode::kLimitExceeded);
 }
 
 TEST_CASE("safetensors: dtype names map to PyTorch dtypes") {
@@ -305,9 +311,7 @@ TEST_CASE("safetensors: sharded checkpoints through an index") {
               .has_value());
   REQUIRE(save_safetensors(dir.path / "m-00002.safetensors", {{"y", "F32", {1}, Bytes(b.data(), b.size())}}, {}, false)
               .has_value());
-  auto write = [&](const std::string& text) {
-    std::ofstream(dir.path / "m.safetensors.index.json") << text;
-  };
+  auto write = [&](const std::string& text) { std::ofstream(dir.path / "m.safetensors.index.json") << text; };
   write(R"({"metadata":{"total_size":12},"weight_map":{"y":"m-00002.safetensors","x":"m-00001.safetensors"}})");
   auto c = load_safetensors_index(dir.path / "m.safetensors.index.json");
   REQUIRE_MESSAGE(c.has_value(), c.error().to_string());

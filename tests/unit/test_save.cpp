@@ -10,10 +10,10 @@
 #include <set>
 #include <string>
 
+#include "safeckpt/builder.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
 #include "safeckpt/save.hpp"
-#include "safeckpt/builder.hpp"
 #include "safeckpt/zip.hpp"
 #include "test_save_util.hpp"
 
@@ -123,11 +123,12 @@ TEST_CASE("save: zip layout is PyTorchStreamWriter's") {
   for (int k = 0;; ++k) {
     const ZipEntry* e = zip->find("data/" + std::to_string(k));
     if (!e) break;
-    std::uint64_t expect = k == 0 ? e->data_offset
-                                  : zip_record_data_offset(cur, e->name.size(), e->uncompressed_size, 64);
+    std::uint64_t expect =
+        k == 0 ? e->data_offset : zip_record_data_offset(cur, e->name.size(), e->uncompressed_size, 64);
     CHECK(e->data_offset == expect);
     cur = expect + e->uncompressed_size;
-    if (e->uncompressed_size > 0) cur += (e->local_header_offset >= 0xFFFFFFFFu || e->uncompressed_size >= 0xFFFFFFFFu) ? 24 : 16;
+    if (e->uncompressed_size > 0)
+      cur += (e->local_header_offset >= 0xFFFFFFFFu || e->uncompressed_size >= 0xFFFFFFFFu) ? 24 : 16;
   }
   // The version record is "3\n".
   auto v = zip->read(*zip->find("version"), true);
@@ -327,9 +328,8 @@ TEST_CASE("save: views, dtypes the legacy storages lack, and mixed-dtype storage
   auto i16 = b.add_tensor(DType::kInt16, {2}, *s2);  // int16 + int32 views of one storage: untyped (v3)
   auto i32 = b.add_tensor(DType::kInt32, {2}, *s2);
   REQUIRE((f8 && u16 && i16 && i32));
-  b.set_root(b.container(Kind::kDict, {b.str("full"), *full, b.str("t"), *tr, b.str("row"), *row, b.str("exp"),
-                                       *exp, b.str("f8"), *f8, b.str("u16"), *u16, b.str("i16"), *i16, b.str("i32"),
-                                       *i32}));
+  b.set_root(b.container(Kind::kDict, {b.str("full"), *full, b.str("t"), *tr, b.str("row"), *row, b.str("exp"), *exp,
+                                       b.str("f8"), *f8, b.str("u16"), *u16, b.str("i16"), *i16, b.str("i32"), *i32}));
   auto c = std::move(b).finish();
   REQUIRE(c.has_value());
   auto out = save_to_bytes(*c);

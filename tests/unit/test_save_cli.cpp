@@ -1,9 +1,9 @@
 // `safeckpt convert`: formats by extension, exit codes, --force, notes.
 // Runs the CLI built next to this test binary; skips when it is absent.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
-#include <sys/wait.h>
 
 #include "safeckpt/safetensors.hpp"
 #include "test_save_util.hpp"
@@ -67,7 +67,8 @@ TEST_CASE("convert: PyTorch <-> safetensors through the CLI") {
   CHECK(lg->format() == FileFormat::kLegacyPickle);
   CHECK(tree_diff(*b, *lg).empty());
   CHECK(run("convert --legacy " + pt + " " + (dir.path / "legacy.safetensors").string(), log) == 2);
-  CHECK(run("convert " + (c211 / "training_checkpoint.pt").string() + " " + (dir.path / "t.safetensors").string(), log) == 0);
+  CHECK(run("convert " + (c211 / "training_checkpoint.pt").string() + " " + (dir.path / "t.safetensors").string(),
+            log) == 0);
   auto t = SafetensorsFile::open(dir.path / "t.safetensors");
   REQUIRE(t.has_value());
   CHECK(t->has_metadata());
@@ -77,8 +78,8 @@ TEST_CASE("convert: PyTorch <-> safetensors through the CLI") {
   CHECK_FALSE(fs::exists(dir.path / "x.pt"));
   CHECK(run("convert " + st + " " + (dir.path / "x.npz").string(), log) == 2);
   // Shared storages become separate tensors, with a note.
-  CHECK(run("convert " + (c211 / "views_shared_storage.pt").string() + " " + (dir.path / "v.safetensors").string(), log) ==
-        0);
+  CHECK(run("convert " + (c211 / "views_shared_storage.pt").string() + " " + (dir.path / "v.safetensors").string(),
+            log) == 0);
   auto text = read_file(log);
   CHECK(std::string(text.begin(), text.end()).find("share storage") != std::string::npos);
 }

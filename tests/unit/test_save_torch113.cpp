@@ -104,8 +104,9 @@ TEST_CASE("save: PyTorch 1.13 reads what we write (torch.load, typed trees compa
   }
   REQUIRE(cases.size() >= 20);
   fs::path result = dir.path / "result.json";
-  std::string cmd = std::string(kPython) + " " + (fs::path(SAFECKPT_SOURCE_DIR) / "tests/interop/check_torch_load.py").string() +
-                    " --out " + result.string();
+  std::string cmd = std::string(kPython) + " " +
+                    (fs::path(SAFECKPT_SOURCE_DIR) / "tests/interop/check_torch_load.py").string() + " --out " +
+                    result.string();
   for (const auto& c : cases) cmd += " " + c.file.string();
   cmd += " 2>" + (dir.path / "stderr.txt").string();
   int rc = std::system(cmd.c_str());
@@ -137,8 +138,8 @@ TEST_CASE("safetensors: files we write read back in Python (safetensors, or an i
   TempDir dir;
   std::vector<std::pair<fs::path, const Checkpoint*>> files;
   std::vector<Checkpoint> keep;
-  for (const char* n : {"mlp_state_dict.pt", "training_checkpoint.pt", "views_shared_storage.pt", "scalars_and_empty.pt",
-                        "conv_bn_state_dict.pt"}) {
+  for (const char* n : {"mlp_state_dict.pt", "training_checkpoint.pt", "views_shared_storage.pt",
+                        "scalars_and_empty.pt", "conv_bn_state_dict.pt"}) {
     auto r = load(corpus_dir("torch-2.11") / n);
     REQUIRE(r.has_value());
     keep.push_back(std::move(*r));
@@ -151,8 +152,9 @@ TEST_CASE("safetensors: files we write read back in Python (safetensors, or an i
     files.emplace_back(out, &keep[i]);
   }
   fs::path result = dir.path / "result.json";
-  std::string cmd = std::string(kPython) + " " + (fs::path(SAFECKPT_SOURCE_DIR) / "tests/interop/check_torch_load.py").string() +
-                    " --out " + result.string();
+  std::string cmd = std::string(kPython) + " " +
+                    (fs::path(SAFECKPT_SOURCE_DIR) / "tests/interop/check_torch_load.py").string() + " --out " +
+                    result.string();
   for (const auto& f : files) cmd += " " + f.first.string();
   cmd += " 2>/dev/null";
   (void)std::system(cmd.c_str());

@@ -1,9 +1,8 @@
 // Helpers shared by test_save*.cpp and test_safetensors*.cpp.
 #pragma once
 
-#include <doctest/doctest.h>
-
 #include <dirent.h>
+#include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,7 +25,9 @@ namespace safeckpt::save_test {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-inline fs::path corpus_dir(const char* which) { return fs::path(SAFECKPT_TEST_DATA) / "corpus" / which; }
+inline fs::path corpus_dir(const char* which) {
+  return fs::path(SAFECKPT_TEST_DATA) / "corpus" / which;
+}
 
 // Every checkpoint file of both corpora, sorted: (corpus/case, path).
 inline std::vector<std::pair<std::string, fs::path>> corpus_files() {
@@ -34,7 +35,8 @@ inline std::vector<std::pair<std::string, fs::path>> corpus_files() {
   for (const char* which : {"torch-2.11", "torch-1.13"}) {
     for (const auto& e : fs::directory_iterator(corpus_dir(which))) {
       auto ext = e.path().extension().string();
-      if (ext == ".pt" || ext == ".pkl") out.emplace_back(std::string(which) + "/" + e.path().stem().string(), e.path());
+      if (ext == ".pt" || ext == ".pkl")
+        out.emplace_back(std::string(which) + "/" + e.path().stem().string(), e.path());
     }
   }
   std::sort(out.begin(), out.end());
@@ -61,7 +63,9 @@ struct CorpusLoad {
   LoadOptions load;
   bool weights_only_compatible = true;
 };
-inline CorpusLoad load_options_for(const std::string&) { return {}; }
+inline CorpusLoad load_options_for(const std::string&) {
+  return {};
+}
 
 // Loads `path` with the default policy, else with the extended allowlist.
 inline Result<Checkpoint> load_any(const fs::path& path, CorpusLoad& how) {
@@ -85,7 +89,9 @@ inline json tree_json(const Checkpoint& c) {
 
 // "" when the two checkpoints hold the same value tree (safeckpt::to_json,
 // with tensor and storage hashes), else the first difference.
-inline std::string tree_diff(const Checkpoint& a, const Checkpoint& b) { return first_diff(tree_json(a), tree_json(b)); }
+inline std::string tree_diff(const Checkpoint& a, const Checkpoint& b) {
+  return first_diff(tree_json(a), tree_json(b));
+}
 
 inline std::vector<std::uint8_t> read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -54,7 +54,8 @@ Buf tar_member(const std::string& name, const Buf& body) {
   h.replace(257, 6, std::string("ustar\0", 6));
   h.replace(263, 2, "00");
   unsigned sum = 0;
-  for (int i = 0; i < 512; ++i) sum += (i >= 148 && i < 156) ? 32u : static_cast<unsigned char>(h[static_cast<std::size_t>(i)]);
+  for (int i = 0; i < 512; ++i)
+    sum += (i >= 148 && i < 156) ? 32u : static_cast<unsigned char>(h[static_cast<std::size_t>(i)]);
   char ck[16];
   std::snprintf(ck, sizeof ck, "%06o", sum);
   h.replace(148, 7, std::string(ck, 6) + '\0');

@@ -6,10 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/pickle.hpp"

@@ -7,9 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "test_scan_helpers.hpp"
 
@@ -134,7 +133,8 @@ TEST_CASE("scan/walk: directories recurse, symlinks are not followed, globs filt
 #ifdef SAFECKPT_CLI_PATH
 namespace {
 int run_cli(const std::string& args, const fs::path& out = {}) {
-  std::string cmd = std::string(SAFECKPT_CLI_PATH) + " scan " + args + (out.empty() ? " >/dev/null" : " >" + out.string()) + " 2>/dev/null";
+  std::string cmd = std::string(SAFECKPT_CLI_PATH) + " scan " + args +
+                    (out.empty() ? " >/dev/null" : " >" + out.string()) + " 2>/dev/null";
   int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -170,7 +170,9 @@ TEST_CASE("scan: TorchScript archive with constants.pkl is executable code; its 
 
 TEST_CASE("scan: PT2 archive with native code") {
   std::vector<Member> m = {{"model/archive_format", "pt2"},
-                           {"model/data/aotinductor/model/model.so", "\x7f" "ELF"},
+                           {"model/data/aotinductor/model/model.so",
+                            "\x7f"
+                            "ELF"},
                            {"model/data/aotinductor/model/k.cubin", "xx"}};
   auto r = scan(make_zip(m));
   INFO(dump(r));
@@ -257,8 +259,8 @@ TEST_CASE("scan: INST, OBJ, NEWOBJ, NEWOBJ_EX and EXT1-4 are recorded whether or
     CHECK(has(r, Rule::kRefusedOpcode, "subprocess.call"));
   }
   SUBCASE("NEWOBJ") {
-    Buf p = proto(2) + global("subprocess", "Popen") + binunicode("true") + kTuple1 + "\x81" + kPop + kEmptyDict +
-            kStop;
+    Buf p =
+        proto(2) + global("subprocess", "Popen") + binunicode("true") + kTuple1 + "\x81" + kPop + kEmptyDict + kStop;
     auto r = scan(p);
     INFO(dump(r));
     CHECK(has(r, Rule::kCall, "subprocess.Popen"));
@@ -356,7 +358,8 @@ TEST_CASE("scan: a 100,000-entry zip finishes in bounded memory") {
   m.push_back({"archive/data.pkl", state_dict_pickle()});
   m.push_back({"archive/version", "3\n"});
   m.push_back({"archive/data/0", Buf(8, '\0')});
-  for (int i = 0; i < 100000; ++i) m.push_back({"archive/extra/" + std::to_string(i), "N."});  // every member a pickle: the slow path
+  for (int i = 0; i < 100000; ++i)
+    m.push_back({"archive/extra/" + std::to_string(i), "N."});  // every member a pickle: the slow path
   Buf z = make_zip(m);
   auto t0 = std::chrono::steady_clock::now();
   auto r = scan(z);
@@ -365,12 +368,15 @@ TEST_CASE("scan: a 100,000-entry zip finishes in bounded memory") {
   INFO(dump(r).substr(0, 2000));
   CHECK(r.members >= 100000);
   CHECK(r.verdict == Verdict::kClean);  // 100,000 harmless members: nothing to report
-  CHECK(r.findings.size() <= 10002);  // report cap + notes
+  CHECK(r.findings.size() <= 10002);    // report cap + notes
 }
 
 TEST_CASE("scan: 7z, gzip, bzip2, xz, zstd wrappers are unscannable containers, never clean") {
   for (Buf magic : {Buf("7z\xbc\xaf\x27\x1c\x00\x04", 8), Buf("\x1f\x8b\x08\x00", 4), Buf("BZh91AY&SY", 10),
-                    Buf("\xfd" "7zXZ\x00", 6), Buf("\x28\xb5\x2f\xfd", 4)}) {
+                    Buf("\xfd"
+                        "7zXZ\x00",
+                        6),
+                    Buf("\x28\xb5\x2f\xfd", 4)}) {
     auto r = scan(magic + "payload-bytes");
     INFO(dump(r));
     CHECK(has(r, Rule::kUnscannable));
@@ -496,8 +502,8 @@ TEST_CASE("scan: numpy .npy object arrays and safetensors validation") {
   CHECK(has(npz, Rule::kImportDangerous, "os.system"));
 
   auto st = [](const std::string& header, const Buf& data) { return u64(header.size()) + header + data; };
-  auto good = scan(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}})",
-                      Buf(8, '\0')));
+  auto good =
+      scan(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}})", Buf(8, '\0')));
   INFO(dump(good));
   CHECK(good.format == "safetensors");
   CHECK(good.verdict == Verdict::kClean);

@@ -47,10 +47,16 @@ Buf load(const std::filesystem::path& p) {
   REQUIRE_MESSAGE(in.good(), "cannot open " << p);
   return Buf(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
-Buf load(const char* corpus_name) { return load(corpus_dir() / corpus_name); }
+Buf load(const char* corpus_name) {
+  return load(corpus_dir() / corpus_name);
+}
 
-Bytes span(const Buf& b) { return Bytes(b.data(), b.size()); }
-Buf bytes_of(std::string_view s) { return Buf(s.begin(), s.end()); }
+Bytes span(const Buf& b) {
+  return Bytes(b.data(), b.size());
+}
+Buf bytes_of(std::string_view s) {
+  return Buf(s.begin(), s.end());
+}
 
 std::uint64_t get(const Buf& b, std::size_t off, int width) {
   REQUIRE(off + static_cast<std::size_t>(width) <= b.size());
@@ -60,8 +66,7 @@ std::uint64_t get(const Buf& b, std::size_t off, int width) {
 }
 void put(Buf& b, std::size_t off, int width, std::uint64_t v) {
   REQUIRE(off + static_cast<std::size_t>(width) <= b.size());
-  for (int i = 0; i < width; ++i)
-    b[off + static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v >> (8 * i));
+  for (int i = 0; i < width; ++i) b[off + static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v >> (8 * i));
 }
 
 // An independent, minimal walk of a well-formed archive (it does not use
@@ -82,8 +87,7 @@ struct Layout {
 
   const Central& entry(std::string_view suffix) const {
     for (const Central& c : central) {
-      if (c.name.size() >= suffix.size() &&
-          c.name.compare(c.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      if (c.name.size() >= suffix.size() && c.name.compare(c.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
         return c;
       }
     }
@@ -149,9 +153,8 @@ void insert_in_cd(Buf& b, Layout l, std::size_t pos, const Buf& add) {
 // Gives a central entry a zip64 extra field carrying `fields` (u64 each),
 // after setting the classic fields named in `sentinel_at` (offsets inside the
 // central header: 24 usize, 20 csize, 42 local header offset) to 0xFFFFFFFF.
-void add_zip64_extra(Buf& b, const Layout& l, const Layout::Central& c,
-                     const std::vector<std::size_t>& sentinel_at, const std::vector<std::uint64_t>& fields,
-                     int blocks = 1) {
+void add_zip64_extra(Buf& b, const Layout& l, const Layout::Central& c, const std::vector<std::size_t>& sentinel_at,
+                     const std::vector<std::uint64_t>& fields, int blocks = 1) {
   Buf extra;
   for (int k = 0; k < blocks; ++k) {
     Buf block(4 + 8 * fields.size());
@@ -223,14 +226,13 @@ bool has_anomaly(const ZipArchive& z, ZipAnomalyKind k) {
 
 std::string anomaly_list(const ZipArchive& z) {
   std::string s;
-  for (const auto& a : z.anomalies())
-    s += std::string(safeckpt::zip_anomaly_name(a.kind)) + "(" + a.detail + ") ";
+  for (const auto& a : z.anomalies()) s += std::string(safeckpt::zip_anomaly_name(a.kind)) + "(" + a.detail + ") ";
   return s;
 }
 
 constexpr const char* kMlp = "mlp_state_dict.pt";     // torch.save, stored, zip64 EOCD, data descriptors
 constexpr const char* kDeflated = "deflated_zip.pt";  // same records re-zipped by CPython with deflate
-constexpr const char* kPyZip = "mal_os_system.pt";  // written by CPython's zipfile: no zip64, no descriptors
+constexpr const char* kPyZip = "mal_os_system.pt";    // written by CPython's zipfile: no zip64, no descriptors
 
 }  // namespace
 
@@ -362,8 +364,8 @@ TEST_CASE("zip: differential against CPython's zipfile (skipped without python3)
     REQUIRE(z.has_value());
     std::ostringstream mine;
     for (const auto& e : z->entries()) {
-      mine << e.local_header_offset << ' ' << e.method << ' ' << e.compressed_size << ' '
-           << e.uncompressed_size << ' ' << e.flags << ' ' << e.crc32 << ' ' << e.name << '\n';
+      mine << e.local_header_offset << ' ' << e.method << ' ' << e.compressed_size << ' ' << e.uncompressed_size << ' '
+           << e.flags << ' ' << e.crc32 << ' ' << e.name << '\n';
     }
     CHECK(mine.str() == out);
   }
@@ -453,12 +455,9 @@ TEST_CASE("zip: entries outside the root and classification of synthetic zips") 
   // CVE-2025-32434: a constants.pkl makes torch (<= 2.5) run torch.jit.load.
   CHECK(classify(make_zip({{"m/data.pkl", "x"}, {"m/constants.pkl", "x"}, {"m/code/m.py", "x"}})) ==
         FileFormat::kTorchScriptZip);
-  CHECK(classify(make_zip({{"a/archive_format", "pt2"}, {"a/models/model.json", "{}"}})) ==
-        FileFormat::kPt2Archive);
-  CHECK(classify(make_zip({{"a/data.pkl", "x"}, {"a/data/aotinductor/model/x.cpp", "x"}})) ==
-        FileFormat::kPt2Archive);
-  CHECK(classify(make_zip({{"a/data.pkl", "x"}, {"a/data/model.wrapper.so", "x"}})) ==
-        FileFormat::kPt2Archive);
+  CHECK(classify(make_zip({{"a/archive_format", "pt2"}, {"a/models/model.json", "{}"}})) == FileFormat::kPt2Archive);
+  CHECK(classify(make_zip({{"a/data.pkl", "x"}, {"a/data/aotinductor/model/x.cpp", "x"}})) == FileFormat::kPt2Archive);
+  CHECK(classify(make_zip({{"a/data.pkl", "x"}, {"a/data/model.wrapper.so", "x"}})) == FileFormat::kPt2Archive);
   CHECK(classify(make_zip({{"a/data.pkl", "x"}, {"a/kernel.cubin", "x"}})) == FileFormat::kPt2Archive);
   CHECK(classify(make_zip({{"arr/x.npy", "\x93NUMPY"}})) == FileFormat::kOtherZip);
   // data.pkl outside the root does not count (PyTorch looks up root/data.pkl).
@@ -530,9 +529,8 @@ std::vector<MalformedCase> catalogue() {
           "EOCD comment runs past the end", "truncated archive comment", kMlp,
           [](Buf& b, const Layout& l, Limits&) { put(b, l.eocd + 20, 2, 100); }, M::kMalformed),
       open_error(
-          "classic EOCD disagrees with zip64", "parser differential: zip64-unaware tool sees another CD",
-          kMlp, [](Buf& b, const Layout& l, Limits&) { put(b, l.eocd + 16, 4, l.cd_offset + 46); },
-          M::kMalformed),
+          "classic EOCD disagrees with zip64", "parser differential: zip64-unaware tool sees another CD", kMlp,
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.eocd + 16, 4, l.cd_offset + 46); }, M::kMalformed),
       open_error(
           "zip64 locator points elsewhere", "miniz vs CPython: zip64 record read at different offsets", kMlp,
           [](Buf& b, const Layout& l, Limits&) { put(b, l.locator + 8, 8, l.eocd64 - 1); }, M::kMalformed),
@@ -573,12 +571,10 @@ std::vector<MalformedCase> catalogue() {
           [](Buf& b, const Layout& l, Limits&) { set_entry_count(b, l, 1000); }, M::kMalformed),
       open_error(
           "one entry more than present", "CD truncated after the count was written", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { set_entry_count(b, l, l.central.size() + 1); },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { set_entry_count(b, l, l.central.size() + 1); }, M::kMalformed),
       open_error(
           "one entry fewer than present", "bytes hidden after the last central entry", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { set_entry_count(b, l, l.central.size() - 1); },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { set_entry_count(b, l, l.central.size() - 1); }, M::kMalformed),
       // --- central directory entries -------------------------------------
       open_error(
           "bad central header signature", "corrupted central directory", kMlp,
@@ -625,8 +621,7 @@ std::vector<MalformedCase> catalogue() {
           M::kMalformed),
       open_error(
           "entry starts on disk 1", "spanned archive entry", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/2").at + 34, 2, 1); },
-          M::kUnsupported),
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/2").at + 34, 2, 1); }, M::kUnsupported),
       open_error(
           "stored entry with csize != usize", "inconsistent sizes (miniz refuses)", kMlp,
           [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/2").at + 20, 4, 64); }, M::kMalformed),
@@ -639,8 +634,7 @@ std::vector<MalformedCase> catalogue() {
           M::kMalformed),
       open_error(
           "local header offset past the end", "dangling central entry", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/3").at + 42, 4, 0xFFFFFF00); },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/3").at + 42, 4, 0xFFFFFF00); }, M::kMalformed),
       open_error(
           "bad local header signature", "central entry pointing at garbage", kMlp,
           [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data/0").lho + 3] = 0; }, M::kMalformed),
@@ -650,29 +644,23 @@ std::vector<MalformedCase> catalogue() {
           M::kMalformed),
       open_error(
           "first entry not in a subdirectory", "PyTorch: 'file in archive is not in a subdirectory'", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "mlp_state_dict_data.pkl"); },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "mlp_state_dict_data.pkl"); }, M::kMalformed),
       open_error(
           "empty root folder", "'/data.pkl': PyTorch's reader takes root \"\", its writer refuses it", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "/mlp_state_dict_data.pk"); },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "/mlp_state_dict_data.pk"); }, M::kMalformed),
       // --- ambiguities PyTorch tolerates: anomalies --------------------------
       anomaly(
-          "central name differs from local name", "CVE-2025-1944 (picklescan): zipfile refuses, torch loads",
-          kMlp, [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data/1").at + 46 + 20] = '7'; },
-          A::kLocalNameMismatch),
+          "central name differs from local name", "CVE-2025-1944 (picklescan): zipfile refuses, torch loads", kMlp,
+          [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data/1").at + 46 + 20] = '7'; }, A::kLocalNameMismatch),
       anomaly(
-          "local name differs from central name",
-          "CVE-2025-1944 (payload named differently in the local header)", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data.pkl").lho + 30 + 15] = 'x'; },
-          A::kLocalNameMismatch),
+          "local name differs from central name", "CVE-2025-1944 (payload named differently in the local header)", kMlp,
+          [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data.pkl").lho + 30 + 15] = 'x'; }, A::kLocalNameMismatch),
       anomaly(
           "central flag 0x01 (encrypted)", "CVE-2025-1945: flag bits make zipfile refuse, torch loads", kMlp,
           [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data.pkl").at + 8] |= 0x01; }, A::kFlagBits),
       anomaly(
-          "local flag 0x20 (patched data)", "CVE-2025-1945: CPython checks this bit in the local header",
-          kMlp, [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data.pkl").lho + 6] |= 0x20; },
-          A::kFlagBits),
+          "local flag 0x20 (patched data)", "CVE-2025-1945: CPython checks this bit in the local header", kMlp,
+          [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data.pkl").lho + 6] |= 0x20; }, A::kFlagBits),
       anomaly(
           "central flag 0x40 (strong encryption)", "CVE-2025-1945", kMlp,
           [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data/0").at + 8] |= 0x40; }, A::kFlagBits),
@@ -685,8 +673,7 @@ std::vector<MalformedCase> catalogue() {
           [](Buf& b, const Layout& l, Limits&) {
             const auto& c = l.entry("/data/0");
             const auto& next = l.entry("/data/1");
-            Buf copy(b.begin() + static_cast<std::ptrdiff_t>(c.at),
-                     b.begin() + static_cast<std::ptrdiff_t>(next.at));
+            Buf copy(b.begin() + static_cast<std::ptrdiff_t>(c.at), b.begin() + static_cast<std::ptrdiff_t>(next.at));
             insert_in_cd(b, l, next.at, copy);
             set_entry_count(b, layout_of(b), l.central.size() + 1);  // offsets moved
           },
@@ -707,11 +694,8 @@ std::vector<MalformedCase> catalogue() {
           },
           A::kOverlap),
       anomaly(
-          "entry outside the root folder", "getAllRecords() refuses it; hides a record from root lookups",
-          kMlp,
-          [](Buf& b, const Layout& l, Limits&) {
-            rename(b, l.entry("/byteorder"), "mlp_state_dicX/byteorder");
-          },
+          "entry outside the root folder", "getAllRecords() refuses it; hides a record from root lookups", kMlp,
+          [](Buf& b, const Layout& l, Limits&) { rename(b, l.entry("/byteorder"), "mlp_state_dicX/byteorder"); },
           A::kOutsideRoot),
       anomaly(
           "bytes after the EOCD", "payload appended after the archive (polyglot)", kMlp,
@@ -743,40 +727,33 @@ std::vector<MalformedCase> catalogue() {
           A::kUnsupportedMethod),
       // --- reading records -------------------------------------------------
       read_error(
-          "stored record with a flipped byte", "CVE-2025-10156: CRC mismatch (PyTorch never checks)", kMlp,
-          "data/0", [](Buf& b, const Layout& l, Limits&) { b[data_offset(b, l.entry("/data/0").lho)] ^= 1; },
-          M::kMalformed),
+          "stored record with a flipped byte", "CVE-2025-10156: CRC mismatch (PyTorch never checks)", kMlp, "data/0",
+          [](Buf& b, const Layout& l, Limits&) { b[data_offset(b, l.entry("/data/0").lho)] ^= 1; }, M::kMalformed),
       read_error(
           "central CRC changed", "CVE-2025-10156", kDeflated, "data.pkl",
           [](Buf& b, const Layout& l, Limits&) { b[l.entry("/data.pkl").at + 16] ^= 1; }, M::kMalformed),
       read_error(
           "deflate stream with an invalid block type", "corrupted compressed record", kDeflated, "data/0",
-          [](Buf& b, const Layout& l, Limits&) { b[data_offset(b, l.entry("/data/0").lho)] = 0xFF; },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { b[data_offset(b, l.entry("/data/0").lho)] = 0xFF; }, M::kMalformed),
       read_error(
           "deflate stream cut short", "compressed size shrunk: truncated stream", kDeflated, "data/0",
-          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/0").at + 20, 4, 100); },
-          M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/0").at + 20, 4, 100); }, M::kMalformed),
       read_error(
-          "deflated record one byte longer than declared", "uncompressed size lies (too small)", kDeflated,
-          "data/0", [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/0").at + 24, 4, 2047); },
-          M::kMalformed),
+          "deflated record one byte longer than declared", "uncompressed size lies (too small)", kDeflated, "data/0",
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/0").at + 24, 4, 2047); }, M::kMalformed),
       read_error(
-          "deflated record one byte shorter than declared", "uncompressed size lies (too large)", kDeflated,
-          "data/0", [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/0").at + 24, 4, 2049); },
-          M::kMalformed),
+          "deflated record one byte shorter than declared", "uncompressed size lies (too large)", kDeflated, "data/0",
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/0").at + 24, 4, 2049); }, M::kMalformed),
       read_error(
-          "2 GiB declared from 19 deflated bytes", "declared huge size beyond deflate's 1032:1 ratio",
-          kDeflated, "data/5",
-          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/5").at + 24, 4, 0x7FFFFFFF); },
+          "2 GiB declared from 19 deflated bytes", "declared huge size beyond deflate's 1032:1 ratio", kDeflated,
+          "data/5", [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/data/5").at + 24, 4, 0x7FFFFFFF); },
           M::kMalformed),
       read_error(
           "inflates past limits.max_inflated_bytes", "deflate bomb", kDeflated, "data/0",
           [](Buf&, const Layout&, Limits& lim) { lim.max_inflated_bytes = 1000; }, M::kLimitExceeded),
       read_error(
           "compression method 12 (bzip2)", "method PyTorch's miniz cannot read", kMlp, "byteorder",
-          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/byteorder").at + 10, 2, 12); },
-          M::kUnsupported),
+          [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/byteorder").at + 10, 2, 12); }, M::kUnsupported),
   };
 }
 
@@ -866,13 +843,9 @@ TEST_CASE("detect: sniff_format by magic bytes") {
       {std::string("\x01\x00\x00\x00\x00\x00\x00\x00{}", 10), FileFormat::kUnknown},  // N < 2
       // Legacy magic number in every protocol torch.save(_use_new_zipfile_serialization=False) can use.
       {"L119547037146038801333356L\n.", FileFormat::kLegacyPickle},
-      {std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15),
-       FileFormat::kLegacyPickle},
-      {std::string("\x80\x03\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15),
-       FileFormat::kLegacyPickle},
-      {std::string(
-           "\x80\x04\x95\x0d\x00\x00\x00\x00\x00\x00\x00\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.",
-           24),
+      {std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15), FileFormat::kLegacyPickle},
+      {std::string("\x80\x03\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15), FileFormat::kLegacyPickle},
+      {std::string("\x80\x04\x95\x0d\x00\x00\x00\x00\x00\x00\x00\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 24),
        FileFormat::kLegacyPickle},
       // Other pickles: bare.
       {std::string("\x80\x02}q\x00.", 6), FileFormat::kBarePickle},
@@ -922,6 +895,6 @@ TEST_CASE("detect/zip: names of enums are distinct") {
     ++seen[safeckpt::zip_anomaly_name(static_cast<ZipAnomalyKind>(i))];
   }
   for (const auto& kv : seen) CHECK_MESSAGE(kv.second == 1, kv.first);
-  CHECK(seen.size() == static_cast<std::size_t>(FileFormat::kUnknown) + 1 +
-                           static_cast<std::size_t>(ZipAnomalyKind::kGapData) + 1);
+  CHECK(seen.size() ==
+        static_cast<std::size_t>(FileFormat::kUnknown) + 1 + static_cast<std::size_t>(ZipAnomalyKind::kGapData) + 1);
 }

@@ -91,14 +91,14 @@ const RuleInfo& rule_info(Rule r);
 struct Finding {
   Rule rule = Rule::kMalformed;
   Severity severity = Severity::kHigh;
-  std::string member;   // zip member, tar member or nested path ("data.pkl!embedded@120"); "" = file
-  int stream = -1;      // 0-based pickle stream index within the member (-1 = n/a)
+  std::string member;  // zip member, tar member or nested path ("data.pkl!embedded@120"); "" = file
+  int stream = -1;     // 0-based pickle stream index within the member (-1 = n/a)
   std::uint64_t offset = ~std::uint64_t{0};  // byte offset within the stream/member (opcode position)
-  std::string opcode;   // pickle opcode name
-  std::string global;   // canonical "module.qualname" concerned, if any
-  std::string category; // catalogue category ("exec", "process", ...), if any
-  std::string message;  // what
-  std::string why;      // why it matters / which copy PyTorch reads / how to allow
+  std::string opcode;                        // pickle opcode name
+  std::string global;                        // canonical "module.qualname" concerned, if any
+  std::string category;                      // catalogue category ("exec", "process", ...), if any
+  std::string message;                       // what
+  std::string why;                           // why it matters / which copy PyTorch reads / how to allow
 };
 
 // Every import and call seen, allowed or not (the audit trail).
@@ -109,8 +109,8 @@ struct Event {
   int stream = 0;
   std::uint64_t offset = 0;
   std::string opcode;
-  std::string name;     // canonical name ("<dynamic>", "<ext:N>", "result of X" for calls on values)
-  bool allowed = false; // in the allowlist (and not a blocked module)
+  std::string name;      // canonical name ("<dynamic>", "<ext:N>", "result of X" for calls on values)
+  bool allowed = false;  // in the allowlist (and not a blocked module)
 };
 std::string_view event_type_name(Event::Type t) noexcept;  // "import" / "call" / "build"
 
@@ -125,21 +125,21 @@ enum class Verdict : std::uint8_t {
 std::string_view verdict_name(Verdict v) noexcept;  // "clean", "unsafe", ...
 
 struct LoaderResult {
-  bool ran = false;   // the file is a format safeckpt::load reads
+  bool ran = false;  // the file is a format safeckpt::load reads
   bool ok = false;
   ErrorCode code = ErrorCode::kOk;
-  std::string message;   // Error::message()
+  std::string message;  // Error::message()
   std::string record;
   std::uint64_t offset = ~std::uint64_t{0};
   std::string opcode;
 };
 
 struct FileReport {
-  std::string path;        // as given / found
+  std::string path;  // as given / found
   std::uint64_t size = 0;
-  std::string format;      // file_format_name() of what was detected
+  std::string format;  // file_format_name() of what was detected
   Verdict verdict = Verdict::kClean;
-  bool complete = true;    // every byte that can be executed was examined
+  bool complete = true;  // every byte that can be executed was examined
   LoaderResult loader;
   std::vector<Finding> findings;
   std::vector<Event> events;
@@ -170,9 +170,9 @@ FileReport scan_file(const std::filesystem::path& path, const ScanOptions& optio
 
 // ---- many paths ------------------------------------------------------------
 struct WalkOptions {
-  bool follow_symlinks = false;          // inside directories (named paths are always followed)
-  std::vector<std::string> include;      // fnmatch globs; a found file must match one (if any given)
-  std::vector<std::string> exclude;      // fnmatch globs; a found file matching one is skipped
+  bool follow_symlinks = false;      // inside directories (named paths are always followed)
+  std::vector<std::string> include;  // fnmatch globs; a found file must match one (if any given)
+  std::vector<std::string> exclude;  // fnmatch globs; a found file matching one is skipped
 };
 // Expands paths: files as given, directories recursively (sorted, stable).
 // Globs are matched against the path relative to the named directory and
@@ -181,8 +181,8 @@ struct WalkOptions {
 // cannot be listed come back in `errors`.
 struct WalkResult {
   std::vector<std::filesystem::path> files;
-  std::vector<std::string> errors;    // "path: reason"
-  std::vector<std::string> skipped;   // symlinks not followed, special files
+  std::vector<std::string> errors;   // "path: reason"
+  std::vector<std::string> skipped;  // symlinks not followed, special files
 };
 WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const WalkOptions& options);
 
