@@ -44,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "probes.hpp"
 #include "safeckpt/cuda.hpp"
 
 namespace sc = safeckpt::cuda;
@@ -66,111 +67,13 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// ---- host memory --------------------------------------------------------
-
-std::int64_t status_kib(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::size_t klen = std::strlen(key);
-  while (std::getline(f, line))
-    if (line.compare(0, klen, key) == 0) return std::atoll(line.c_str() + klen + 1);
-  return -1;
-}
-
-struct RssProbe {
-  std::int64_t rss_before_kib = 0;
-  bool reset_ok = false;
-  void start() {
-    // "5" resets VmHWM to the current RSS (Linux >= 4.0).
-    std::ofstream f("/proc/self/clear_refs");
-    f << "5";
-    f.flush();
-    reset_ok = static_cast<bool>(f);
-    rss_before_kib = status_kib("VmRSS:");
-  }
-  double growth_mib() const {
-    const std::int64_t hwm = status_kib("VmHWM:");
-    return static_cast<double>(hwm - rss_before_kib) / 1024.0;
-  }
-};
-
-// ---- page cache ---------------------------------------------------------
+using safeckpt::bench::odirect_read_gbps;
+using safeckpt::bench::RssProbe;
+using safeckpt::bench::warm_page_cache;
 
 std::string drop_page_cache(const std::string& path) {
-  ::sync();
-  {
-    std::ofstream f("/proc/sys/vm/drop_caches");
-    if (f) {
-      f << "3";
-      f.flush();
-      if (f) return "drop_caches";
-    }
-  }
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fdatasync(fd);
-    const int r = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-    if (r == 0) return "fadvise";
-  }
-  return "none";
-}
-
-void warm_page_cache(const std::string& path, unsigned threads) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) die("open " + path);
-  struct stat sb {};
-  ::fstat(fd, &sb);
-  const std::uint64_t size = static_cast<std::uint64_t>(sb.st_size), chunk = 16 << 20;
-  std::atomic<std::uint64_t> next{0};
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < threads; ++t)
-    ts.emplace_back([&] {
-      std::vector<char> buf(chunk);
-      for (;;) {
-        const std::uint64_t off = next.fetch_add(chunk);
-        if (off >= size) break;
-        if (::pread(fd, buf.data(), chunk, static_cast<off_t>(off)) < 0) break;
-      }
-    });
-  for (auto& t : ts) t.join();
-  ::close(fd);
-}
-
-// Plain O_DIRECT read of the whole file: `threads` threads, `chunk`-byte
-// aligned reads into their own aligned (pageable) buffers.
-double odirect_read_gbps(const std::string& path, unsigned threads, std::uint64_t chunk, double* seconds) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) return -1;
-  struct stat sb {};
-  ::fstat(fd, &sb);
-  const std::uint64_t size = static_cast<std::uint64_t>(sb.st_size);
-  std::atomic<std::uint64_t> next{0};
-  std::atomic<bool> err{false};
-  const auto t0 = Clock::now();
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < threads; ++t)
-    ts.emplace_back([&] {
-      void* buf = nullptr;
-      if (::posix_memalign(&buf, 4096, chunk) != 0) {
-        err = true;
-        return;
-      }
-      for (;;) {
-        const std::uint64_t off = next.fetch_add(chunk);
-        if (off >= size) break;
-        if (::pread(fd, buf, chunk, static_cast<off_t>(off)) < 0) {
-          err = true;
-          break;
-        }
-      }
-      std::free(buf);
-    });
-  for (auto& t : ts) t.join();
-  *seconds = since(t0);
-  ::close(fd);
-  if (err) return -1;
-  return static_cast<double>(size) / *seconds / 1e9;
+  const std::string how = safeckpt::bench::drop_page_cache({path});
+  return how.empty() ? "none" : how;
 }
 
 // ---- input --------------------------------------------------------------
@@ -650,36 +553,15 @@ int main(int argc, char** argv) {
   if (!baselines.empty()) {
     std::fprintf(stderr, "running baselines: %s\n", baselines.c_str());
     std::fflush(stderr);
-    if (std::FILE* p = ::popen(baselines.c_str(), "r")) {
-      char line[4096];
-      while (std::fgets(line, sizeof line, p)) {
-        std::fputs(line, stderr);
-        if (std::strncmp(line, "ROW\t", 4) != 0) continue;
-        std::vector<std::string> f;
-        std::string cur;
-        for (const char* c = line + 4; *c && *c != '\n'; ++c) {
-          if (*c == '\t') {
-            f.push_back(cur);
-            cur.clear();
-          } else {
-            cur += *c;
-          }
-        }
-        f.push_back(cur);
-        if (f.size() < 8) continue;
-        Row r;
-        r.what = f[0];
-        r.mode = f[1];
-        r.seconds = std::atof(f[2].c_str());
-        r.gbps = std::atof(f[3].c_str());
-        r.first_ms = std::atof(f[4].c_str());
-        r.rss_mib = std::atof(f[5].c_str());
-        r.dev_mib = std::atof(f[6].c_str());
-        r.note = f[7];
-        rows.push_back(r);
-      }
-      const int rc = ::pclose(p);
-      if (rc != 0) std::fprintf(stderr, "baselines exited with status %d\n", rc);
+    for (auto& b : safeckpt::bench::run_baseline_command(baselines, stderr)) {
+      rows.push_back(Row{.what = b.what,
+                         .mode = b.mode,
+                         .seconds = b.seconds,
+                         .gbps = b.gbps,
+                         .first_ms = b.first_ms,
+                         .rss_mib = b.rss_mib,
+                         .dev_mib = b.dev_mib,
+                         .note = b.note});
     }
   }
 

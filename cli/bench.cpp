@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "probes.hpp"
 
 #ifdef SAFECKPT_HAVE_CUDA
 #include "safeckpt/builder.hpp"
@@ -66,107 +67,14 @@ struct BenchArgs {
 #ifdef SAFECKPT_HAVE_CUDA
 
 using Clock = std::chrono::steady_clock;
+using bench::drop_page_cache;
+using bench::odirect_read_gbps;
+using bench::RssProbe;
+using bench::warm_page_cache;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// ---- host probes ----------------------------------------------------------
-
-std::int64_t status_kib(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::size_t n = std::strlen(key);
-  while (std::getline(f, line))
-    if (line.compare(0, n, key) == 0) return std::atoll(line.c_str() + n + 1);
-  return -1;
-}
-
-struct RssProbe {
-  std::int64_t before_kib = 0;
-  void start() {
-    std::ofstream f("/proc/self/clear_refs");  // "5": VmHWM := VmRSS (Linux >= 4.0)
-    f << "5";
-    f.flush();
-    before_kib = status_kib("VmRSS:");
-  }
-  double growth_mib() const { return static_cast<double>(status_kib("VmHWM:") - before_kib) / 1024.0; }
-};
-
-// "drop_caches", "fadvise" or "" (neither worked: the caller reads with O_DIRECT).
-std::string drop_page_cache(const std::vector<std::string>& paths) {
-  ::sync();
-  {
-    std::ofstream f("/proc/sys/vm/drop_caches");
-    if (f) {
-      f << "3";
-      f.flush();
-      if (f) return "drop_caches";
-    }
-  }
-  bool ok = !paths.empty();
-  for (const auto& p : paths) {
-    const int fd = ::open(p.c_str(), O_RDONLY);
-    if (fd < 0) {
-      ok = false;
-      continue;
-    }
-    ::fdatasync(fd);
-    ok = ok && ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
-    ::close(fd);
-  }
-  return ok ? "fadvise" : "";
-}
-
-void warm_page_cache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  struct stat sb {};
-  ::fstat(fd, &sb);
-  const auto size = static_cast<std::uint64_t>(sb.st_size);
-  constexpr std::uint64_t kChunk = 16u << 20;
-  std::atomic<std::uint64_t> next{0};
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < 8; ++t)
-    ts.emplace_back([&] {
-      std::vector<char> buf(kChunk);
-      for (std::uint64_t off; (off = next.fetch_add(kChunk)) < size;)
-        if (::pread(fd, buf.data(), kChunk, static_cast<off_t>(off)) < 0) break;
-    });
-  for (auto& t : ts) t.join();
-  ::close(fd);
-}
-
-// Plain O_DIRECT read of the whole file; GB/s or -1 if O_DIRECT is refused.
-double odirect_read(const std::string& path, unsigned threads, std::uint64_t chunk, double* seconds) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) return -1;
-  struct stat sb {};
-  ::fstat(fd, &sb);
-  const auto size = static_cast<std::uint64_t>(sb.st_size);
-  std::atomic<std::uint64_t> next{0};
-  std::atomic<bool> err{false};
-  const auto t0 = Clock::now();
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < threads; ++t)
-    ts.emplace_back([&] {
-      void* buf = nullptr;
-      if (::posix_memalign(&buf, 4096, chunk) != 0) {
-        err = true;
-        return;
-      }
-      for (std::uint64_t off; (off = next.fetch_add(chunk)) < size;)
-        if (::pread(fd, buf, chunk, static_cast<off_t>(off)) < 0) {
-          err = true;
-          break;
-        }
-      std::free(buf);
-    });
-  for (auto& t : ts) t.join();
-  *seconds = since(t0);
-  ::close(fd);
-  return err ? -1 : static_cast<double>(size) / *seconds / 1e9;
 }
 
 // ---- generated input --------------------------------------------------------
@@ -360,34 +268,21 @@ void print_table(const std::vector<Row>& rows) {
 void run_baselines(const std::string& cmd, std::vector<Row>& rows) {
   std::fprintf(stderr, "bench: running baselines: %s\n", cmd.c_str());
   std::fflush(stderr);
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return;
-  char line[4096];
-  while (std::fgets(line, sizeof line, p)) {
-    std::fputs(line, stderr);
-    if (std::strncmp(line, "ROW\t", 4) != 0) continue;
-    std::vector<std::string> f(1);
-    for (const char* c = line + 4; *c && *c != '\n'; ++c) {
-      if (*c == '\t')
-        f.emplace_back();
-      else
-        f.back() += *c;
-    }
-    if (f.size() < 8) continue;
+  for (auto& b : bench::run_baseline_command(cmd, stderr)) {
     Row r;
-    r.what = f[0];
-    r.mode = f[1];
-    r.seconds = std::atof(f[2].c_str());
-    r.gbps = std::atof(f[3].c_str());
-    r.first_ms = std::atof(f[4].c_str());
-    r.rss_mib = std::atof(f[5].c_str());
-    r.dev_mib = std::atof(f[6].c_str());
-    const auto semi = f[7].find("; ");
-    r.file = semi == std::string::npos ? "" : f[7].substr(0, semi);
-    r.note = semi == std::string::npos ? f[7] : f[7].substr(semi + 2);
-    rows.push_back(r);
+    r.what = b.what;
+    r.mode = b.mode;
+    r.seconds = b.seconds;
+    r.gbps = b.gbps;
+    r.first_ms = b.first_ms;
+    r.rss_mib = b.rss_mib;
+    r.dev_mib = b.dev_mib;
+    // The script's notes start with the file name: "model.pt; ...".
+    const auto semi = b.note.find("; ");
+    r.file = semi == std::string::npos ? "" : b.note.substr(0, semi);
+    r.note = semi == std::string::npos ? b.note : b.note.substr(semi + 2);
+    rows.push_back(std::move(r));
   }
-  if (const int rc = ::pclose(p); rc != 0) std::fprintf(stderr, "bench: baselines exited with status %d\n", rc);
 }
 
 Result<int> parse_device(const std::string& s) {
@@ -497,7 +392,7 @@ int run_bench(const BenchArgs& a) {
       RssProbe rss;
       rss.start();
       double secs = 0;
-      od.gbps = odirect_read(f, readers, 4ull << 20, &secs);
+      od.gbps = odirect_read_gbps(f, readers, 4ull << 20, &secs);
       od.seconds = od.gbps > 0 ? secs : -1;
       od.rss_mib = rss.growth_mib();
       od.note = od.gbps > 0 ? "whole file, no GPU" : "O_DIRECT refused by the file system";

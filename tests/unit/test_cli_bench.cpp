@@ -4,33 +4,21 @@
 // SAFECKPT_CLI / SAFECKPT_TEST_DATA_DIR override the built-in paths so the
 // binary can run on another machine.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
+#include "support/run_cli.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-};
-
+using Run = test_support::CliRun;
 Run run(const std::string& args) {
-  const char* cli = std::getenv("SAFECKPT_CLI");
-  std::string cmd = std::string(cli ? cli : SAFECKPT_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return test_support::run_cli(args, /*merge_stderr=*/true);
 }
 
 fs::path data_dir() {

@@ -12,26 +12,15 @@
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
+#include "support/run_cli.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-};
-
+using Run = test_support::CliRun;
 Run run(const std::string& args) {
-  std::string cmd = std::string(SAFECKPT_CLI_PATH) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return test_support::run_cli(args);
 }
 
 const fs::path kData = fs::path(SAFECKPT_TEST_DATA);
