@@ -40,6 +40,7 @@
 
 #include "commands.hpp"
 #include "probes.hpp"
+#include "safeckpt/error.hpp"
 
 #ifdef SAFECKPT_HAVE_CUDA
 #include "safeckpt/builder.hpp"
@@ -63,6 +64,16 @@ struct BenchArgs {
   std::uint64_t ring_mib = 0;
   bool pageable = false;
 };
+
+// "cuda", "cuda:N" or "N" -> N.
+Result<int> parse_device(const std::string& s) {
+  std::string t = s;
+  if (t == "cuda") return 0;
+  if (t.rfind("cuda:", 0) == 0) t = t.substr(5);
+  if (t.empty() || t.size() > 3 || t.find_first_not_of("0123456789") != std::string::npos)
+    return make_error(ErrorCode::kInvalidArgument, "--device must be cuda, cuda:N or N, got '" + s + "'");
+  return std::stoi(t);
+}
 
 #ifdef SAFECKPT_HAVE_CUDA
 
@@ -285,33 +296,19 @@ void run_baselines(const std::string& cmd, std::vector<Row>& rows) {
   }
 }
 
-Result<int> parse_device(const std::string& s) {
-  std::string t = s;
-  if (t == "cuda") return 0;
-  if (t.rfind("cuda:", 0) == 0) t = t.substr(5);
-  if (t.empty() || t.size() > 3 || t.find_first_not_of("0123456789") != std::string::npos)
-    return make_error(ErrorCode::kInvalidArgument, "--device must be cuda, cuda:N or N, got '" + s + "'");
-  return std::stoi(t);
-}
-
-int run_bench(const BenchArgs& a) {
-  auto dev = parse_device(a.device);
-  if (!dev) {
-    std::fprintf(stderr, "safeckpt bench: %s\n", dev.error().message().c_str());
-    return 2;
-  }
-  if (cuda::device_count() <= *dev) {
-    std::fprintf(stderr, "safeckpt bench: no CUDA device %d visible (%d device(s)); the benchmark needs a GPU\n", *dev,
-                 cuda::device_count());
+int run_bench(const BenchArgs& a, int device) {
+  if (cuda::device_count() <= device) {
+    std::fprintf(stderr, "safeckpt bench: no CUDA device %d visible (%d device(s)); the benchmark needs a GPU\n",
+                 device, cuda::device_count());
     return 2;
   }
   const auto tc = Clock::now();
-  if (auto m = cuda::device_memory(*dev); !m) {  // creates the CUDA context, outside every row
+  if (auto m = cuda::device_memory(device); !m) {  // creates the CUDA context, outside every row
     std::fprintf(stderr, "safeckpt bench: %s\n", m.error().to_string().c_str());
     return 2;
   }
   const double context_ms = since(tc) * 1e3;
-  auto desc = cuda::device_description(*dev);
+  auto desc = cuda::device_description(device);
 
   std::vector<std::string> files = a.files;
   std::string input_note;
@@ -330,8 +327,8 @@ int run_bench(const BenchArgs& a) {
   }
 
   cuda::DeviceLoadOptions o;
-  o.map_location = "cuda:" + std::to_string(*dev);
-  o.transfer.device = *dev;
+  o.map_location = "cuda:" + std::to_string(device);
+  o.transfer.device = device;
   if (a.threads) o.transfer.reader_threads = a.threads;
   if (a.ring_mib) o.transfer.ring_bytes = a.ring_mib << 20;
   o.transfer.pageable_staging = a.pageable;
@@ -350,7 +347,7 @@ int run_bench(const BenchArgs& a) {
   }
   std::vector<Row> rows;
   double ceiling = -1;
-  if (auto c = cuda::measure_pinned_h2d(*dev, std::max<std::uint64_t>(bytes, 1)); c) {
+  if (auto c = cuda::measure_pinned_h2d(device, std::max<std::uint64_t>(bytes, 1)); c) {
     ceiling = *c;
     Row r;
     r.what = "pinned H2D ceiling";
@@ -490,8 +487,14 @@ void register_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--pageable-staging", args->pageable,
                 "stage chunks in pageable memory instead of the pinned ring (TransferOptions::pageable_staging)");
   cmd->callback([args, &exit_code] {
+    auto dev = parse_device(args->device);
+    if (!dev) {
+      std::fprintf(stderr, "safeckpt bench: %s\n", dev.error().message().c_str());
+      exit_code = 2;
+      return;
+    }
 #ifdef SAFECKPT_HAVE_CUDA
-    exit_code = run_bench(*args);
+    exit_code = run_bench(*args, *dev);
 #else
     std::fprintf(stderr, "safeckpt bench: this safeckpt was built without CUDA (configure with -DSAFECKPT_CUDA=ON)\n");
     exit_code = 2;
