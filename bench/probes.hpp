@@ -34,15 +34,22 @@ inline std::int64_t status_kib(const char* key) {
 // Peak RSS growth over a region: start() resets VmHWM to the current RSS
 // (writing "5" to /proc/self/clear_refs, Linux >= 4.0) and remembers VmRSS;
 // growth_mib() = VmHWM now - VmRSS then.
+// growth_mib() is -1 when the peak could not be reset (it would otherwise
+// report the peak since the process started).
 struct RssProbe {
   std::int64_t before_kib = 0;
+  bool reset_ok = false;
   void start() {
     std::ofstream f("/proc/self/clear_refs");
     f << "5";
     f.flush();
+    reset_ok = static_cast<bool>(f);
     before_kib = status_kib("VmRSS:");
   }
-  double growth_mib() const { return static_cast<double>(status_kib("VmHWM:") - before_kib) / 1024.0; }
+  double growth_mib() const {
+    if (!reset_ok) return -1;
+    return static_cast<double>(status_kib("VmHWM:") - before_kib) / 1024.0;
+  }
 };
 
 // Drops `paths` from the page cache: "drop_caches" (all of it, needs root),

@@ -5,19 +5,23 @@
 // Rows, per file (a torch.save / legacy checkpoint and/or a .safetensors file
 // of the same tensors; with no FILE a multi-GB bf16 model of both kinds is
 // generated in --dir):
-//   pinned H2D ceiling         measure_pinned_h2d (cudaMemcpyAsync from one pinned buffer)
-//   plain O_DIRECT read        the file read with O_DIRECT by as many threads as our readers (disk ceiling)
-//   safeckpt cold              page cache dropped (/proc/sys/vm/drop_caches, else posix_fadvise),
-//                              else read with O_DIRECT (io mode forced), reused engine
-//   safeckpt warm, new engine  first load of a process: engine created inside the timed region
+//   pinned H2D ceiling         measure_pinned_h2d (cudaMemcpyAsync from one pinned buffer,
+//                              over max(tensor bytes, 1 GiB); measured after the rows below)
+//   safeckpt warm, new engine  engine created inside the timed region (pins its ring); for the
+//                              first file the first engine of the process, after the CUDA context
 //   safeckpt warm              engine reused (the intended use: one engine per process)
+//   plain O_DIRECT read        the file read with O_DIRECT by as many threads as our readers (disk ceiling)
+//   safeckpt cold              page cache dropped (/proc/sys/vm/drop_caches, else posix_fadvise)
+//                              right before the timed load, else read with O_DIRECT (io mode
+//                              forced); reused engine
 //   baselines                  "ROW\t..." lines of --baselines CMD FILE... (bench/torch_baselines.py files)
 // Columns: seconds (median of --runs), GB/s of tensor bytes (1e9), time to
 // first tensor (call until the first storage is complete on the device, after
 // the CUDA context exists; includes host parse and, for a new engine, its
 // creation), peak host RSS growth (VmHWM after minus VmRSS before, peak reset
 // through /proc/self/clear_refs), device overhead (drop of cudaMemGetInfo
-// while the checkpoint is alive, minus tensor bytes).
+// while the checkpoint is alive, minus tensor bytes). Generated files are
+// removed at the end unless --keep.
 // Exit codes: 0 measured, 1 a load failed, 2 usage / no CUDA device / no CUDA build.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -32,6 +36,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +65,7 @@ struct BenchArgs {
   double gen_gib = 6.0;
   int runs = 3;
   bool no_cold = false;
+  bool keep = false;
   unsigned threads = 0;
   std::uint64_t ring_mib = 0;
   bool pageable = false;
@@ -76,6 +82,13 @@ Result<int> parse_device(const std::string& s) {
 }
 
 #ifdef SAFECKPT_HAVE_CUDA
+
+// 'text' for /bin/sh, with embedded single quotes as '\''.
+std::string shell_quote(const std::string& text) {
+  std::string q = "'";
+  for (char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
 
 using Clock = std::chrono::steady_clock;
 using bench::drop_page_cache;
@@ -167,6 +180,7 @@ Status generate(const std::filesystem::path& pt, const std::filesystem::path& st
 
 struct Row {
   std::string what, file, mode;
+  std::uint64_t bytes = 0;  // tensor bytes loaded (our rows)
   double seconds = -1, gbps = -1, first_ms = -1, rss_mib = -1, dev_mib = -1;
   std::string note;
 };
@@ -216,8 +230,10 @@ std::string fmt_ms(double s) {
 }
 
 // Median of `runs` loads (engine reused when `reuse`), as a row.
+// `before_each` runs before every timed load (after the reused engine's
+// warm-up load), e.g. to drop the page cache for a cold row.
 Result<Row> measure(const std::string& what, const std::string& path, const cuda::DeviceLoadOptions& o, bool reuse,
-                    int runs) {
+                    int runs, const std::function<void()>& before_each = {}) {
   std::optional<cuda::TransferEngine> eng;
   if (reuse) {
     auto e = cuda::TransferEngine::create(o.transfer);
@@ -228,6 +244,7 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
   }
   std::vector<OneLoad> all;
   for (int i = 0; i < runs; ++i) {
+    if (before_each) before_each();
     auto r = one_load(path, o, eng ? &*eng : nullptr);
     if (!r) return unexpected(std::move(r).error());
     all.push_back(*r);
@@ -239,6 +256,7 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
   row.file = std::filesystem::path(path).filename().string();
   row.mode = std::string(cuda::io_mode_name(m.stats.io_mode)) + " r" + std::to_string(m.stats.reader_threads) + " s" +
              std::to_string(m.stats.streams) + " c" + std::to_string(o.transfer.chunk_bytes >> 20) + "M";
+  row.bytes = m.stats.bytes;
   row.seconds = m.seconds;
   row.gbps = static_cast<double>(m.stats.bytes) / m.seconds / 1e9;
   row.first_ms = m.first * 1e3;
@@ -311,6 +329,8 @@ int run_bench(const BenchArgs& a, int device) {
   auto desc = cuda::device_description(device);
 
   std::vector<std::string> files = a.files;
+  std::vector<std::string> generated;  // removed at the end unless --keep
+  std::error_code ec_ignored;
   std::string input_note;
   if (files.empty()) {
     const std::filesystem::path dir =
@@ -324,6 +344,7 @@ int run_bench(const BenchArgs& a, int device) {
       return 2;
     }
     files = {pt.string(), st.string()};
+    generated = files;
   }
 
   cuda::DeviceLoadOptions o;
@@ -335,31 +356,7 @@ int run_bench(const BenchArgs& a, int device) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const unsigned readers = o.transfer.reader_threads ? o.transfer.reader_threads : std::min(16u, hw);
 
-  // Tensor bytes of the first file, for the ceiling row (one host load).
-  std::uint64_t bytes = 0;
-  {
-    auto probe = cuda::load_to_device(files[0], o);
-    if (!probe) {
-      std::fprintf(stderr, "safeckpt bench: %s: %s\n", files[0].c_str(), probe.error().to_string().c_str());
-      return 1;
-    }
-    for (auto i = 0u; i < probe->arena().storage_count(); ++i) bytes += probe->arena().storage_nbytes(i);
-  }
   std::vector<Row> rows;
-  double ceiling = -1;
-  if (auto c = cuda::measure_pinned_h2d(device, std::max<std::uint64_t>(bytes, 1)); c) {
-    ceiling = *c;
-    Row r;
-    r.what = "pinned H2D ceiling";
-    r.mode = "cudaMemcpyAsync 16M x 4 streams";
-    r.gbps = ceiling;
-    r.seconds = static_cast<double>(bytes) / ceiling / 1e9;
-    r.note = "same byte count from one pinned buffer, median of 3";
-    rows.push_back(r);
-  } else {
-    std::fprintf(stderr, "safeckpt bench: pinned ceiling: %s\n", c.error().to_string().c_str());
-  }
-
   struct Summary {
     std::string file;
     double warm = -1, cold = -1, odirect = -1, first_new = -1, rss = -1, dev = -1;
@@ -377,9 +374,20 @@ int run_bench(const BenchArgs& a, int device) {
                  rows.back().file.c_str(), rows.back().gbps, rows.back().first_ms);
     return &rows.back();
   };
+  std::uint64_t bytes = 0;  // tensor bytes of the first file
   for (const auto& f : files) {
     Summary s;
     s.file = std::filesystem::path(f).filename().string();
+    // Warm rows first: the first file's "new engine" row is then the first
+    // engine of this process (only the CUDA context exists before it).
+    warm_page_cache(f);
+    if (const Row* r = add(measure("safeckpt warm, new engine", f, o, false, a.runs), f)) {
+      s.first_new = r->first_ms;
+      s.rss = r->rss_mib;
+      s.dev = r->dev_mib;
+      if (bytes == 0) bytes = r->bytes;
+    }
+    if (const Row* r = add(measure("safeckpt warm", f, o, true, a.runs), f)) s.warm = r->gbps;
     if (!a.no_cold) {
       std::string how = drop_page_cache({f});
       Row od;
@@ -395,27 +403,36 @@ int run_bench(const BenchArgs& a, int device) {
       od.note = od.gbps > 0 ? "whole file, no GPU" : "O_DIRECT refused by the file system";
       s.odirect = od.gbps;
       rows.push_back(od);
-      how = drop_page_cache({f});
       auto oc = o;
       if (how.empty()) oc.transfer.io_mode = cuda::IoMode::kODirect;  // cannot drop the cache: bypass it
-      if (const Row* r = add(measure("safeckpt cold", f, oc, true, 1), f)) {
+      // The engine's warm-up load reads the file too: drop the cache again
+      // right before the timed load.
+      if (const Row* r = add(measure("safeckpt cold", f, oc, true, 1, [&] { how = drop_page_cache({f}); }), f)) {
         rows.back().note =
             (how.empty() ? "page cache not droppable, O_DIRECT forced; " : "cache dropped via " + how + "; ") + r->note;
         s.cold = r->gbps;
       }
     }
-    warm_page_cache(f);
-    if (const Row* r = add(measure("safeckpt warm, new engine", f, o, false, a.runs), f)) {
-      s.first_new = r->first_ms;
-      s.rss = r->rss_mib;
-      s.dev = r->dev_mib;
-    }
-    if (const Row* r = add(measure("safeckpt warm", f, o, true, a.runs), f)) s.warm = r->gbps;
     sums.push_back(s);
+  }
+  // The pinned ceiling, after our rows (it pins 256 MiB of its own), over
+  // at least 1 GiB so small files still get a meaningful figure.
+  double ceiling = -1;
+  if (auto c = cuda::measure_pinned_h2d(device, std::max<std::uint64_t>(bytes, 1ull << 30)); c) {
+    ceiling = *c;
+    Row r;
+    r.what = "pinned H2D ceiling";
+    r.mode = "cudaMemcpyAsync 16M x 4 streams";
+    r.gbps = ceiling;
+    r.seconds = static_cast<double>(bytes) / ceiling / 1e9;
+    r.note = "time for the same bytes; copies from one pinned buffer, median of 3 over max(bytes, 1 GiB)";
+    rows.insert(rows.begin(), r);
+  } else {
+    std::fprintf(stderr, "safeckpt bench: pinned ceiling: %s\n", c.error().to_string().c_str());
   }
   if (!a.baselines.empty()) {
     std::string cmd = a.baselines;
-    for (const auto& f : files) cmd += " '" + f + "'";
+    for (const auto& f : files) cmd += " " + shell_quote(f);
     if (a.no_cold) cmd += " --no-cold";
     run_baselines(cmd, rows);
   }
@@ -439,19 +456,26 @@ int run_bench(const BenchArgs& a, int device) {
   }
   std::printf("\ntargets (issue 5):\n");
   for (const auto& s : sums) {
-    std::printf("- %s warm: %.1f GB/s", s.file.c_str(), s.warm);
-    if (ceiling > 0) std::printf(" = %.0f%% of the pinned ceiling", 100.0 * s.warm / ceiling);
-    std::printf(" (target >= 45 GB/s and >= 80%%)");
-    if (st_load > 0) std::printf("; %.1fx safetensors (>= 8x)", s.warm / st_load);
-    if (torch_load > 0) std::printf("; %.1fx torch.load (>= 40x)", s.warm / torch_load);
-    std::printf("\n");
+    if (s.warm > 0) {
+      std::printf("- %s warm: %.1f GB/s", s.file.c_str(), s.warm);
+      if (ceiling > 0) std::printf(" = %.0f%% of the pinned ceiling", 100.0 * s.warm / ceiling);
+      std::printf(" (target >= 45 GB/s and >= 80%%)");
+      if (st_load > 0) std::printf("; %.1fx safetensors (>= 8x)", s.warm / st_load);
+      if (torch_load > 0) std::printf("; %.1fx torch.load (>= 40x)", s.warm / torch_load);
+      std::printf("\n");
+    }
     if (s.cold > 0 && s.odirect > 0)
       std::printf("- %s cold: %.2f GB/s = %.0f%% of plain O_DIRECT read (target >= 90%%)\n", s.file.c_str(), s.cold,
                   100.0 * s.cold / s.odirect);
-    std::printf(
-        "- %s new engine: first tensor %.1f ms (target <= 20), peak RSS growth %.0f MiB (<= 1024), device "
-        "overhead %.0f MiB (<= 256)\n",
-        s.file.c_str(), s.first_new, s.rss, s.dev);
+    if (s.first_new >= 0)
+      std::printf(
+          "- %s new engine: first tensor %.1f ms (target <= 20), peak RSS growth %s MiB (<= 1024), device "
+          "overhead %.0f MiB (<= 256)\n",
+          s.file.c_str(), s.first_new, s.rss >= 0 ? std::to_string(static_cast<long>(s.rss)).c_str() : "?", s.dev);
+  }
+  if (!generated.empty() && !a.keep) {
+    for (const auto& g : generated) std::filesystem::remove(g, ec_ignored);
+    std::fprintf(stderr, "bench: removed the generated files (--keep keeps them)\n");
   }
   return rc;
 }
@@ -482,6 +506,7 @@ void register_bench(CLI::App& app, int& exit_code) {
                   "command printing ROW lines for the same files, which are appended to it, e.g. "
                   "\"python3 bench/torch_baselines.py files\"");
   cmd->add_flag("--no-cold", args->no_cold, "skip the rows that drop the page cache");
+  cmd->add_flag("--keep", args->keep, "keep the generated checkpoint files (removed by default)");
   cmd->add_option("--threads", args->threads, "reader threads (default min(16, hardware threads))");
   cmd->add_option("--ring-mib", args->ring_mib, "pinned staging ring cap in MiB (default 128)");
   cmd->add_flag("--pageable-staging", args->pageable,

@@ -71,6 +71,10 @@ int run_convert(const ConvertArgs& a) {
                  a.out.c_str());
     return 2;
   }
+  if (a.legacy && out != Out::kTorch) {
+    std::fprintf(stderr, "safeckpt convert: --legacy applies to PyTorch outputs only\n");
+    return 2;
+  }
   Allowlist allow = Allowlist::default_policy();
   for (const auto& f : a.allow_files) {
     auto st = allow.add_file(f);
@@ -82,13 +86,7 @@ int run_convert(const ConvertArgs& a) {
   so.overwrite = a.force;
   so.fsync = !a.no_fsync;
   if (a.cpu) so.force_location = "cpu";
-  if (a.legacy) {
-    if (out != Out::kTorch) {
-      std::fprintf(stderr, "safeckpt convert: --legacy applies to PyTorch outputs only\n");
-      return 2;
-    }
-    so.legacy_format = true;
-  }
+  so.legacy_format = a.legacy;
   std::vector<std::string> notes;
   Status st;
   if (out == Out::kSafetensors) {

@@ -69,7 +69,7 @@ struct DeviceMemory {
 Result<DeviceMemory> device_memory(int device);
 
 // The pinned host->device copy ceiling: copies `bytes` (1e9 per GB in the
-// result) from one pinned buffer (min(256 MiB, bytes)) to device memory in
+// result) from one pinned buffer of min(256 MiB, max(bytes, chunk_bytes)) to device memory in
 // `chunk_bytes` cudaMemcpyAsync calls spread round-robin over `streams`
 // streams; returns the median GB/s of 3 runs after a warm-up run. What the
 // transfer engine is compared against (docs/gpu-loading.md: 55 GB/s on the
@@ -144,9 +144,9 @@ struct TransferOptions {
   unsigned streams = 4;
   IoMode io_mode = IoMode::kAuto;
   // Stage every chunk in a reader's own pageable buffer instead of the
-  // pinned ring: nothing is pinned, and a pageable cudaMemcpyAsync returns
-  // once the driver has copied the source into its own staging memory (CUDA
-  // Runtime API, "API synchronization behavior"). Measured on the H200
+  // pinned ring: no ring is pinned (kMmapRegister still registers file
+  // pages; it does not stage), the copy goes through the driver's own staging
+  // memory and the reader waits for it before reusing its buffer. Measured on the H200
   // machine (bench/RESULTS.md): 8.5-11 GB/s against 45 with the ring, and
   // no faster to the first tensor (29-56 ms); staging in pageable memory only
   // while the ring was still being pinned was worse still (cudaHostAlloc

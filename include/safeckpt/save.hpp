@@ -76,9 +76,11 @@ struct SaveOptions {
   // pickles (magic, 1001, sys_info) byte-identical to Python's, the object
   // pickle with 6-tuple persistent ids, the string-sorted storage keys, then
   // per key an int64 element count and the storage bytes. storage_alignment,
-  // root_name and compute_crc32 do not apply (no zip). Like torch, refuses
-  // (kUnsupported) a storage viewed as several dtypes or as a dtype without
-  // a legacy storage class (uint16/32/64, float8, bits...). Read back by
+  // root_name and compute_crc32 have no effect (no zip; the first two are
+  // still validated). Like torch, refuses (kUnsupported) a storage viewed as
+  // several dtypes or as a dtype without a legacy storage class (uint16/32/
+  // 64, float8, bits...), and one whose bytes are not a whole number of
+  // elements of its dtype. Read back by
   // PyTorch 1.13 and 2.11 with weights_only=True (tests/unit/test_save_legacy.cpp,
   // tests/interop/README.md).
   bool legacy_format = false;

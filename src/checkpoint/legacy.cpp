@@ -14,8 +14,8 @@
 //  6. per key, in that order: u64 little-endian element count equal to the
 //     persistent id's numel, then count x element_size bytes (little-endian).
 #include <algorithm>
+#include <map>
 #include <string>
-#include <unordered_map>
 
 #include "checkpoint/builder.hpp"
 #include "torch/object_model.hpp"
@@ -30,7 +30,7 @@ class LegacyStorages final : public StorageProvider {
   LegacyStorages(TorchTables& t, const Limits& l) : t_(t), lim_(l) {}
   Result<std::uint32_t> storage(std::string_view key, DType dtype, std::uint64_t nbytes, std::string_view location,
                                 const OpContext&) override {
-    if (auto it = index_.find(std::string(key)); it != index_.end()) {
+    if (auto it = index_.find(key); it != index_.end()) {
       const StorageInfo& s = t_.storages[it->second];
       if (s.dtype != dtype || s.nbytes != nbytes)
         return make_error(ErrorCode::kMalformed, "storage '" + std::string(key) + "' referenced with different types");
@@ -63,7 +63,10 @@ class LegacyStorages final : public StorageProvider {
   TorchTables& t_;
   const Limits& lim_;
   std::uint64_t total_ = 0;
-  std::unordered_map<std::string, std::uint32_t> index_;  // key -> storage (linear search was quadratic)
+  // key -> storage: an ordered map, O(log n) whatever the keys (a linear
+  // search was quadratic; a hash map with a fixed seed can be flooded with
+  // colliding keys from the file).
+  std::map<std::string, std::uint32_t, std::less<>> index_;
 };
 
 }  // namespace

@@ -14,6 +14,7 @@ namespace safeckpt::cuda {
 namespace {
 
 Unexpected cuda_failed(const std::string& what, cudaError_t e) {
+  (void)cudaGetLastError();  // leave no non-sticky error behind for the caller's next call
   return make_error(ErrorCode::kDevice, what + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
@@ -24,6 +25,7 @@ struct Buffers {
   std::vector<cudaStream_t> streams;
   ~Buffers() {
     for (auto s : streams) {
+      if (s == nullptr) continue;
       (void)cudaStreamSynchronize(s);
       (void)cudaStreamDestroy(s);
     }

@@ -503,11 +503,15 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
     release();
     return unexpected(std::move(ev).error());
   }
-  // From pageable memory cudaMemcpyAsync returns once `data` has been copied
-  // to the driver's staging memory: the buffer is free again on return.
   Status issued = issue_copy(st, c, data, stream);
   if (cudaError_t e = cudaEventRecord(*ev, stream); e != cudaSuccess && issued)
     issued = device_error("cudaEventRecord", e);
+  // A pageable source may still be read after cudaMemcpyAsync returns (the
+  // API only says the call "might be synchronous"): wait for the copy before
+  // the reader reuses its buffer.
+  if (slot == nullptr && issued) {
+    if (cudaError_t e = cudaEventSynchronize(*ev); e != cudaSuccess) issued = device_error("cudaEventSynchronize", e);
+  }
   // Even after an error the event is queued: the completion thread waits on
   // it before the slot is reused. (If recording failed, the final stream
   // synchronization covers the copy.)

@@ -34,7 +34,7 @@ constexpr std::uint8_t kMark = '(', kStop = '.', kBinInt = 'J', kBinInt1 = 'K', 
                        kEmptyList = ']', kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't',
                        kSetItems = 'u', kEmptyDict = '}', kEmptyTuple = ')', kGlobalOp = 'c', kReduce = 'R',
                        kBuild = 'b', kBinFloat = 'G', kBinPersId = 'Q', kProto = 0x80, kTuple1 = 0x85, kTuple2 = 0x86,
-                       kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a;
+                       kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a;
 constexpr std::size_t kBatch = 1000;  // pickle._BATCHSIZE
 
 Unexpected unsupported(std::string msg) {
@@ -359,8 +359,9 @@ class Pickler {
       // multiple tensors or storages that view the same data as different
       // types"; dtypes without a legacy class fail in _pickle_storage_type).
       return unsupported("save: the legacy format needs one typed storage class per storage; storage " + info.key +
-                         " is viewed as several dtypes or as a dtype without a legacy storage class "
-                         "(uint16/32/64, float8, ...); save in the zip format");
+                         " is viewed as several dtypes, as a dtype without a legacy storage class "
+                         "(uint16/32/64, float8, ...), or holds a byte count that is not a whole number of "
+                         "elements; save in the zip format");
     if (typed_[s]) {
       seq.push_back(global("torch", storage_class_for(typed_dtype_[s])));
       numel = static_cast<std::int64_t>(info.nbytes / dtype_size(typed_dtype_[s]));
@@ -393,12 +394,18 @@ class Pickler {
   }
 
   // Batches of APPEND(S) / SETITEM(S).
-  static void batched(Seq& seq, const std::vector<NodeId>& items, std::size_t per, std::uint8_t one,
-                      std::uint8_t many) {
+  // CPython's C pickler (Modules/_pickle.c): exact lists/dicts
+  // (batch_list_exact / batch_dict_exact) use the single-item opcode only
+  // when the whole container has one item; containers written through an
+  // iterator (OrderedDict's dictitems: batch_dict) also for a trailing
+  // batch of one. batch_dict_exact loops `while (i == BATCHSIZE)`, so an
+  // exact dict of 1000k items ends with an empty MARK SETITEMS.
+  static void batched(Seq& seq, const std::vector<NodeId>& items, std::size_t per, std::uint8_t one, std::uint8_t many,
+                      bool exact) {
     const std::size_t n = items.size() / per;
     for (std::size_t b = 0; b < n; b += kBatch) {
       const std::size_t e = std::min(n, b + kBatch);
-      if (e - b == 1) {
+      if (exact ? n == 1 : e - b == 1) {
         for (std::size_t k = 0; k < per; ++k) seq.push_back(node(items[b * per + k]));
         seq.push_back(raw(one));
       } else {
@@ -406,6 +413,10 @@ class Pickler {
         for (std::size_t i = b * per; i < e * per; ++i) seq.push_back(node(items[i]));
         seq.push_back(raw(many));
       }
+    }
+    if (exact && per == 2 && n > 1 && n % kBatch == 0) {
+      seq.push_back(raw(kMark));
+      seq.push_back(raw(many));
     }
   }
 
@@ -470,7 +481,7 @@ class Pickler {
       case Kind::kList: {
         seq.push_back(raw(kEmptyList));
         seq.push_back({Op::kMemoNode, id});
-        batched(seq, n.items, 1, kAppend, kAppends);
+        batched(seq, n.items, 1, kAppend, kAppends, /*exact=*/true);
         break;
       }
       case Kind::kTuple: {
@@ -495,7 +506,7 @@ class Pickler {
             parts.push_back(node(n.items[0]));
             parts.push_back(raw(kAppend));
           } else {
-            batched(parts, n.items, 1, kAppend, kAppends);
+            batched(parts, n.items, 1, kAppend, kAppends, /*exact=*/true);
           }
         }
         parts.push_back(raw(kTuple1));
@@ -514,13 +525,13 @@ class Pickler {
       case Kind::kDict: {
         seq.push_back(raw(kEmptyDict));
         seq.push_back({Op::kMemoNode, id});
-        batched(seq, n.items, 2, kSetItem, kSetItems);
+        batched(seq, n.items, 2, kSetItem, kSetItems, /*exact=*/true);
         break;
       }
       case Kind::kOrderedDict: {
         ordered_dict_call(seq);
         seq.push_back({Op::kMemoNode, id});
-        batched(seq, n.items, 2, kSetItem, kSetItems);
+        batched(seq, n.items, 2, kSetItem, kSetItems, /*exact=*/false);
         if (n.attrs != kNoNode) {
           // attrs is the BUILD state ({'_metadata': m}, as the loader keeps
           // it); a bare non-dict value is taken as `_metadata` itself.
@@ -538,7 +549,7 @@ class Pickler {
       }
       case Kind::kCounter: {
         Seq parts{global("collections", "Counter"), raw(kEmptyDict)};
-        batched(parts, n.items, 2, kSetItem, kSetItems);
+        batched(parts, n.items, 2, kSetItem, kSetItems, /*exact=*/true);
         parts.push_back(raw(kTuple1));
         reduce_value(std::move(parts));
         break;

@@ -97,8 +97,9 @@ void legacy_header(std::vector<std::uint8_t>& out) {
   out.insert(out.end(), {'u', 'u', '.'});
 }
 
-// The storage-keys pickle: a list of str as Python's pickle writes it
-// (APPEND for one item, MARK ... APPENDS in batches of 1000 otherwise).
+// The storage-keys pickle: a list of str as CPython's C pickler writes it
+// (batch_list_exact: APPEND only for a one-item list, else MARK ... APPENDS
+// in batches of 1000).
 std::vector<std::uint8_t> legacy_key_list(const std::vector<std::string>& keys) {
   std::vector<std::uint8_t> out = {0x80, 0x02, ']'};
   std::uint32_t memo = 0;
@@ -115,14 +116,15 @@ std::vector<std::uint8_t> legacy_key_list(const std::vector<std::string>& keys) 
   put();
   for (std::size_t b = 0; b < keys.size(); b += 1000) {
     const std::size_t n = std::min<std::size_t>(1000, keys.size() - b);
-    if (n > 1) out.push_back('(');
+    const bool single = keys.size() == 1;
+    if (!single) out.push_back('(');
     for (std::size_t i = b; i < b + n; ++i) {
       out.push_back('X');
       for (int j = 0; j < 4; ++j) out.push_back(static_cast<std::uint8_t>(keys[i].size() >> (8 * j)));
       out.insert(out.end(), keys[i].begin(), keys[i].end());
       put();
     }
-    out.push_back(n > 1 ? 'e' : 'a');
+    out.push_back(single ? 'a' : 'e');
   }
   out.push_back('.');
   return out;
@@ -140,6 +142,12 @@ Status write_legacy(const std::function<Status(Bytes)>& write, const Checkpoint&
   po.force_location = o.force_location;
   po.legacy_format = true;
   SAFECKPT_TRY(TorchPickle pk, write_torch_pickle(ckpt, po));
+  const auto& storages = ckpt.storages();
+  for (std::uint32_t idx : pk.storages)  // before writing anything
+    if (storages[idx].bytes.size() != storages[idx].nbytes)
+      return make_error(ErrorCode::kInternal, "save: storage " + storages[idx].key + " has " +
+                                                  std::to_string(storages[idx].bytes.size()) + " bytes, expected " +
+                                                  std::to_string(storages[idx].nbytes));
   std::vector<std::uint8_t> head;
   legacy_header(head);
   head.insert(head.end(), pk.bytes.begin(), pk.bytes.end());
@@ -149,13 +157,9 @@ Status write_legacy(const std::function<Status(Bytes)>& write, const Checkpoint&
   const auto list = legacy_key_list(keys);
   head.insert(head.end(), list.begin(), list.end());
   SAFECKPT_CHECK(write(Bytes(head.data(), head.size())));
-  const auto& storages = ckpt.storages();
   for (const std::string& key : keys) {
     const std::size_t k = std::stoul(key);
     const StorageInfo& s = storages[pk.storages[k]];
-    if (s.bytes.size() != s.nbytes)
-      return make_error(ErrorCode::kInternal, "save: storage " + s.key + " has " + std::to_string(s.bytes.size()) +
-                                                  " bytes, expected " + std::to_string(s.nbytes));
     // THPStorage_writeFileRaw: int64 numel in the storage's dtype, then the bytes.
     const std::uint64_t numel = pk.numels[k];
     std::uint8_t count[8];
