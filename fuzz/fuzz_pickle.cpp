@@ -62,7 +62,9 @@ void run_once(Run& r, sc::Bytes data, const sc::PickleOptions& opt, std::uint8_t
     // the arena. The second run must not disturb the first's nodes.
     const sc::Node first_root = r.arena[p.root];
     const std::size_t before = r.arena.size();
-    auto r2 = sc::run_pickle(data.subspan(p.end_offset), r.arena, hooks, &obs, opt);
+    // Event offsets are relative to the stream passed in: a fresh observer.
+    fz::CheckingObserver obs2;
+    auto r2 = sc::run_pickle(data.subspan(p.end_offset), r.arena, hooks, &obs2, opt);
     if (!r2) {
       fz::check_error(r2.error(),
                       {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported,

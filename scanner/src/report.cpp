@@ -264,7 +264,7 @@ std::string to_json(const std::vector<FileReport>& reports, const std::vector<st
   json we = json::array();
   for (const auto& e : walk_errors) we.push_back(clean(e));
   root["path_errors"] = we;
-  return root.dump(2);
+  return root.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // names from the file may not be UTF-8
 }
 
 std::string to_sarif(const std::vector<FileReport>& reports) {
@@ -334,7 +334,7 @@ std::string to_sarif(const std::vector<FileReport>& reports) {
               {"columnKind", "utf16CodeUnits"}};
   json root = {
       {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"}, {"version", "2.1.0"}, {"runs", json::array({run})}};
-  return root.dump(2);
+  return root.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // names from the file may not be UTF-8
 }
 
 }  // namespace safeckpt::scan
