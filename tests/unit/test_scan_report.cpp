@@ -172,3 +172,30 @@ TEST_CASE("scan/cli: exit codes 0 clean, 1 finding, 2 usage or unreadable path; 
   }
 }
 #endif
+
+TEST_CASE("scan/report: names from the file that are not UTF-8 still give valid JSON and SARIF") {
+  // Zip member names are raw bytes; the fuzz regression
+  // scan/json_report_name_not_utf8 (a mutated nonascii root) made
+  // nlohmann::json throw out of to_json and terminate the process. Here:
+  // the real nonascii_root.pt with one byte of its root name, in every
+  // header, turned into 0xC1 (never valid in UTF-8).
+  std::ifstream in(fs::path(SAFECKPT_TEST_DATA) / "corpus/torch-1.13/nonascii_root.pt", std::ios::binary);
+  std::string file((std::istreambuf_iterator<char>(in)), {});
+  REQUIRE(file.size() > 100);
+  const std::string utf8_e_grave = "\xC3\xA8";  // the root name starts "mod\u00e8le"
+  std::size_t n = 0;
+  for (std::size_t at = file.find(utf8_e_grave); at != std::string::npos; at = file.find(utf8_e_grave, at + 2)) {
+    file[at] = '\xC1';
+    ++n;
+  }
+  REQUIRE(n >= 3);
+  auto rep = safeckpt::scan::scan_bytes(
+      safeckpt::Bytes(reinterpret_cast<const std::uint8_t*>(file.data()), file.size()), "bad-name.pt");
+  const std::vector<safeckpt::scan::FileReport> reps{rep};
+  std::string text, sarif;
+  REQUIRE_NOTHROW(text = safeckpt::scan::to_json(reps));
+  REQUIRE_NOTHROW(sarif = safeckpt::scan::to_sarif(reps));
+  CHECK(nlohmann::json::accept(text));
+  CHECK(nlohmann::json::accept(sarif));
+  CHECK(text.find("\xEF\xBF\xBD") != std::string::npos);  // U+FFFD stands for the bad byte
+}
