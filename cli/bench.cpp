@@ -341,6 +341,7 @@ int run_bench(const BenchArgs& a, int device) {
     std::fprintf(stderr, "bench: generating a %.1f GiB bf16 checkpoint in %s ...\n", a.gen_gib, dir.c_str());
     if (auto g = generate(pt, st, a.gen_gib, &input_note); !g) {
       std::fprintf(stderr, "safeckpt bench: cannot generate the checkpoint: %s\n", g.error().to_string().c_str());
+      std::filesystem::remove(pt, ec);  // the first file may have been written
       return 2;
     }
     files = {pt.string(), st.string()};
