@@ -840,21 +840,20 @@ Result<NodeId> TorchHooks::numpy_call(Builtin b, NodeId callable, const std::vec
     if (st.order == '>') std::reverse(raw.begin(), raw.end());
     Node n;
     auto rd = [&](auto& x) { std::memcpy(&x, raw.data(), sizeof x); };
+    // The scalar's bytes as a T, stored as a Python float / int.
+    auto as_float = [&](auto x) {
+      rd(x);
+      n.kind = Kind::kFloat;
+      n.re = static_cast<double>(x);
+    };
+    auto as_int = [&](auto x) {
+      rd(x);
+      n.kind = Kind::kInt;
+      n.i = static_cast<std::int64_t>(x);
+    };
     switch (dt) {
-      case DType::kFloat64: {
-        double x;
-        rd(x);
-        n.kind = Kind::kFloat;
-        n.re = x;
-        break;
-      }
-      case DType::kFloat32: {
-        float x;
-        rd(x);
-        n.kind = Kind::kFloat;
-        n.re = x;
-        break;
-      }
+      case DType::kFloat64: as_float(double{}); break;
+      case DType::kFloat32: as_float(float{}); break;
       case DType::kFloat16: {
         std::uint16_t x;
         rd(x);
@@ -862,55 +861,13 @@ Result<NodeId> TorchHooks::numpy_call(Builtin b, NodeId callable, const std::vec
         n.re = half_to_double(x);
         break;
       }
-      case DType::kInt64: {
-        std::int64_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
-      case DType::kInt32: {
-        std::int32_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
-      case DType::kInt16: {
-        std::int16_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
-      case DType::kInt8: {
-        std::int8_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
-      case DType::kUInt8: {
-        std::uint8_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
-      case DType::kUInt16: {
-        std::uint16_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
-      case DType::kUInt32: {
-        std::uint32_t x;
-        rd(x);
-        n.kind = Kind::kInt;
-        n.i = x;
-        break;
-      }
+      case DType::kInt64: as_int(std::int64_t{}); break;
+      case DType::kInt32: as_int(std::int32_t{}); break;
+      case DType::kInt16: as_int(std::int16_t{}); break;
+      case DType::kInt8: as_int(std::int8_t{}); break;
+      case DType::kUInt8: as_int(std::uint8_t{}); break;
+      case DType::kUInt16: as_int(std::uint16_t{}); break;
+      case DType::kUInt32: as_int(std::uint32_t{}); break;
       case DType::kUInt64: {
         std::uint64_t x;
         rd(x);
