@@ -44,93 +44,9 @@ import torch
 warnings.filterwarnings("ignore")
 
 
-def dt_name(dt):
-    return str(dt).replace("torch.", "")
-
-
-def tensor_bytes(t):
-    t = t.detach()
-    if t.is_quantized:
-        t = t.int_repr()
-    if t.layout != torch.strided:
-        return b""
-    t = t.resolve_conj().resolve_neg().contiguous().cpu()
-    if t.numel() == 0:
-        return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def storage_bytes(st):
-    if st.nbytes() == 0:
-        return b""
-    return torch.empty(0, dtype=torch.uint8).set_(st).numpy().tobytes()
-
-
-def untyped_storage(t):
-    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
-
-
-def enc(v, storages):
-    """The corpus typed tree (same as tests/data/gen_torch113.py `enc`)."""
-    if isinstance(v, torch.Tensor):
-        d = {"dtype": dt_name(v.dtype), "shape": list(v.shape), "requires_grad": bool(v.requires_grad),
-             "parameter": isinstance(v, torch.nn.Parameter), "layout": dt_name(v.layout)}
-        if v.layout == torch.strided:
-            d["stride"] = list(v.stride())
-            d["storage_offset"] = int(v.storage_offset())
-            st = untyped_storage(v)
-            d["storage_nbytes"] = int(st.nbytes())
-            key = st._cdata
-            if key not in storages:
-                storages[key] = len(storages)
-            d["storage_id"] = storages[key]
-            d["storage_sha256"] = hashlib.sha256(storage_bytes(st)).hexdigest()
-            d["sha256"] = hashlib.sha256(tensor_bytes(v)).hexdigest()
-            if v.is_quantized:
-                d["qscheme"] = dt_name(v.qscheme())
-                if v.qscheme() == torch.per_tensor_affine:
-                    d["q_scale"] = float(v.q_scale())
-                    d["q_zero_point"] = int(v.q_zero_point())
-        else:
-            d["sparse_indices"] = enc(v._indices(), storages) if v.layout == torch.sparse_coo else None
-            d["dense_sha256"] = hashlib.sha256(tensor_bytes(v.to_dense())).hexdigest()
-        return {"$tensor": d}
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, int):
-        return {"$int": str(v)}
-    if isinstance(v, float):
-        return {"$float": repr(v)}
-    if isinstance(v, complex):
-        return {"$complex": [repr(v.real), repr(v.imag)]}
-    if isinstance(v, str):
-        return v
-    if isinstance(v, (bytes, bytearray)):
-        return {"$bytes" if isinstance(v, bytes) else "$bytearray": v.hex()}
-    if isinstance(v, torch.Size):
-        return {"$size": list(v)}
-    if isinstance(v, torch.dtype):
-        return {"$dtype": dt_name(v)}
-    if isinstance(v, torch.device):
-        return {"$device": str(v)}
-    if isinstance(v, collections.OrderedDict):
-        out = {"$odict": [[enc(k, storages), enc(x, storages)] for k, x in v.items()]}
-        md = getattr(v, "_metadata", None)
-        if md is not None:
-            out["_metadata"] = enc(md, storages)
-        return out
-    if isinstance(v, dict):
-        return {"$dict": [[enc(k, storages), enc(x, storages)] for k, x in v.items()]}
-    if isinstance(v, list):
-        return {"$list": [enc(x, storages) for x in v]}
-    if isinstance(v, tuple):
-        return {"$tuple": [enc(x, storages) for x in v]}
-    if isinstance(v, (set, frozenset)):
-        return {"$set" if isinstance(v, set) else "$frozenset":
-                sorted([enc(x, storages) for x in v], key=json.dumps)}
-    if isinstance(v, slice):
-        return {"$slice": [enc(v.start, storages), enc(v.stop, storages), enc(v.step, storages)]}
-    return {"$object": type(v).__module__ + "." + type(v).__qualname__, "repr": repr(v)[:200]}
+# The corpus typed tree is defined once, by the corpus generator.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+from gen_torch113 import dt_name, enc, tensor_bytes  # noqa: E402
 
 
 ST_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
