@@ -1,6 +1,6 @@
 // fuzz/fuzz_pickle_torch.cpp — the pickle machine driven by the real torch
 // hooks (src/torch/object_model.hpp): allowlist lookups, every rebuild
-// function, persistent ids, view checks. Storages come from a stub provider
+// function, persistent ids, view checks. Storages come from a test provider
 // that accepts any key (up to 64 KiB each), so the fuzzer reaches the object
 // model without having to build a valid zip around the pickle.
 //
@@ -28,21 +28,21 @@ namespace fz = safeckpt::fuzz;
 
 namespace {
 
-constexpr std::uint64_t kMaxStubStorage = 64 * 1024;
+constexpr std::uint64_t kMaxPatternStorage = 64 * 1024;
 
 // Storage bytes: a fixed pattern, so views have something to read.
-const std::array<std::uint8_t, kMaxStubStorage>& pattern() {
+const std::array<std::uint8_t, kMaxPatternStorage>& pattern() {
   static const auto p = [] {
-    std::array<std::uint8_t, kMaxStubStorage> a{};
+    std::array<std::uint8_t, kMaxPatternStorage> a{};
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i * 131 + 7);
     return a;
   }();
   return p;
 }
 
-class StubStorages final : public sc::StorageProvider {
+class PatternStorages final : public sc::StorageProvider {
  public:
-  explicit StubStorages(sc::TorchTables& t) : t_(t) {}
+  explicit PatternStorages(sc::TorchTables& t) : t_(t) {}
   sc::Result<std::uint32_t> storage(std::string_view key, sc::DType dtype, std::uint64_t nbytes,
                                     std::string_view location, const sc::OpContext& ctx) override {
     FUZZ_REQUIRE(!ctx.opcode.empty(), "storage() called without an opcode");
@@ -54,13 +54,13 @@ class StubStorages final : public sc::StorageProvider {
         return sc::make_error(sc::ErrorCode::kMalformed, "storage referenced with different dtypes or sizes");
       return i;
     }
-    if (nbytes > kMaxStubStorage) return sc::make_error(sc::ErrorCode::kLimitExceeded, "stub storage too large");
+    if (nbytes > kMaxPatternStorage) return sc::make_error(sc::ErrorCode::kLimitExceeded, "pattern storage too large");
     sc::StorageInfo s;
     s.key = std::string(key);
     s.location = std::string(location);
     s.dtype = dtype;
     s.nbytes = nbytes;
-    s.record = "stub/" + s.key;
+    s.record = "pattern/" + s.key;
     s.bytes = sc::Bytes(pattern().data(), nbytes);
     t_.storages.push_back(std::move(s));
     return static_cast<std::uint32_t>(t_.storages.size() - 1);
@@ -86,8 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const fz::HeapProbe heap;
   sc::ValueArena arena;
   sc::TorchTables tables;
-  StubStorages stub(tables);
-  sc::TorchHooks hooks(arena, tables, allow, in.bit(3) ? nullptr : &stub, lim,
+  PatternStorages storages(tables);
+  sc::TorchHooks hooks(arena, tables, allow, in.bit(3) ? nullptr : &storages, lim,
                        in.bit(1) ? sc::PidForm::kLegacy : sc::PidForm::kZip);
   fz::CheckingObserver obs;
   sc::PickleOptions po;
@@ -109,7 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Read every element of every view (ASan checks the spans).
   for (const auto& t : tables.tensors) {
     if (t.storage == sc::kNoStorage || t.numel() == 0) continue;
-    if (t.numel() > kMaxStubStorage) continue;  // stride-0 broadcasts: large numel over a small storage
+    if (t.numel() > kMaxPatternStorage) continue;  // stride-0 broadcasts: large numel over a small storage
     auto bytes = fz::reference_contiguous(t, tables.storages[t.storage]);
     (void)bytes;
   }
