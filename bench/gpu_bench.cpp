@@ -147,39 +147,6 @@ std::uint64_t free_device(int dev) {
   return m ? m->free_bytes : 0;
 }
 
-// Pinned ceiling: `total` bytes from one pinned 256 MiB buffer, `chunk`-byte
-// copies round-robin over 4 streams; median of 3.
-double pinned_ceiling(std::uint64_t total, std::uint64_t chunk) {
-  const std::uint64_t buf_bytes = 256ull << 20;
-  void* host = nullptr;
-  void* dev = nullptr;
-  check_cuda(cudaHostAlloc(&host, buf_bytes, cudaHostAllocDefault), "cudaHostAlloc");
-  std::memset(host, 0x5a, buf_bytes);
-  check_cuda(cudaMalloc(&dev, buf_bytes), "cudaMalloc");
-  cudaStream_t st[4];
-  for (auto& s : st) check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  std::vector<double> runs;
-  for (int r = 0; r < 4; ++r) {
-    const auto t0 = Clock::now();
-    std::uint64_t done = 0;
-    for (std::uint64_t i = 0; done < total; ++i) {
-      const std::uint64_t off = (i * chunk) % buf_bytes;
-      const std::uint64_t len = std::min({chunk, total - done, buf_bytes - off});
-      check_cuda(cudaMemcpyAsync(static_cast<char*>(dev) + off, static_cast<char*>(host) + off, len,
-                                 cudaMemcpyHostToDevice, st[i % 4]),
-                 "cudaMemcpyAsync");
-      done += len;
-    }
-    for (auto s : st) check_cuda(cudaStreamSynchronize(s), "sync");
-    if (r > 0) runs.push_back(static_cast<double>(total) / since(t0) / 1e9);  // first run warms up
-  }
-  for (auto s : st) cudaStreamDestroy(s);
-  cudaFree(dev);
-  cudaFreeHost(host);
-  std::sort(runs.begin(), runs.end());
-  return runs[runs.size() / 2];
-}
-
 // Cost of pinning `count` staging slots of `each` bytes: cudaHostAlloc one
 // after another, from `threads` threads at once, and as anonymous memory
 // faulted in (MAP_POPULATE) then cudaHostRegister'ed. Decides how the ring
@@ -450,7 +417,9 @@ int main(int argc, char** argv) {
     Row r;
     r.what = "pinned H2D ceiling";
     r.mode = "cudaMemcpyAsync 16M x 4 streams";
-    r.gbps = pinned_ceiling(bytes, 16ull << 20);
+    auto c = sc::measure_pinned_h2d(device, bytes);  // 16 MiB copies over 4 streams, median of 3
+    if (!c) die(c.error().to_string());
+    r.gbps = *c;
     r.seconds = static_cast<double>(bytes) / r.gbps / 1e9;
     r.note = "same bytes from one 256 MiB pinned buffer, median of 3";
     rows.push_back(r);
