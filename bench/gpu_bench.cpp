@@ -147,73 +147,6 @@ std::uint64_t free_device(int dev) {
   return m ? m->free_bytes : 0;
 }
 
-// Cost of pinning `count` staging slots of `each` bytes: cudaHostAlloc one
-// after another, from `threads` threads at once, and as anonymous memory
-// faulted in (MAP_POPULATE) then cudaHostRegister'ed. Decides how the ring
-// should grow (it is pinned lazily, one slot at a time, by the readers).
-std::vector<Row> pinning_rows(unsigned count, std::uint64_t each, unsigned threads) {
-  std::vector<Row> rows;
-  const double total = static_cast<double>(count) * static_cast<double>(each);
-  auto row = [&](const std::string& mode, double s) {
-    Row r;
-    r.what = "pin " + std::to_string(static_cast<unsigned long long>(total / kMiB)) + " MiB staging";
-    r.mode = mode;
-    r.seconds = s;
-    r.gbps = total / s / 1e9;
-    r.note = "GB/s = bytes pinned per second";
-    rows.push_back(r);
-  };
-  std::vector<void*> p(count, nullptr);
-  auto t0 = Clock::now();
-  for (auto& q : p) check_cuda(cudaHostAlloc(&q, each, cudaHostAllocDefault), "cudaHostAlloc");
-  row("cudaHostAlloc " + std::to_string(count) + "x" + std::to_string(each >> 20) + "M serial", since(t0));
-  for (auto q : p) cudaFreeHost(q);
-  t0 = Clock::now();
-  {
-    std::vector<std::thread> ts;
-    std::atomic<unsigned> next{0};
-    for (unsigned k = 0; k < threads; ++k)
-      ts.emplace_back([&] {
-        check_cuda(cudaSetDevice(0), "cudaSetDevice");
-        for (unsigned i; (i = next.fetch_add(1)) < count;)
-          check_cuda(cudaHostAlloc(&p[i], each, cudaHostAllocDefault), "cudaHostAlloc");
-      });
-    for (auto& th : ts) th.join();
-  }
-  row("cudaHostAlloc " + std::to_string(count) + "x" + std::to_string(each >> 20) + "M, " + std::to_string(threads) +
-          " threads",
-      since(t0));
-  for (auto q : p) cudaFreeHost(q);
-  t0 = Clock::now();
-  const std::size_t bytes = static_cast<std::size_t>(total);
-  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (m != MAP_FAILED) {
-    const cudaError_t e = cudaHostRegister(m, bytes, cudaHostRegisterDefault);
-    row("mmap(POPULATE)+cudaHostRegister, one call", since(t0));
-    if (e == cudaSuccess) cudaHostUnregister(m);
-    ::munmap(m, bytes);
-  }
-  // Transparent huge pages: 2 MiB-aligned anonymous memory, MADV_HUGEPAGE,
-  // touched, then registered slot by slot (what a THP-backed ring would do).
-  t0 = Clock::now();
-  const std::size_t huge = 2u << 20;
-  void* raw = ::mmap(nullptr, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw != MAP_FAILED) {
-    auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(raw) + huge - 1) & ~(huge - 1));
-    ::madvise(base, bytes, MADV_HUGEPAGE);
-    std::memset(base, 0, bytes);
-    bool ok = true;
-    for (std::size_t off = 0; off < bytes; off += each)
-      ok = ok && cudaHostRegister(base + off, each, cudaHostRegisterDefault) == cudaSuccess;
-    row(std::string("mmap+MADV_HUGEPAGE+touch+cudaHostRegister per ") + std::to_string(each >> 20) + "M" +
-            (ok ? "" : " (FAILED)"),
-        since(t0));
-    for (std::size_t off = 0; ok && off < bytes; off += each) cudaHostUnregister(base + off);
-    ::munmap(raw, bytes + huge);
-  }
-  return rows;
-}
-
 struct LoadRun {
   double seconds = 0, first = 0, rss = 0, dev = 0;
   sc::LoadStats stats;
@@ -426,7 +359,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pinned ceiling %.1f GB/s\n", r.gbps);
   }
   const double ceiling = rows[0].gbps;
-  for (auto& r : pinning_rows(32, 4ull << 20, 8)) rows.push_back(r);
 
   // 2. Cold rows.
   double odirect_gbps = -1;

@@ -68,6 +68,8 @@ struct BenchArgs {
   bool keep = false;
   unsigned threads = 0;
   std::uint64_t ring_mib = 0;
+  std::uint64_t chunk_kib = 0;
+  unsigned streams = 0;
   bool pageable = false;
 };
 
@@ -255,7 +257,9 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
   row.what = what;
   row.file = std::filesystem::path(path).filename().string();
   row.mode = std::string(cuda::io_mode_name(m.stats.io_mode)) + " r" + std::to_string(m.stats.reader_threads) + " s" +
-             std::to_string(m.stats.streams) + " c" + std::to_string(o.transfer.chunk_bytes >> 20) + "M";
+             std::to_string(m.stats.streams) + " c" +
+             (o.transfer.chunk_bytes % (1u << 20) == 0 ? std::to_string(o.transfer.chunk_bytes >> 20) + "M"
+                                                       : std::to_string(o.transfer.chunk_bytes >> 10) + "K");
   row.bytes = m.stats.bytes;
   row.seconds = m.seconds;
   row.gbps = static_cast<double>(m.stats.bytes) / m.seconds / 1e9;
@@ -264,13 +268,19 @@ Result<Row> measure(const std::string& what, const std::string& path, const cuda
     row.rss_mib = std::max(row.rss_mib, r.rss);
     row.dev_mib = std::max(row.dev_mib, r.dev);
   }
-  char buf[300];
-  std::snprintf(buf, sizeof buf, "n=%d; before transfer %s ms (engine %s, parse+verify %s), arena cudaMalloc %s ms, ",
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "n=%d; before transfer %s ms (engine %s, parse+verify %s), arena cudaMalloc %s ms, first copy issued "
+                "at %s ms, ",
                 runs, fmt_ms(m.seconds - m.stats.seconds).c_str(), fmt_ms(m.create).c_str(), fmt_ms(m.parse).c_str(),
-                fmt_ms(m.stats.seconds_device_alloc).c_str());
+                fmt_ms(m.stats.seconds_device_alloc).c_str(),
+                fmt_ms(m.seconds - m.stats.seconds + m.stats.seconds_to_first_copy).c_str());
   row.note = buf;
-  std::snprintf(buf, sizeof buf, "pinned %zu slots in %s ms, %llu of %llu chunks staged pageable, ring peak %.0f MiB",
+  std::snprintf(buf, sizeof buf,
+                "pinned %zu slots in %s ms (ring pinned %s ms after engine creation), %llu of %llu chunks staged "
+                "pageable, ring peak %.0f MiB",
                 m.stats.slots_pinned, fmt_ms(m.stats.seconds_pinning).c_str(),
+                m.stats.seconds_ring_ready > 0 ? fmt_ms(m.stats.seconds_ring_ready).c_str() : "—",
                 static_cast<unsigned long long>(m.stats.pageable_chunks),
                 static_cast<unsigned long long>(m.stats.chunks), static_cast<double>(m.stats.peak_ring_bytes) / kMiB);
   row.note += buf;
@@ -353,6 +363,8 @@ int run_bench(const BenchArgs& a, int device) {
   o.transfer.device = device;
   if (a.threads) o.transfer.reader_threads = a.threads;
   if (a.ring_mib) o.transfer.ring_bytes = a.ring_mib << 20;
+  if (a.chunk_kib) o.transfer.chunk_bytes = a.chunk_kib << 10;
+  if (a.streams) o.transfer.streams = a.streams;
   o.transfer.pageable_staging = a.pageable;
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const unsigned readers = o.transfer.reader_threads ? o.transfer.reader_threads : std::min(16u, hw);
@@ -510,6 +522,9 @@ void register_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--keep", args->keep, "keep the generated checkpoint files (removed by default)");
   cmd->add_option("--threads", args->threads, "reader threads (default min(16, hardware threads))");
   cmd->add_option("--ring-mib", args->ring_mib, "pinned staging ring cap in MiB (default 128)");
+  cmd->add_option("--chunk-kib", args->chunk_kib, "bytes per read and per copy, in KiB (default 4096)")
+      ->check(CLI::Range(64, 1 << 20));
+  cmd->add_option("--streams", args->streams, "CUDA streams (default 4)")->check(CLI::Range(1, 64));
   cmd->add_flag("--pageable-staging", args->pageable,
                 "stage chunks in pageable memory instead of the pinned ring (TransferOptions::pageable_staging)");
   cmd->callback([args, &exit_code] {

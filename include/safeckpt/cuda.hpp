@@ -124,13 +124,21 @@ std::string_view io_mode_name(IoMode mode) noexcept;
 struct TransferOptions {
   // CUDA device index.
   int device = 0;
-  // Pinned staging ring, at most this many bytes. Slots are pinned lazily,
-  // one chunk at a time and one slot at a time, only when every slot is busy,
-  // so a small load pins little; they stay pinned for the engine's next load.
-  // Pinning runs at 1.5-2.7 GB/s on the H200 machine whatever the method
-  // (bench/RESULTS.md), so a fresh engine pays ~0.5 ms per MiB of ring it
-  // grows: keep one engine per process. Default 128 MiB (32 slots of 4 MiB);
-  // the issue caps the default at 512 MiB. >= chunk_bytes, <= 16 GiB.
+  // Pinned staging ring, at most this many bytes, in slots of chunk_bytes +
+  // 8 KiB. TransferEngine::create starts pinning all of it on a background
+  // thread (one anonymous mapping advised for transparent huge pages, pages
+  // first-touched by up to 8 helper threads, then cudaHostRegister slot by
+  // slot); a load uses each slot as soon as it is pinned, so a new engine's
+  // first load does not wait for the whole ring. If that path fails, the
+  // remaining slots are pinned lazily with cudaHostAlloc when every slot is
+  // busy. Slots stay pinned until the engine is destroyed. On the H200
+  // machine the default ring was pinned 12-19 ms after engine creation this
+  // way (6-8 ms without the 50 us pause between slots that lets other CUDA
+  // calls through), against 73-98 ms of cudaHostAlloc (bench/RESULTS.md).
+  // Default 128 MiB (31 slots of 4 MiB + 8 KiB); the issue caps the default
+  // at 512 MiB. Bigger is not faster: there (300 MiB L3), 256 and 512 MiB
+  // rings moved 35-41 GB/s against 43-47 for 128 MiB, and 16-64 MiB rings
+  // 18-37 GB/s. >= chunk_bytes, <= 16 GiB.
   std::uint64_t ring_bytes = 128ull << 20;
   // Bytes per read / per cudaMemcpyAsync. A multiple of 4096, 64 KiB..1 GiB.
   // 4 MiB: on the H200 machine 4 MiB beat 8 and 16 MiB in both runs (45 vs
@@ -154,7 +162,8 @@ struct TransferOptions {
   // pinned memory must not be used.
   bool pageable_staging = false;
   // Compare each storage's CRC-32 with StorageSource::expected_crc32 (when
-  // nonzero). Costs CPU on the reader threads; see bench/RESULTS.md.
+  // nonzero; storages without one, e.g. safetensors, are not hashed). Costs
+  // CPU on the reader threads; see bench/RESULTS.md.
   bool verify_crc = true;
   // Called once per storage as soon as its bytes (swapped, CRC checked) are
   // complete on the device: from the engine's completion thread, or from the
@@ -178,8 +187,10 @@ struct LoadStats {
   std::uint64_t chunks = 0;  // reads + copies issued
   // Where the time before the first storage goes (bench "first tensor"):
   double seconds_device_alloc = 0;    // cudaMalloc of the arena (before any read)
-  std::size_t slots_pinned = 0;       // staging slots pinned during this load (0 once the ring is grown)
-  double seconds_pinning = 0;         // wall time inside cudaHostAlloc for them (one at a time)
+  double seconds_to_first_copy = 0;   // call until the first cudaMemcpyAsync was issued (0: none)
+  std::size_t slots_pinned = 0;       // staging slots pinned during this load (0 once the ring is pinned)
+  double seconds_pinning = 0;         // wall time inside cudaHostRegister / cudaHostAlloc for them
+  double seconds_ring_ready = 0;      // engine creation until its whole ring was pinned; 0 if not yet
   std::uint64_t pageable_chunks = 0;  // chunks staged in pageable memory (pageable_staging)
   double gb_per_s() const noexcept { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
@@ -225,12 +236,18 @@ class DeviceArena {
 };
 
 // Streams, events and the pinned ring for one device, reused across loads
-// (pinning is slow: ~0.4 ms per MiB, docs/gpu-loading.md). Move-only. One
-// load() at a time per engine (calls are serialized internally).
+// (pinning costs ~0.1 ms per MiB even the fast way, see ring_bytes).
+// Move-only. One load() at a time per engine (calls are serialized
+// internally). While the ring is being pinned, other threads' CUDA calls may
+// wait up to ~0.2 ms per slot (cudaHostRegister holds the driver's lock).
 class TransferEngine {
  public:
-  // Validates options, selects the device, creates the streams. Pins nothing
-  // yet. Errors: kInvalidArgument (options), kDevice.
+  // Validates options, selects the device, creates the streams, and starts
+  // pinning the staging ring on a background thread (not with
+  // pageable_staging); returns without waiting for it. The destructor stops
+  // and joins that thread. Errors: kInvalidArgument (options), kDevice; a
+  // failure while pinning in the background is not an error here (load()
+  // pins lazily instead and reports cudaHostAlloc failures).
   static Result<TransferEngine> create(const TransferOptions& options);
 
   TransferEngine(TransferEngine&&) noexcept;
@@ -253,7 +270,7 @@ class TransferEngine {
                            LoadStats* stats = nullptr);
 
   const TransferOptions& options() const noexcept;
-  // Pinned staging currently held (grows up to options().ring_bytes).
+  // Pinned staging currently held (grows to about options().ring_bytes).
   std::uint64_t pinned_bytes() const noexcept;
 
  private:

@@ -3,6 +3,7 @@
 #include "safeckpt/device_checkpoint.hpp"
 
 #include <charconv>
+#include <optional>
 
 #include "safeckpt/safetensors.hpp"
 
@@ -25,6 +26,15 @@ Result<int> parse_device(const std::string& loc) {
 Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options,
                                         TransferEngine* engine, LoadStats* stats) {
   SAFECKPT_TRY(int device, parse_device(options.map_location));
+  // Without a caller's engine, make one before parsing: it starts pinning its
+  // staging ring in the background, overlapping the host parse. An error
+  // creating it is reported only if the file itself loads.
+  std::optional<Result<TransferEngine>> own;
+  if (engine == nullptr) {
+    TransferOptions to = options.transfer;
+    to.device = device;
+    own.emplace(TransferEngine::create(to));
+  }
   LoadOptions lo = options.load;
   lo.verify_storage_crc = false;  // checked on the reader threads instead (no second pass)
   // safetensors files go through the safetensors reader (same storages, file
@@ -57,10 +67,11 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
       src.swap_unit = 1;
     }
   }
-  TransferOptions to = options.transfer;
-  to.device = device;
-  Result<DeviceArena> arena =
-      engine != nullptr ? engine->load(path, sources, stats) : load_storages(path, sources, to, stats);
+  if (engine == nullptr) {
+    if (!*own) return unexpected(std::move(*own).error());
+    engine = &own->value();
+  }
+  Result<DeviceArena> arena = engine->load(path, sources, stats);
   if (!arena) {
     Error e = std::move(arena).error();
     e.at_record(path.string());

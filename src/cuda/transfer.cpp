@@ -188,7 +188,16 @@ struct Item {
 
 struct Slot {
   std::uint8_t* host = nullptr;
+  bool in_ring_map = false;  // part of EngineState's mapping (cudaHostRegister), else cudaHostAlloc
 };
+
+constexpr std::size_t kHugePage = 2u << 20;  // x86-64 transparent huge page
+
+// First touch of every 4 KiB page of [p, p + len): the kernel faults (and
+// zeroes) them here, outside any CUDA call.
+void touch_pages(std::uint8_t* p, std::size_t len) {
+  for (std::size_t i = 0; i < len; i += 4096) static_cast<volatile std::uint8_t*>(p)[i] = 0;
+}
 
 struct InFlight {
   cudaEvent_t event = nullptr;
@@ -211,7 +220,11 @@ struct detail::EngineState {
 
   std::mutex load_mu;  // one load at a time
 
-  // Pinned ring: slots are pinned lazily and kept for the next load.
+  // Pinned ring. create() starts prepare_ring() on a background thread,
+  // which pins the whole ring one slot at a time and hands each slot to the
+  // readers as soon as it is pinned. If that fails (or for slots it did not
+  // get to), readers pin slots lazily with cudaHostAlloc, one at a time, when
+  // every slot is busy. Slots stay pinned for the engine's next load.
   std::mutex ring_mu;
   std::condition_variable ring_cv;
   std::vector<std::unique_ptr<Slot>> slots;  // all pinned slots
@@ -222,18 +235,133 @@ struct detail::EngineState {
   // This load's pinning (reset with peak_in_use; under ring_mu).
   std::size_t slots_pinned_now = 0;
   double pin_seconds_now = 0;
+  // Background preparation (prepare_ring); `preparing` and
+  // `ring_ready_seconds` under ring_mu.
+  bool preparing = false;
+  double ring_ready_seconds = 0;  // create() until prepare_ring() finished; 0 before
+  Clock::time_point created = Clock::now();
+  std::thread prep;
+  std::atomic<bool> prep_stop{false};
+  void* ring_map = nullptr;  // the mapping prepare_ring() registers slots of
+  std::size_t ring_map_len = 0;
 
   std::mutex event_mu;
   std::vector<cudaEvent_t> events;  // all created
   std::vector<cudaEvent_t> free_events;
 
   ~EngineState() {
+    prep_stop.store(true);
+    if (prep.joinable()) prep.join();
     DeviceGuard guard;
-    if (cudaSetDevice(opt.device) != cudaSuccess) return;
-    for (auto s : streams) (void)cudaStreamSynchronize(s);
-    for (auto& s : slots) (void)cudaFreeHost(s->host);
-    for (auto e : events) (void)cudaEventDestroy(e);
-    for (auto s : streams) (void)cudaStreamDestroy(s);
+    if (cudaSetDevice(opt.device) == cudaSuccess) {
+      for (auto s : streams) (void)cudaStreamSynchronize(s);
+      for (auto& s : slots) (void)(s->in_ring_map ? cudaHostUnregister(s->host) : cudaFreeHost(s->host));
+      for (auto e : events) (void)cudaEventDestroy(e);
+      for (auto s : streams) (void)cudaStreamDestroy(s);
+    }
+    if (ring_map != nullptr) ::munmap(ring_map, ring_map_len);
+  }
+
+  // Pins the ring in the background (started by create()). Measured on the
+  // H200 machine (bench/pin_bench.cpp, bench/RESULTS.md): cudaHostAlloc
+  // faults its pages in while holding the driver's lock, 2.4-3.1 ms per
+  // 4 MiB, and copies issued from other threads stall for all of it; the
+  // page faults themselves are most of that cost. So: one anonymous mapping
+  // advised for transparent huge pages (MADV_HUGEPAGE; 2.5x cheaper faults),
+  // first-touched by several threads at once (no CUDA call, nothing stalls),
+  // then cudaHostRegister per slot in slot order (0.15 ms per touched 4 MiB),
+  // each slot published to the readers as soon as it is registered. A new
+  // engine's first load starts copying after the first slot instead of after
+  // the whole ring. On any failure the rest is left to the lazy path.
+  void prepare_ring() {
+    const std::size_t n = max_slots;
+    const std::size_t len = n * static_cast<std::size_t>(slot_bytes);
+    std::size_t done = 0;
+    void* raw = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw != MAP_FAILED) {
+      ring_map = raw;
+      ring_map_len = len + kHugePage;
+      auto* base = reinterpret_cast<std::uint8_t*>(align_up(reinterpret_cast<std::uintptr_t>(raw), kHugePage));
+      (void)::madvise(base, len, MADV_HUGEPAGE);  // a hint; 4 KiB pages work too, only slower to fault
+      done = register_slots(base, n);
+      // Slots not registered go back to the system (the lazy path pins others).
+      if (done < n) (void)::madvise(base + done * slot_bytes, (n - done) * slot_bytes, MADV_DONTNEED);
+    }
+    std::lock_guard<std::mutex> lock(ring_mu);
+    preparing = false;
+    ring_ready_seconds = std::chrono::duration<double>(Clock::now() - created).count();
+    ring_cv.notify_all();
+  }
+
+  // Touches slots [0, n) of `base` on helper threads and registers each, in
+  // order, on this thread. Returns how many were registered (n unless the
+  // engine is being destroyed or a CUDA call failed).
+  std::size_t register_slots(std::uint8_t* base, std::size_t n) {
+    auto touched = std::make_unique<std::atomic<bool>[]>(n);
+    std::atomic<std::size_t> next{0};
+    std::mutex t_mu;
+    std::condition_variable t_cv;
+    std::atomic<bool> quit{false};
+    auto toucher = [&] {
+      for (;;) {
+        if (quit.load() || prep_stop.load()) return;
+        const std::size_t i = next.fetch_add(1);
+        if (i >= n) return;
+        touch_pages(base + i * slot_bytes, slot_bytes);
+        {
+          std::lock_guard<std::mutex> lock(t_mu);
+          touched[i].store(true);
+        }
+        t_cv.notify_all();
+      }
+    };
+    std::vector<std::thread> helpers;
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned want = std::min<unsigned>(8, std::max(1u, hw / 2));
+    for (unsigned k = 0; k < want && k < n; ++k) {
+      try {
+        helpers.emplace_back(toucher);
+      } catch (const std::system_error&) {
+        break;  // fewer helpers, or none: this thread touches what is left
+      }
+    }
+    std::size_t done = 0;
+    if (cudaSetDevice(opt.device) == cudaSuccess) {
+      for (; done < n && !prep_stop.load(); ++done) {
+        if (helpers.empty()) {
+          touch_pages(base + done * slot_bytes, slot_bytes);
+        } else {
+          std::unique_lock<std::mutex> lock(t_mu);
+          t_cv.wait(lock, [&] { return touched[done].load() || prep_stop.load(); });
+          if (prep_stop.load()) break;
+        }
+        std::uint8_t* p = base + done * slot_bytes;
+        const auto t0 = Clock::now();
+        const cudaError_t err = cudaHostRegister(p, slot_bytes, cudaHostRegisterDefault);
+        const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          break;
+        }
+        auto slot = std::make_unique<Slot>();
+        slot->host = p;
+        slot->in_ring_map = true;
+        std::lock_guard<std::mutex> lock(ring_mu);
+        free_slots.push_back(slot.get());
+        slots.push_back(std::move(slot));
+        pinned.fetch_add(slot_bytes, std::memory_order_relaxed);
+        ++slots_pinned_now;
+        pin_seconds_now += took;
+        ring_cv.notify_one();
+        // Let other threads' CUDA calls in: back to back, the registrations
+        // kept the driver's lock so the load's arena cudaMalloc waited for
+        // the whole ring (5-6 ms instead of 0.5; bench/RESULTS.md, 50 us gap).
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    quit.store(true);
+    for (auto& h : helpers) h.join();
+    return done;
   }
 
   Result<cudaEvent_t> acquire_event() {
@@ -271,6 +399,10 @@ struct detail::EngineState {
         free_slots.pop_back();
         peak_in_use = std::max(peak_in_use, ++in_use);
         return s;
+      }
+      if (preparing) {  // prepare_ring() publishes slots, then clears `preparing`
+        ring_cv.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
       }
       if (slots.size() + allocating < max_slots && allocating == 0) {
         ++allocating;
@@ -350,6 +482,7 @@ struct LoadState {
 
   Clock::time_point start;
   std::atomic<std::int64_t> first_ready_ns{-1};
+  std::atomic<std::int64_t> first_copy_ns{-1};
   std::atomic<std::uint64_t> pageable_chunks{0};
 
   void fail(Error e) {
@@ -425,6 +558,11 @@ Status issue_copy(LoadState& st, const Chunk& c, const std::uint8_t* src, cudaSt
   std::uint8_t* dst = st.arena + st.layout[2 * c.storage] + c.offset;
   if (cudaError_t e = cudaMemcpyAsync(dst, src, c.len, cudaMemcpyHostToDevice, stream); e != cudaSuccess)
     return device_error("cudaMemcpyAsync of storage " + std::to_string(c.storage), e);
+  if (st.first_copy_ns.load(std::memory_order_relaxed) < 0) {
+    std::int64_t expected = -1;
+    st.first_copy_ns.compare_exchange_strong(
+        expected, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - st.start).count());
+  }
   if (s.swap_unit > 1) {
     if (cudaError_t e = detail::launch_byteswap(dst, c.len, s.swap_unit, stream); e != cudaSuccess)
       return device_error("byte-swap kernel launch for storage " + std::to_string(c.storage), e);
@@ -453,6 +591,8 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
   const std::uint32_t ci = st.item_chunks[item.first];
   const Chunk& c = st.chunks[ci];
   const StorageSource& src = st.sources[c.storage];
+  // Only storages with a CRC to compare against (safetensors have none).
+  const bool want_crc = st.verify && src.expected_crc32 != 0;
 
   Slot* slot = nullptr;
   std::uint8_t* buf = nullptr;
@@ -478,17 +618,17 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
   Status read_status;
   if (src.host_bytes != nullptr) {
     std::memcpy(buf, src.host_bytes + c.offset, c.len);
-    if (st.verify) crc = crc32_update(0, buf, c.len);
+    if (want_crc) crc = crc32_update(0, buf, c.len);
   } else if (st.mode == IoMode::kODirect) {
     auto head = pread_direct(st.fd_direct, buf, src.file_offset + c.offset, c.len);
     if (!head) {
       read_status = std::move(head).error();
     } else {
       data = buf + *head;
-      if (st.verify) crc = crc32_update(0, data, c.len);
+      if (want_crc) crc = crc32_update(0, data, c.len);
     }
   } else {
-    read_status = pread_full(st.fd, buf, src.file_offset + c.offset, c.len, st.verify, &crc);
+    read_status = pread_full(st.fd, buf, src.file_offset + c.offset, c.len, want_crc, &crc);
   }
   if (!read_status) {
     release();
@@ -547,7 +687,7 @@ Status run_registered_item(LoadState& st, std::uint32_t item_index, cudaStream_t
     const std::uint32_t ci = st.item_chunks[item.first + k];
     const Chunk& c = st.chunks[ci];
     const std::uint8_t* src = st.map->data() + st.sources[c.storage].file_offset + c.offset;
-    if (st.verify) st.chunk_crc[ci] = crc32_update(0, src, c.len);
+    if (st.verify && st.sources[c.storage].expected_crc32 != 0) st.chunk_crc[ci] = crc32_update(0, src, c.len);
     issued = issue_copy(st, c, src, stream);
   }
   auto ev = eng.acquire_event();
@@ -825,6 +965,14 @@ Result<TransferEngine> TransferEngine::create(const TransferOptions& options) {
       return device_error("cudaStreamCreateWithFlags", e);
     }
   }
+  if (!options.pageable_staging) {
+    impl->preparing = true;
+    try {
+      impl->prep = std::thread([p = impl.get()] { p->prepare_ring(); });
+    } catch (const std::system_error&) {
+      impl->preparing = false;  // readers pin lazily instead
+    }
+  }
   return TransferEngine(std::move(impl));
 }
 
@@ -1081,11 +1229,14 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     stats->seconds = std::chrono::duration<double>(end - st.start).count();
     const std::int64_t first = st.first_ready_ns.load();
     stats->seconds_to_first_storage = first >= 0 ? static_cast<double>(first) * 1e-9 : stats->seconds;
+    const std::int64_t first_copy = st.first_copy_ns.load();
+    stats->seconds_to_first_copy = first_copy >= 0 ? static_cast<double>(first_copy) * 1e-9 : 0;
     {
       std::lock_guard<std::mutex> lock(eng.ring_mu);
       stats->peak_ring_bytes = eng.peak_in_use * eng.slot_bytes;
       stats->slots_pinned = eng.slots_pinned_now;
       stats->seconds_pinning = eng.pin_seconds_now;
+      stats->seconds_ring_ready = eng.preparing ? 0 : eng.ring_ready_seconds;
     }
     stats->seconds_device_alloc = alloc_seconds;
     stats->pageable_chunks = st.pageable_chunks.load();

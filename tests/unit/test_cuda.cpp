@@ -320,6 +320,48 @@ TEST_CASE("cuda: round trip of file ranges in every I/O mode") {
     }
 }
 
+TEST_CASE("cuda: a new engine pins its whole ring in the background while loading") {
+  if (!have_device()) return;
+  TempFile f(3 << 20, 21);
+  auto opt = small_options(sc::IoMode::kPread);
+  opt.ring_bytes = 24 << 20;  // 91 slots of 256 KiB + 8 KiB
+  const std::uint64_t slot = opt.chunk_bytes + 8192;
+  const std::uint64_t full = opt.ring_bytes / slot * slot;
+
+  // Destroyed at once: the background thread is stopped and joined.
+  for (int i = 0; i < 3; ++i) REQUIRE(sc::TransferEngine::create(opt).has_value());
+
+  auto engine = sc::TransferEngine::create(opt);
+  REQUIRE(engine.has_value());
+  // One chunk, loaded at once: it takes whichever slot is pinned first. A
+  // lazily pinned ring would stop at the one slot this load needs.
+  const std::vector<sc::StorageSource> one = {{4096, 100000, 1, zlib_crc(f.bytes.data() + 4096, 100000), nullptr}};
+  sc::LoadStats stats;
+  auto a = engine->load(f.path, one, &stats);
+  REQUIRE_MESSAGE(a.has_value(), a.error().to_string());
+  CHECK(copy_back(*a, 0) == std::vector<std::uint8_t>(f.bytes.begin() + 4096, f.bytes.begin() + 4096 + 100000));
+  // Wait (bounded, so a broken engine fails instead of hanging) for the ring.
+  for (int i = 0; i < 3000 && engine->pinned_bytes() < full; ++i) usleep(10000);
+  CHECK(engine->pinned_bytes() == full);
+  // Slots pinned in the background carry data like any other.
+  std::vector<sc::StorageSource> many;
+  for (std::uint64_t off = 0; off + opt.chunk_bytes <= f.bytes.size(); off += opt.chunk_bytes / 2)
+    many.push_back({off, opt.chunk_bytes, 1, zlib_crc(f.bytes.data() + off, opt.chunk_bytes), nullptr});
+  auto b = engine->load(f.path, many, &stats);
+  REQUIRE_MESSAGE(b.has_value(), b.error().to_string());
+  for (std::size_t i = 0; i < many.size(); ++i) {
+    CAPTURE(i);
+    const auto off = static_cast<std::ptrdiff_t>(many[i].file_offset);
+    CHECK(copy_back(*b, i) ==
+          std::vector<std::uint8_t>(f.bytes.begin() + off,
+                                    f.bytes.begin() + off + static_cast<std::ptrdiff_t>(opt.chunk_bytes)));
+  }
+  CHECK(stats.slots_pinned == 0);  // nothing left to pin
+  CHECK(stats.seconds_ring_ready > 0);
+  CHECK(engine->pinned_bytes() == full);
+  MESSAGE("ring of ", full >> 10, " KiB pinned ", stats.seconds_ring_ready * 1e3, " ms after engine creation");
+}
+
 TEST_CASE("cuda: byte swap of 2, 4 and 8-byte units on the device") {
   if (!have_device()) return;
   const std::size_t n = 9 << 20;
