@@ -15,6 +15,11 @@
 //                              right before the timed load, else read with O_DIRECT (io mode
 //                              forced); reused engine
 //   baselines                  "ROW\t..." lines of --baselines CMD FILE... (bench/torch_baselines.py files)
+// Every timed load starts --settle-ms (default 300) after the previous load's
+// arena was freed: right after a 6 GiB cudaFree, the next load's copies ran at
+// ~25 GB/s with 3-5 ms latency for their first ~20 ms (work the driver does
+// after the free), which a process loading its checkpoint once never sees
+// (bench/RESULTS.md: 43.9-44.6 GB/s with no pause, 45.6-46.4 with 300 ms).
 // Columns: seconds (median of --runs), GB/s of tensor bytes (1e9), time to
 // first tensor (call until the first storage is complete on the device, after
 // the CUDA context exists; includes host parse and, for a new engine, its
@@ -63,7 +68,8 @@ struct BenchArgs {
   std::string dir;
   std::string baselines;
   double gen_gib = 6.0;
-  int runs = 3;
+  int runs = 5;
+  int settle_ms = 300;
   bool no_cold = false;
   bool keep = false;
   unsigned threads = 0;
@@ -394,13 +400,14 @@ int run_bench(const BenchArgs& a, int device) {
     // Warm rows first: the first file's "new engine" row is then the first
     // engine of this process (only the CUDA context exists before it).
     warm_page_cache(f);
-    if (const Row* r = add(measure("safeckpt warm, new engine", f, o, false, a.runs), f)) {
+    auto settle = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(a.settle_ms)); };
+    if (const Row* r = add(measure("safeckpt warm, new engine", f, o, false, a.runs, settle), f)) {
       s.first_new = r->first_ms;
       s.rss = r->rss_mib;
       s.dev = r->dev_mib;
       if (bytes == 0) bytes = r->bytes;
     }
-    if (const Row* r = add(measure("safeckpt warm", f, o, true, a.runs), f)) s.warm = r->gbps;
+    if (const Row* r = add(measure("safeckpt warm", f, o, true, a.runs, settle), f)) s.warm = r->gbps;
     if (!a.no_cold) {
       std::string how = drop_page_cache({f});
       Row od;
@@ -420,7 +427,12 @@ int run_bench(const BenchArgs& a, int device) {
       if (how.empty()) oc.transfer.io_mode = cuda::IoMode::kODirect;  // cannot drop the cache: bypass it
       // The engine's warm-up load reads the file too: drop the cache again
       // right before the timed load.
-      if (const Row* r = add(measure("safeckpt cold", f, oc, true, 1, [&] { how = drop_page_cache({f}); }), f)) {
+      if (const Row* r = add(measure("safeckpt cold", f, oc, true, 1,
+                                     [&] {
+                                       settle();
+                                       how = drop_page_cache({f});
+                                     }),
+                             f)) {
         rows.back().note =
             (how.empty() ? "page cache not droppable, O_DIRECT forced; " : "cache dropped via " + how + "; ") + r->note;
         s.cold = r->gbps;
@@ -454,8 +466,10 @@ int run_bench(const BenchArgs& a, int device) {
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::gmtime(&now));
   std::printf("\n### safeckpt bench — %s\n\n", date);
-  std::printf("device: %s; %u CPU threads; CUDA context creation %.0f ms (before every row)\n",
-              desc ? desc->c_str() : "?", hw, context_ms);
+  std::printf(
+      "device: %s; %u CPU threads; CUDA context creation %.0f ms (before every row); each timed load %d ms after "
+      "the previous one's device memory was freed\n",
+      desc ? desc->c_str() : "?", hw, context_ms, a.settle_ms);
   std::printf("input: %.2f GiB of tensors", static_cast<double>(bytes) / (1ull << 30));
   for (const auto& f : files) std::printf(" %s", f.c_str());
   std::printf("%s%s\n\n", input_note.empty() ? "" : "; ", input_note.c_str());
@@ -508,6 +522,10 @@ void register_bench(CLI::App& app, int& exit_code) {
       "checkpoint(s) to load: a PyTorch file and/or a .safetensors file of the same tensors; none = generate "
       "a bf16 model of --gen-gib GiB in --dir");
   cmd->add_option("--device", args->device, "CUDA device: cuda, cuda:N or N")->capture_default_str();
+  cmd->add_option("--settle-ms", args->settle_ms,
+                  "idle time before each timed load, after the previous load's device memory was freed")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 60000));
   cmd->add_option("--runs", args->runs, "loads per warm row (median)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
