@@ -186,7 +186,7 @@ struct LoadStats {
   unsigned streams = 0;
   std::uint64_t chunks = 0;  // reads + copies issued
   // Where the time before the first storage goes (bench "first tensor"):
-  double seconds_device_alloc = 0;    // cudaMalloc of the arena (before any read)
+  double seconds_device_alloc = 0;    // cudaMalloc of the arena (overlaps the first reads)
   double seconds_to_first_copy = 0;   // call until the first cudaMemcpyAsync was issued (0: none)
   std::size_t slots_pinned = 0;       // staging slots pinned during this load (0 once the ring is pinned)
   double seconds_pinning = 0;         // wall time inside cudaHostRegister / cudaHostAlloc for them

@@ -476,6 +476,12 @@ struct LoadState {
   std::size_t reg_in_flight = 0;
   std::size_t reg_max = 0;
 
+  // The arena is allocated while the readers make their first reads; each
+  // waits for it before its first copy (wait_arena).
+  std::mutex arena_mu;
+  std::condition_variable arena_cv;
+  std::atomic<bool> arena_ready{false};
+
   std::atomic<bool> failed{false};
   std::mutex err_mu;
   std::optional<Error> error;
@@ -494,6 +500,22 @@ struct LoadState {
     eng->ring_cv.notify_all();
     reg_cv.notify_all();
     q_cv.notify_all();
+    { std::lock_guard<std::mutex> lock(arena_mu); }  // a waiter is either blocked or will see `failed`
+    arena_cv.notify_all();
+  }
+  void publish_arena() {
+    {
+      std::lock_guard<std::mutex> lock(arena_mu);
+      arena_ready.store(true, std::memory_order_release);
+    }
+    arena_cv.notify_all();
+  }
+  // True once `arena` is set; false if the load failed first.
+  bool wait_arena() {
+    if (arena_ready.load(std::memory_order_acquire)) return true;
+    std::unique_lock<std::mutex> lock(arena_mu);
+    arena_cv.wait(lock, [&] { return arena_ready.load(std::memory_order_acquire) || failed.load(); });
+    return arena_ready.load(std::memory_order_acquire) && !failed.load();
   }
 };
 
@@ -637,6 +659,10 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
     return unexpected(Error(e.code(), "storage " + std::to_string(c.storage) + ": " + e.message(), e.where()));
   }
   st.chunk_crc[ci] = crc;
+  if (!st.wait_arena()) {  // the arena allocation failed: stop
+    release();
+    return {};
+  }
 
   auto ev = eng.acquire_event();
   if (!ev) {
@@ -662,6 +688,7 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
 Status run_registered_item(LoadState& st, std::uint32_t item_index, cudaStream_t stream) {
   detail::EngineState& eng = *st.eng;
   const Item& item = st.items[item_index];
+  if (!st.wait_arena()) return {};
   {
     std::unique_lock<std::mutex> lock(st.reg_mu);
     st.reg_cv.wait(lock, [&] { return st.reg_in_flight < st.reg_max || st.failed.load(); });
@@ -1156,24 +1183,12 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     }
   }
 
-  // 4. Allocate the arena.
-  const auto alloc_start = Clock::now();
+  // 4. The arena object (allocated in step 5, while the first reads run).
   if (cudaError_t e = cudaSetDevice(eng.opt.device); e != cudaSuccess) return device_error("cudaSetDevice", e);
   DeviceArena arena;
   arena.device_ = eng.opt.device;
   arena.count_ = n;
   arena.layout_ = std::move(layout);
-  if (total > 0) {
-    void* base = nullptr;
-    if (cudaError_t e = cudaMalloc(&base, total); e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return device_error("cudaMalloc of " + std::to_string(total) + " bytes for " + std::to_string(n) + " storages",
-                          e);
-    }
-    arena.base_ = base;
-    arena.size_ = total;
-  }
-  st.arena = static_cast<std::uint8_t*>(arena.base_);
   st.layout = arena.layout_.get();
   {
     std::lock_guard<std::mutex> lock(eng.ring_mu);
@@ -1181,7 +1196,28 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     eng.slots_pinned_now = 0;
     eng.pin_seconds_now = 0;
   }
-  const double alloc_seconds = std::chrono::duration<double>(Clock::now() - alloc_start).count();
+  // cudaMalloc of the arena, on this thread once the readers have started:
+  // 0.5-3 ms for 6 GiB on the H200 machine, hidden behind the first reads
+  // (~1.5 ms for 16 x 4 MiB). Readers wait for it before their first copy.
+  double alloc_seconds = 0;
+  auto allocate_arena = [&] {
+    const auto alloc_start = Clock::now();
+    if (total > 0 && !st.failed.load()) {
+      void* base = nullptr;
+      if (cudaError_t e = cudaMalloc(&base, total); e != cudaSuccess) {
+        (void)cudaGetLastError();
+        st.fail(
+            device_error("cudaMalloc of " + std::to_string(total) + " bytes for " + std::to_string(n) + " storages", e)
+                .error);
+      } else {
+        arena.base_ = base;
+        arena.size_ = total;
+        st.arena = static_cast<std::uint8_t*>(base);
+      }
+    }
+    alloc_seconds = std::chrono::duration<double>(Clock::now() - alloc_start).count();
+    if (!st.failed.load()) st.publish_arena();
+  };
 
   // Empty storages are complete at once.
   for (std::size_t i = 0; i < n; ++i)
@@ -1206,12 +1242,15 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
       }
       st.fail(Error(ErrorCode::kIo, std::string("could not start a loader thread: ") + e.what()));
     }
+    allocate_arena();
     for (auto& t : threads) t.join();
     if (completion.joinable()) {
       completion.join();
     } else {
       completion_main(st);  // drain on this thread
     }
+  } else {
+    allocate_arena();  // nothing to read (every storage empty) or already failed
   }
   // Everything issued has been waited for by the completion thread; make sure
   // of it (and of copies whose event could not be recorded) before the arena

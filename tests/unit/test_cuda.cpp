@@ -535,6 +535,36 @@ TEST_CASE("cuda: a failed load frees everything") {
   CHECK(copy_back(*again, 3) == std::vector<std::uint8_t>(f.bytes.begin() + (24 << 20), f.bytes.begin() + (32 << 20)));
 }
 
+TEST_CASE("cuda: an arena larger than the device fails with kDevice while the readers run") {
+  if (!have_device()) return;
+  const std::size_t n = 64 << 20;
+  TempFile f(n, 23);
+  auto mem = sc::device_memory(0);
+  REQUIRE(mem.has_value());
+  // The same 64 MiB range many times over: more bytes than the device has.
+  // The readers start reading before cudaMalloc of the arena fails.
+  const std::uint64_t count = mem->total_bytes / n + 16;
+  std::vector<sc::StorageSource> sources(count, sc::StorageSource{0, n, 1, 0, nullptr});
+  auto opt = small_options(sc::IoMode::kPread);
+  opt.chunk_bytes = 4 << 20;
+  opt.ring_bytes = 32 << 20;
+  auto engine = sc::TransferEngine::create(opt);
+  REQUIRE(engine.has_value());
+  const std::uint64_t baseline = free_device_bytes();
+  sc::LoadStats stats;
+  auto r = engine->load(f.path, sources, &stats);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kDevice);
+  CHECK(r.error().to_string().find("cudaMalloc") != std::string::npos);
+  MESSAGE(r.error().to_string());
+  CHECK(free_device_bytes() + (8 << 20) >= baseline);
+  // Still usable.
+  const std::vector<sc::StorageSource> one = {{4096, 1 << 20, 1, zlib_crc(f.bytes.data() + 4096, 1 << 20), nullptr}};
+  auto ok = engine->load(f.path, one);
+  REQUIRE_MESSAGE(ok.has_value(), ok.error().to_string());
+  CHECK(copy_back(*ok, 0) == std::vector<std::uint8_t>(f.bytes.begin() + 4096, f.bytes.begin() + 4096 + (1 << 20)));
+}
+
 TEST_CASE("cuda: DLPack tensors keep a shared arena alive") {
   if (!have_device()) return;
   const std::size_t n = 65 << 20;
