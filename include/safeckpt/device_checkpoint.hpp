@@ -70,7 +70,9 @@ class DeviceCheckpoint {
 };
 
 // Loads `path` (torch.save zip, legacy format, safetensors) onto the GPU. `engine`:
-// reuse one per process to keep the pinned ring (nullptr = one-shot).
+// reuse one per process to keep the pinned ring (nullptr = one-shot: an
+// engine is created before the host parse, so its ring is pinned in the
+// background while the file is parsed, and dropped on return).
 // Errors: everything safeckpt::load returns, plus kInvalidArgument (bad
 // map_location) and the transfer engine's (kDevice, kIo, kMalformed on CRC).
 Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options = {},

@@ -14,12 +14,15 @@
 // copied from directly; it carries the pieces of every storage inside it.
 // Items are issued in storage order so the first storages complete first.
 //
-// Threads: `readers` reader threads claim items with an atomic counter; one
-// completion thread waits on each item's event in submission order, returns
-// its slot (or unregisters its block), checks a storage's CRC when its last
-// chunk completes and reports it ready. Any error sets `failed`; readers stop
-// claiming, the completion thread drains what was issued, every stream is
-// synchronized, then the arena is freed.
+// Threads: per engine, one ring thread (prepare_ring, from create()) pins the
+// staging ring slot by slot with helper threads touching its pages first.
+// Per load, `readers` reader threads claim items with an atomic counter and
+// wait for the arena (cudaMalloc'd by the calling thread meanwhile) before
+// their first copy; one completion thread waits on each item's event in
+// submission order, returns its slot (or unregisters its block), checks a
+// storage's CRC when its last chunk completes and reports it ready. Any
+// error sets `failed`; readers stop claiming, the completion thread drains
+// what was issued, every stream is synchronized, then the arena is freed.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
