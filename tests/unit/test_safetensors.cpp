@@ -91,7 +91,7 @@ TEST_CASE("safetensors: writer order is dtype (largest first), then name; determ
   CHECK(*again == *out);
   CHECK_FALSE(serialize_safetensors(es, {{"a", "1"}, {"a", "2"}}, true).has_value());
   auto p = SafetensorsFile::parse(Bytes(out->data(), out->size()));
-  REQUIRE_MESSAGE(p.has_value(), p.error().to_string());
+  REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
   std::vector<std::string> names;
   for (const auto& t : p->tensors()) names.push_back(t.name);
   CHECK(names == std::vector<std::string>{"d", "c", "a32", "b", "a", "f", "z", "e"});
@@ -191,7 +191,7 @@ TEST_CASE("safetensors: load as a checkpoint (zero-copy) and F4 packing") {
   auto f = raw_file(h, 12);
   for (std::size_t i = 0; i < 12; ++i) f[8 + h.size() + i] = static_cast<std::uint8_t>(i + 1);
   auto c = load_safetensors_bytes(Bytes(f.data(), f.size()));
-  REQUIRE_MESSAGE(c.has_value(), c.error().to_string());
+  REQUIRE_MESSAGE(c.has_value(), (c ? "" : c.error().to_string()));
   CHECK(c->format() == FileFormat::kSafetensors);
   auto sd = c->state_dict();
   REQUIRE(sd.size() == 2);
@@ -203,7 +203,7 @@ TEST_CASE("safetensors: load as a checkpoint (zero-copy) and F4 packing") {
   CHECK(c->storages()[q.storage].file_offset == 8 + h.size() + 8);
   // And back: the F4 shape is doubled again; the bytes are the same file.
   auto back = checkpoint_to_safetensors(*c);
-  REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+  REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
   auto p = SafetensorsFile::parse(Bytes(back->data(), back->size()));
   REQUIRE(p.has_value());
   REQUIRE(p->find("q"));
@@ -234,7 +234,7 @@ TEST_CASE("safetensors: every corpus state_dict converts and reads back, twice i
     REQUIRE(st2.has_value());
     CHECK_MESSAGE(*st == *st2, name);
     auto back = load_safetensors_bytes(Bytes(st->data(), st->size()));
-    REQUIRE_MESSAGE(back.has_value(), name << ": " << back.error().to_string());
+    REQUIRE_MESSAGE(back.has_value(), name << ": " << (back ? "" : back.error().to_string()));
     std::map<std::string, std::uint32_t> by_name;
     for (const auto& nt : back->state_dict()) by_name[nt.name] = nt.tensor;
     for (const auto& nt : r->state_dict()) {
@@ -260,7 +260,7 @@ TEST_CASE("safetensors: non-tensor values go to __metadata__ or are refused") {
   REQUIRE(r.has_value());
   std::vector<std::string> notes;
   auto st = checkpoint_to_safetensors(*r, {}, &notes);
-  REQUIRE_MESSAGE(st.has_value(), st.error().to_string());
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
   auto p = SafetensorsFile::parse(Bytes(st->data(), st->size()));
   REQUIRE(p.has_value());
   std::map<std::string, std::string> md(p->metadata().begin(), p->metadata().end());
@@ -294,9 +294,9 @@ TEST_CASE("safetensors -> PyTorch -> safetensors keeps every byte") {
   auto c = load_safetensors_bytes(Bytes(st->data(), st->size()));
   REQUIRE(c.has_value());
   auto pt = save_to_bytes(*c);
-  REQUIRE_MESSAGE(pt.has_value(), pt.error().to_string());
+  REQUIRE_MESSAGE(pt.has_value(), (pt ? "" : pt.error().to_string()));
   auto back = load_buffer(*pt);
-  REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+  REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
   CHECK(tree_diff(*c, *back).empty());
   auto st2 = checkpoint_to_safetensors(*back);
   REQUIRE(st2.has_value());
@@ -314,7 +314,7 @@ TEST_CASE("safetensors: sharded checkpoints through an index") {
   auto write = [&](const std::string& text) { std::ofstream(dir.path / "m.safetensors.index.json") << text; };
   write(R"({"metadata":{"total_size":12},"weight_map":{"y":"m-00002.safetensors","x":"m-00001.safetensors"}})");
   auto c = load_safetensors_index(dir.path / "m.safetensors.index.json");
-  REQUIRE_MESSAGE(c.has_value(), c.error().to_string());
+  REQUIRE_MESSAGE(c.has_value(), (c ? "" : c.error().to_string()));
   auto sd = c->state_dict();
   REQUIRE(sd.size() == 2);
   CHECK(sd[0].name == "y");
@@ -362,7 +362,7 @@ TEST_CASE("safetensors: files made by the reference implementation (tests/data/s
   for (auto& [fname, exp] : expected.items()) {
     if (!exp.is_object() || !exp.contains("tensors")) continue;
     auto f = SafetensorsFile::open(dir / fname);
-    REQUIRE_MESSAGE(f.has_value(), fname << ": " << f.error().to_string());
+    REQUIRE_MESSAGE(f.has_value(), fname << ": " << (f ? "" : f.error().to_string()));
     CHECK(f->tensors().size() == exp["tensors"].size());
     std::vector<SafetensorsEntry> entries;
     for (const auto& t : f->tensors()) {
@@ -385,7 +385,7 @@ TEST_CASE("safetensors: files made by the reference implementation (tests/data/s
     ++files;
   }
   auto idx = load_safetensors_index(dir / "model.safetensors.index.json");
-  REQUIRE_MESSAGE(idx.has_value(), idx.error().to_string());
+  REQUIRE_MESSAGE(idx.has_value(), (idx ? "" : idx.error().to_string()));
   CHECK(idx->state_dict().size() == 3);
   CHECK(files >= 5);
 }

@@ -45,9 +45,9 @@ Checkpoint small_state_dict() {
 TEST_CASE("save: a built state_dict loads back identically") {
   Checkpoint c = small_state_dict();
   auto bytes = save_to_bytes(c);
-  REQUIRE_MESSAGE(bytes.has_value(), bytes.error().to_string());
+  REQUIRE_MESSAGE(bytes.has_value(), (bytes ? "" : bytes.error().to_string()));
   auto back = load_buffer(*bytes);
-  REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+  REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
   CHECK(tree_diff(c, *back).empty());
   auto sd = back->state_dict();
   REQUIRE(sd.size() == 2);
@@ -73,12 +73,12 @@ TEST_CASE("save: every loadable corpus file round-trips and saves byte-identical
       MESSAGE(name << ": not re-savable: " << b1.error().message());
       continue;
     }
-    REQUIRE_MESSAGE(b1.has_value(), name << ": " << b1.error().to_string());
+    REQUIRE_MESSAGE(b1.has_value(), name << ": " << (b1 ? "" : b1.error().to_string()));
     auto b2 = save_to_bytes(*r, so);
     REQUIRE(b2.has_value());
     CHECK_MESSAGE(*b1 == *b2, name << ": saving twice gave different bytes");
     auto back = load_bytes(Bytes(b1->data(), b1->size()), opt.load);
-    REQUIRE_MESSAGE(back.has_value(), name << ": " << back.error().to_string());
+    REQUIRE_MESSAGE(back.has_value(), name << ": " << (back ? "" : back.error().to_string()));
     std::string d = tree_diff(*r, *back);
     CHECK_MESSAGE(d.empty(), name << ": " << d);
     // And re-saving what we loaded is a fixed point.
@@ -100,7 +100,7 @@ TEST_CASE("save: zip layout is PyTorchStreamWriter's") {
   REQUIRE(bytes.has_value());
   Bytes file(bytes->data(), bytes->size());
   auto zip = ZipArchive::open(file, Limits{});
-  REQUIRE_MESSAGE(zip.has_value(), zip.error().to_string());
+  REQUIRE_MESSAGE(zip.has_value(), (zip ? "" : zip.error().to_string()));
   CHECK(zip->anomalies().empty());
   CHECK(zip->root() == "views_shared_storage");
   std::vector<std::string> names;
@@ -235,7 +235,7 @@ TEST_CASE("save: a list that contains itself is fine; a tuple cycle is refused")
     auto bytes = save_to_bytes(*c);
     REQUIRE(bytes.has_value());
     auto back = load_buffer(*bytes);
-    REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+    REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
     const Node& root = back->values()[back->root()];
     REQUIRE(root.kind == Kind::kList);
     REQUIRE(root.items.size() == 1);
@@ -300,9 +300,9 @@ TEST_CASE("save: builder values of every plain kind round-trip") {
   auto c = std::move(b).finish();
   REQUIRE(c.has_value());
   auto bytes = save_to_bytes(*c);
-  REQUIRE_MESSAGE(bytes.has_value(), bytes.error().to_string());
+  REQUIRE_MESSAGE(bytes.has_value(), (bytes ? "" : bytes.error().to_string()));
   auto back = load_buffer(*bytes);
-  REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+  REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
   std::string d = tree_diff(*c, *back);
   CHECK_MESSAGE(d.empty(), d);
   // Shared references stay shared.
@@ -333,9 +333,9 @@ TEST_CASE("save: views, dtypes the legacy storages lack, and mixed-dtype storage
   auto c = std::move(b).finish();
   REQUIRE(c.has_value());
   auto out = save_to_bytes(*c);
-  REQUIRE_MESSAGE(out.has_value(), out.error().to_string());
+  REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
   auto back = load_buffer(*out);
-  REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+  REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
   std::string d = tree_diff(*c, *back);
   CHECK_MESSAGE(d.empty(), d);
   CHECK(back->storages().size() == 3);
@@ -379,7 +379,7 @@ TEST_CASE("save: container batching is CPython's C pickler's (1 to 2001 items)")
     const auto want = read_file(theirs);
     CHECK(std::vector<std::uint8_t>(pkl->bytes.begin(), pkl->bytes.end()) == want);
     auto back = load_buffer(*bytes);  // incl. the empty trailing MARK SETITEMS of 1000k-item dicts
-    REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+    REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
     CHECK(tree_diff(*c, *back).empty());
   }
 }

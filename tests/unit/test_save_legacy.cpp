@@ -50,7 +50,7 @@ std::uint64_t end_of_pickles(Bytes file, int n) {
     ValueArena arena;
     PlainHooks hooks;
     auto r = run_pickle(file.subspan(pos), arena, hooks, nullptr, PickleOptions{});
-    REQUIRE_MESSAGE(r.has_value(), r.error().to_string());
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
     pos += r->end_offset;
   }
   return pos;
@@ -82,7 +82,7 @@ TEST_CASE("save legacy: the header pickles are the bytes PyTorch writes") {
     return std::move(*c);
   }();
   auto ours = save_to_bytes(ours_src, legacy());
-  REQUIRE_MESSAGE(ours.has_value(), ours.error().to_string());
+  REQUIRE_MESSAGE(ours.has_value(), (ours ? "" : ours.error().to_string()));
   for (const char* which : {"torch-1.13", "torch-2.11"}) {
     CAPTURE(which);
     auto theirs = read_file(corpus_dir(which) / "legacy_format.pt");
@@ -114,9 +114,9 @@ TEST_CASE("save legacy: every corpus file the layout can hold round-trips, deter
       continue;
     }
     if (!b1 && !opt.weights_only_compatible && b1.error().code() == ErrorCode::kUnsupported) continue;  // numpy etc.
-    REQUIRE_MESSAGE(b1.has_value(), b1.error().to_string());
+    REQUIRE_MESSAGE(b1.has_value(), (b1 ? "" : b1.error().to_string()));
     auto back = load_bytes(Bytes(b1->data(), b1->size()), opt.load);
-    REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+    REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
     CHECK(back->format() == FileFormat::kLegacyPickle);
     const std::string d = tree_diff(*r, *back);
     CHECK_MESSAGE(d.empty(), d);
@@ -151,9 +151,9 @@ TEST_CASE("save legacy: more than 10 storages (keys sorted as strings, data in t
   auto c = std::move(b).finish();
   REQUIRE(c.has_value());
   auto out = save_to_bytes(*c, legacy());
-  REQUIRE_MESSAGE(out.has_value(), out.error().to_string());
+  REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
   auto back = load_buffer(*out);
-  REQUIRE_MESSAGE(back.has_value(), back.error().to_string());
+  REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
   CHECK(tree_diff(*c, *back).empty());
   REQUIRE(back->storages().size() == 12);
   // Storage data follows the key list in string order: "10" comes right after "1".

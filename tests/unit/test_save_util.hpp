@@ -81,7 +81,7 @@ using test_support::normalize;
 
 inline json tree_json(const Checkpoint& c) {
   auto text = to_json(c);
-  REQUIRE_MESSAGE(text.has_value(), text.error().to_string());
+  REQUIRE_MESSAGE(text.has_value(), (text ? "" : text.error().to_string()));
   json j = json::parse(*text);
   normalize(j);
   return j;

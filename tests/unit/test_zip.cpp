@@ -242,7 +242,7 @@ constexpr const char* kPyZip = "mal_os_system.pt";    // written by CPython's zi
 TEST_CASE("zip: mlp_state_dict.pt layout equals what CPython's zipfile reports") {
   const Buf f = load(kMlp);
   auto z = ZipArchive::open(span(f), Limits{});
-  REQUIRE_MESSAGE(z.has_value(), z.error().to_string());
+  REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
   CHECK(z->root() == "mlp_state_dict");
   CHECK(z->anomalies().empty());
   CHECK(z->require_no_anomalies().has_value());
@@ -275,7 +275,7 @@ TEST_CASE("zip: mlp_state_dict.pt layout equals what CPython's zipfile reports")
     CHECK(e.flags == 0x0808);
     CHECK(e.data_offset % 64 == 0);  // PyTorch aligns every record (torch-format.md 2.3)
     auto r = z->read(e, true);
-    REQUIRE_MESSAGE(r.has_value(), r.error().to_string());
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
     CHECK(r->owned == nullptr);  // stored: a view of the file
     CHECK(r->bytes.data() == f.data() + e.data_offset);
   }
@@ -298,7 +298,7 @@ TEST_CASE("zip: deflated_zip.pt inflates to the same records as mlp_state_dict.p
   auto s = ZipArchive::open(span(stored_file), Limits{});
   auto d = ZipArchive::open(span(deflated_file), Limits{});
   REQUIRE(s.has_value());
-  REQUIRE_MESSAGE(d.has_value(), d.error().to_string());
+  REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
   CHECK(d->anomalies().empty());
   REQUIRE(d->entries().size() == s->entries().size());
   for (std::size_t i = 0; i < s->entries().size(); ++i) {
@@ -306,7 +306,7 @@ TEST_CASE("zip: deflated_zip.pt inflates to the same records as mlp_state_dict.p
     CHECK(de.method == 8);
     auto a = s->read(s->entries()[i], true);
     auto b = d->read(de, true);
-    REQUIRE_MESSAGE(b.has_value(), b.error().to_string());
+    REQUIRE_MESSAGE(b.has_value(), (b ? "" : b.error().to_string()));
     CHECK(b->owned != nullptr);
     CHECK(b->bytes.size() == de.uncompressed_size);
     REQUIRE(a.has_value());
@@ -322,7 +322,7 @@ TEST_CASE("zip: every zip of the torch-2.11 corpus opens without anomalies and r
     ++zips;
     CAPTURE(de.path().filename().string());
     auto z = ZipArchive::open(span(f), Limits{});
-    REQUIRE_MESSAGE(z.has_value(), z.error().to_string());
+    REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
     CHECK_MESSAGE(z->anomalies().empty(), anomaly_list(*z));
     CHECK(safeckpt::classify_zip(*z) == FileFormat::kTorchZip);
     CHECK(safeckpt::detect_format(span(f), Limits{}) == FileFormat::kTorchZip);
@@ -435,7 +435,7 @@ TEST_CASE("zip: zip64 extra fields replace 0xFFFFFFFF sizes and offsets") {
   // usize, csize and the local header offset all through the zip64 extra.
   add_zip64_extra(f, l, c, {24, 20, 42}, {128, 128, c.lho});
   auto z = ZipArchive::open(span(f), Limits{});
-  REQUIRE_MESSAGE(z.has_value(), z.error().to_string());
+  REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
   CHECK(z->anomalies().empty());
   const auto* e = z->find("data/1");
   REQUIRE(e != nullptr);
@@ -448,7 +448,7 @@ TEST_CASE("zip: zip64 extra fields replace 0xFFFFFFFF sizes and offsets") {
 TEST_CASE("zip: entries outside the root and classification of synthetic zips") {
   auto classify = [](const Buf& f) {
     auto z = ZipArchive::open(span(f), Limits{});
-    REQUIRE_MESSAGE(z.has_value(), z.error().to_string());
+    REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
     return safeckpt::classify_zip(*z);
   };
   CHECK(classify(make_zip({{"m/data.pkl", "\x80\x02N."}, {"m/version", "3\n"}})) == FileFormat::kTorchZip);
@@ -769,13 +769,13 @@ TEST_CASE("zip: catalogue of malformed archives (stage zip)") {
     c.mutate(f, l, lim);
     auto z = ZipArchive::open(span(f), lim);
     if (c.stage == Stage::kOpenError) {
-      REQUIRE_FALSE_MESSAGE(z.has_value(), "opened; anomalies: " << anomaly_list(*z));
+      REQUIRE_FALSE_MESSAGE(z.has_value(), "opened; anomalies: " << (z ? anomaly_list(*z) : std::string()));
       CHECK_MESSAGE(z.error().code() == c.code, z.error().to_string());
       CHECK_MESSAGE(z.error().where().offset != safeckpt::Location::kNoOffset, z.error().to_string());
       CHECK(safeckpt::detect_format(span(f), lim) == FileFormat::kUnknown);
       continue;
     }
-    REQUIRE_MESSAGE(z.has_value(), z.error().to_string());
+    REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
     // Whatever the case, reading every record must not crash.
     for (const auto& e : z->entries()) (void)z->read(e, true);
     if (c.stage == Stage::kAnomaly) {
