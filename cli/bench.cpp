@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -498,7 +499,7 @@ int run_bench(const BenchArgs& a, int device) {
       std::printf(
           "- %s new engine: first tensor %.1f ms (target <= 20), peak RSS growth %s MiB (<= 1024), device "
           "overhead %.0f MiB (<= 256)\n",
-          s.file.c_str(), s.first_new, s.rss >= 0 ? std::to_string(static_cast<long>(s.rss)).c_str() : "?", s.dev);
+          s.file.c_str(), s.first_new, s.rss >= 0 ? std::to_string(std::lround(s.rss)).c_str() : "?", s.dev);
   }
   if (!generated.empty() && !a.keep) {
     for (const auto& g : generated) std::filesystem::remove(g, ec_ignored);
@@ -516,7 +517,8 @@ void register_bench(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "bench",
       "Measure checkpoint -> GPU loading against the pinned-copy and O_DIRECT ceilings (and PyTorch / "
-      "safetensors with --baselines), one table");
+      "safetensors with --baselines), one table.\n"
+      "Exit codes: 0 measured, 1 a load failed, 2 usage error, no CUDA device or a build without CUDA.");
   cmd->add_option(
       "FILE", args->files,
       "checkpoint(s) to load: a PyTorch file and/or a .safetensors file of the same tensors; none = generate "
@@ -530,7 +532,8 @@ void register_bench(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
   cmd->add_option("--dir", args->dir, "where to generate the checkpoint (default: the temp directory)");
-  cmd->add_option("--gen-gib", args->gen_gib, "size of the generated checkpoint")
+  cmd->add_option("--gen-gib", args->gen_gib,
+                  "tensor bytes of the generated model (written twice: as a torch.save zip and as safetensors)")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 1024.0));
   cmd->add_option("--baselines", args->baselines,
@@ -538,9 +541,11 @@ void register_bench(CLI::App& app, int& exit_code) {
                   "\"python3 bench/torch_baselines.py files\"");
   cmd->add_flag("--no-cold", args->no_cold, "skip the rows that drop the page cache");
   cmd->add_flag("--keep", args->keep, "keep the generated checkpoint files (removed by default)");
-  cmd->add_option("--threads", args->threads, "reader threads (default min(16, hardware threads))");
-  cmd->add_option("--ring-mib", args->ring_mib, "pinned staging ring cap in MiB (default 128)");
-  cmd->add_option("--chunk-kib", args->chunk_kib, "bytes per read and per copy, in KiB (default 4096)")
+  cmd->add_option("--threads", args->threads, "reader threads (default min(16, hardware threads))")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--ring-mib", args->ring_mib, "pinned staging ring in MiB, >= one chunk (default 128)")
+      ->check(CLI::Range(1, 16 << 10));
+  cmd->add_option("--chunk-kib", args->chunk_kib, "bytes per read and per copy, in KiB, a multiple of 4 (default 4096)")
       ->check(CLI::Range(64, 1 << 20));
   cmd->add_option("--streams", args->streams, "CUDA streams (default 4)")->check(CLI::Range(1, 64));
   cmd->add_flag("--pageable-staging", args->pageable,

@@ -54,8 +54,9 @@ struct LoadOptions {
   // Safe globals; nullptr = Allowlist::default_policy(). Must outlive load().
   const Allowlist* allowlist = nullptr;
   // Compare CRC-32 of every storage record with the central directory
-  // (when non-zero). Pickle records are always checked. Turning this off
-  // makes host loading independent of tensor bytes (pure mmap).
+  // (when non-zero). Pickle records and deflated storage records (inflated
+  // into memory anyway) are always checked. Turning this off makes host
+  // loading of stored records independent of tensor bytes (pure mmap).
   bool verify_storage_crc = true;
 };
 

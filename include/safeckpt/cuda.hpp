@@ -115,7 +115,8 @@ enum class IoMode : std::uint8_t {
   // each block when its copies are done. No staging copy; pages fault in from
   // the page cache (or disk) during registration. Falls back to kPread when
   // the device cannot register read-only memory. Measured 7.8-10 GB/s warm
-  // on the H200 machine against 34-45 for kPread (registration dominates),
+  // on the H200 machine against 34-45 for kPread in the same runs
+  // (registration dominates),
   // which is why kAuto never picks it.
   kMmapRegister = 3,
 };
@@ -132,13 +133,13 @@ struct TransferOptions {
   // first load does not wait for the whole ring. If that path fails, the
   // remaining slots are pinned lazily with cudaHostAlloc when every slot is
   // busy. Slots stay pinned until the engine is destroyed. On the H200
-  // machine the default ring was pinned 12-19 ms after engine creation this
+  // machine the default ring was pinned 10-27 ms after engine creation this
   // way (6-8 ms without the 50 us pause between slots that lets other CUDA
   // calls through), against 73-98 ms of cudaHostAlloc (bench/RESULTS.md).
-  // Default 128 MiB (31 slots of 4 MiB + 8 KiB); the issue caps the default
-  // at 512 MiB. Bigger is not faster: there (300 MiB L3), 256 and 512 MiB
-  // rings moved 35-41 GB/s against 43-47 for 128 MiB, and 16-64 MiB rings
-  // 18-37 GB/s. >= chunk_bytes, <= 16 GiB.
+  // Default 128 MiB (31 slots of 4 MiB + 8 KiB); host memory stays bounded
+  // by it. Bigger is not faster: there (300 MiB L3), 256 and 512 MiB rings
+  // moved 35-41 GB/s against 40-46 for 128 MiB in the same sweep, and
+  // 16-64 MiB rings 18-37 GB/s. >= chunk_bytes, <= 16 GiB.
   std::uint64_t ring_bytes = 128ull << 20;
   // Bytes per read / per cudaMemcpyAsync. A multiple of 4096, 64 KiB..1 GiB.
   // 4 MiB: on the H200 machine 4 MiB beat 8 and 16 MiB in both runs (45 vs
@@ -166,10 +167,13 @@ struct TransferOptions {
   // CPU on the reader threads; see bench/RESULTS.md.
   bool verify_crc = true;
   // Called once per storage as soon as its bytes (swapped, CRC checked) are
-  // complete on the device: from the engine's completion thread, or from the
-  // calling thread for empty storages. Not called after a failure; storages
-  // already reported are freed with the arena when load() then fails. Must
-  // not throw and must not call back into the engine. May be empty.
+  // complete on the device, with its index in `sources` (for load_to_device,
+  // Checkpoint::storages() order): from the engine's completion thread, or,
+  // for empty storages, from the calling thread before any reader starts;
+  // calls never overlap. A progress signal: device addresses are known once
+  // load() returns the arena. Not called after a failure; storages already
+  // reported are freed with the arena when load() then fails. Must not throw
+  // and must not call back into the engine. May be empty.
   std::function<void(std::size_t storage_index)> on_storage_ready;
 };
 
@@ -237,14 +241,18 @@ class DeviceArena {
 
 // Streams, events and the pinned ring for one device, reused across loads
 // (pinning costs ~0.1 ms per MiB even the fast way, see ring_bytes).
-// Move-only. One load() at a time per engine (calls are serialized
-// internally). While the ring is being pinned, other threads' CUDA calls may
-// wait up to ~0.2 ms per slot (cudaHostRegister holds the driver's lock).
+// Move-only; a moved-from engine may only be destroyed or assigned to. One
+// load() at a time per engine (calls are serialized internally). While the
+// ring is being pinned, other threads' CUDA calls may wait for each slot's
+// cudaHostRegister (it holds the driver's lock): 0.15-0.3 ms per slot, the
+// first up to ~3 ms; on the cudaHostAlloc fallback, 2-3 ms per slot.
 class TransferEngine {
  public:
-  // Validates options, selects the device, creates the streams, and starts
-  // pinning the staging ring on a background thread (not with
-  // pageable_staging); returns without waiting for it. The destructor stops
+  // Validates options, creates the device's CUDA context if there is none
+  // yet (~100-140 ms on the H200 machine) and the streams, and starts pinning
+  // the staging ring on a background thread (not with pageable_staging; it
+  // uses up to 8 short-lived helper threads); returns without waiting for
+  // it. The caller's current device is left as it was. The destructor stops
   // and joins that thread. Errors: kInvalidArgument (options), kDevice; a
   // failure while pinning in the background is not an error here (load()
   // pins lazily instead and reports cudaHostAlloc failures).
@@ -316,9 +324,9 @@ struct TensorView {
 // storage alive (the std::shared_ptr<DeviceArena>). The versioned form sets
 // version {1, 1} and, when read_only, DLPACK_FLAG_BITMASK_READ_ONLY.
 // Errors: kUnsupported (dtype, see dlpack_dtype), kInvalidArgument (rank >
-// 64, shape/strides length mismatch, negative size/stride/offset, null owner
-// or data), kMalformed (the view reaches past storage_nbytes; checked without
-// overflow).
+// 64, shape/strides length mismatch, negative size/stride/offset, null
+// owner, or null data for a tensor with elements), kMalformed (the view
+// reaches past storage_nbytes; checked without overflow).
 Result<DLManagedTensorVersioned*> to_dlpack_versioned(const TensorView& view, std::shared_ptr<const void> owner,
                                                       bool read_only = true);
 Result<DLManagedTensor*> to_dlpack_legacy(const TensorView& view, std::shared_ptr<const void> owner);

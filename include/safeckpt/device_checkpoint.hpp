@@ -4,7 +4,8 @@
 // (value tree, allowlist, view checks — no shortcuts), then streams every
 // storage's bytes from the file to the device through the transfer engine
 // (safeckpt/cuda.hpp): reader threads -> fixed pinned ring -> cudaMemcpyAsync,
-// CRC-32 of stored records checked on the reader threads (when enabled),
+// CRC-32 of stored records checked on the reader threads (when enabled;
+// deflated records are checked by the host loader as they are inflated),
 // big-endian storages swapped on the device. Nothing is handed out on
 // failure: the device arena is freed and the error returned.
 //
@@ -24,11 +25,18 @@
 namespace safeckpt::cuda {
 
 struct DeviceLoadOptions {
-  LoadOptions load;  // host parsing rules (allowlist, limits); its CRC flag is ignored
-  // Target like torch's map_location: "cuda" / "cuda:N". Every storage goes
-  // there whatever location it was saved with.
+  // Host parsing rules (allowlist, limits; limits also apply to safetensors
+  // files). Its CRC flag is ignored: stored records are checked on the reader
+  // threads (transfer.verify_crc), deflated ones when inflated (always).
+  LoadOptions load;
+  // Target like torch's map_location: "cuda" (the calling thread's current
+  // CUDA device, as torch.cuda.current_device()) or "cuda:N". Every storage
+  // goes there whatever location it was saved with.
   std::string map_location = "cuda:0";
-  TransferOptions transfer;  // .device is set from map_location
+  // Engine settings for a one-shot load (no engine passed); .device is set
+  // from map_location. Ignored when an engine is passed: its own options
+  // apply, and map_location must name its device.
+  TransferOptions transfer;
 };
 
 // A strided tensor on the device, ready to bind by name.
@@ -43,6 +51,10 @@ struct DeviceTensor {
   int device;
 };
 
+// Made by load_to_device. Copies share the host checkpoint and the device
+// arena (both freed with the last copy and the last DLPack capsule). A
+// default-constructed or moved-from DeviceCheckpoint holds nothing: only
+// assign to it or destroy it.
 class DeviceCheckpoint {
  public:
   const Checkpoint& checkpoint() const noexcept { return *host_; }
@@ -72,9 +84,12 @@ class DeviceCheckpoint {
 // Loads `path` (torch.save zip, legacy format, safetensors) onto the GPU. `engine`:
 // reuse one per process to keep the pinned ring (nullptr = one-shot: an
 // engine is created before the host parse, so its ring is pinned in the
-// background while the file is parsed, and dropped on return).
-// Errors: everything safeckpt::load returns, plus kInvalidArgument (bad
-// map_location) and the transfer engine's (kDevice, kIo, kMalformed on CRC).
+// background while the file is parsed, and dropped on return). `stats`, if
+// given, describes the engine's part (TransferEngine::load): it excludes the
+// host parse and the one-shot engine's creation.
+// Errors: everything safeckpt::load (or load_safetensors) returns, plus
+// kInvalidArgument (bad map_location, or one naming another device than the
+// engine's) and the transfer engine's (kDevice, kIo, kMalformed on CRC).
 Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options = {},
                                         TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
 

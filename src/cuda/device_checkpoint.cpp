@@ -2,6 +2,8 @@
 // transfer engine. See include/safeckpt/device_checkpoint.hpp.
 #include "safeckpt/device_checkpoint.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include <charconv>
 #include <optional>
 
@@ -11,7 +13,14 @@ namespace safeckpt::cuda {
 namespace {
 
 Result<int> parse_device(const std::string& loc) {
-  if (loc == "cuda") return 0;
+  if (loc == "cuda") {  // torch: the current device
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      d = 0;
+    }
+    return d;
+  }
   if (loc.rfind("cuda:", 0) != 0)
     return make_error(ErrorCode::kInvalidArgument, "map_location must be 'cuda' or 'cuda:N', got '" + loc + "'");
   int d = -1;
@@ -26,6 +35,10 @@ Result<int> parse_device(const std::string& loc) {
 Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options,
                                         TransferEngine* engine, LoadStats* stats) {
   SAFECKPT_TRY(int device, parse_device(options.map_location));
+  if (engine != nullptr && engine->options().device != device)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "map_location '" + options.map_location + "' is device " + std::to_string(device) +
+                          " but the engine was created for device " + std::to_string(engine->options().device));
   // Without a caller's engine, make one before parsing: it starts pinning its
   // staging ring in the background, overlapping the host parse. An error
   // creating it is reported only if the file itself loads.
@@ -41,11 +54,16 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
   // offsets into the same file); everything else through the checkpoint loader.
   auto host_r = [&]() -> Result<Checkpoint> {
     auto mf = MappedFile::open(path);
-    if (mf && sniff_format(mf->bytes()) == FileFormat::kSafetensors) return load_safetensors(path);
+    if (mf && sniff_format(mf->bytes()) == FileFormat::kSafetensors) {
+      SafetensorsOptions so;
+      so.limits = lo.limits;
+      return load_safetensors(path, so);
+    }
     return safeckpt::load(path, lo);
   }();
   if (!host_r) return unexpected(std::move(host_r).error());
   Checkpoint host = std::move(host_r).value();
+  const bool verify_crc = engine != nullptr ? engine->options().verify_crc : options.transfer.verify_crc;
   const auto& storages = host.storages();
   std::vector<StorageSource> sources(storages.size());
   Bytes file = host.file().bytes();
@@ -60,7 +78,7 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
       // big-endian files are swapped on the device.
       src.file_offset = s.file_offset;
       src.swap_unit = s.swap_unit;
-      src.expected_crc32 = options.transfer.verify_crc ? s.crc32 : 0;
+      src.expected_crc32 = verify_crc ? s.crc32 : 0;
     } else {
       // Inflated record or bytes decoded from the pickle: already little-endian in host memory.
       src.host_bytes = s.bytes.data();

@@ -89,3 +89,27 @@ TEST_CASE("device checkpoint: safetensors files land on the GPU byte for byte") 
   }
   CHECK(files >= 3);
 }
+
+TEST_CASE("device checkpoint: map_location and a caller's engine must agree") {
+  if (!have_device()) {
+    MESSAGE("SKIP: no CUDA device");
+    return;
+  }
+  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
+  fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
+  const fs::path file = data / "corpus" / "torch-2.11" / "mlp_state_dict.pt";
+  auto engine = safeckpt::cuda::TransferEngine::create({});  // device 0
+  REQUIRE(engine.has_value());
+  safeckpt::cuda::DeviceLoadOptions o;
+  o.map_location = "cuda:1";  // another device than the engine's: refused before any work
+  auto bad = safeckpt::cuda::load_to_device(file, o, &*engine);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code() == safeckpt::ErrorCode::kInvalidArgument);
+  CHECK(bad.error().message().find("engine was created for device 0") != std::string::npos);
+  // "cuda" is the current device (0 here), as in torch.
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  o.map_location = "cuda";
+  auto ok = safeckpt::cuda::load_to_device(file, o, &*engine);
+  REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+  CHECK(ok->arena().device() == 0);
+}

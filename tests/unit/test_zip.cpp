@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/zip.hpp"
 
@@ -758,6 +759,28 @@ std::vector<MalformedCase> catalogue() {
 }
 
 }  // namespace
+
+TEST_CASE("zip: a deflated storage record's CRC is checked even with verify_storage_crc off") {
+  // deflated_zip.pt: PyTorch 2.11's records re-zipped by CPython with deflate
+  // (torch.load reads it). Change the central directory CRC of data/0.
+  Buf f = load(kDeflated);
+  const Layout l = layout_of(f);
+  REQUIRE(get(f, l.entry("/data/0").at + 10, 2) == 8);  // method: deflate
+  safeckpt::LoadOptions off;
+  off.verify_storage_crc = false;
+  auto good = safeckpt::load_bytes(span(f), off);
+  REQUIRE_MESSAGE(good.has_value(), (good ? "" : good.error().to_string()));
+  f[l.entry("/data/0").at + 16] ^= 1;
+  for (bool verify : {true, false}) {
+    CAPTURE(verify);
+    safeckpt::LoadOptions o;
+    o.verify_storage_crc = verify;
+    auto r = safeckpt::load_bytes(span(f), o);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK(r.error().message().find("CRC-32 mismatch in record") != std::string::npos);
+  }
+}
 
 TEST_CASE("zip: catalogue of malformed archives (stage zip)") {
   for (const MalformedCase& c : catalogue()) {
