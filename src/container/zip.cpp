@@ -671,7 +671,7 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
 
   // The local headers are read one after another below; in a big file that
   // is not in the page cache each is a separate disk read (138 of them over
-  // 6 GiB took 640-750 ms on the H200 machine's virtio disk, bench/RESULTS.md).
+  // 6 GiB took 610-750 ms on the H200 machine's virtio disk, bench/RESULTS.md).
   // Ask for all their pages first so the reads are in flight together.
   prefetch_local_headers(file, z.entries_, end.cd_offset);
 
