@@ -18,19 +18,21 @@ namespace fs = std::filesystem;
 namespace {
 bool have_device() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return true;
+  MESSAGE("SKIP: no CUDA device");
+  return false;
+}
+// The GPU machine runs binaries built elsewhere: let it point at its copy.
+fs::path data_dir() {
+  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
+  return env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
 }
 }  // namespace
 
 TEST_CASE("device checkpoint: corpus storages on the GPU equal the host load") {
-  if (!have_device()) {
-    MESSAGE("SKIP: no CUDA device");
-    return;
-  }
+  if (!have_device()) return;
   int files = 0;
-  // The GPU machine runs binaries built elsewhere: let it point at its copy.
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
+  const fs::path data = data_dir();
   for (const char* which : {"torch-2.11", "torch-1.13"}) {
     for (const auto& e : fs::directory_iterator(data / "corpus" / which)) {
       if (e.path().extension() != ".pt") continue;
@@ -66,12 +68,8 @@ TEST_CASE("device checkpoint: corpus storages on the GPU equal the host load") {
 }
 
 TEST_CASE("device checkpoint: safetensors files land on the GPU byte for byte") {
-  if (!have_device()) {
-    MESSAGE("SKIP: no CUDA device");
-    return;
-  }
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
+  if (!have_device()) return;
+  const fs::path data = data_dir();
   int files = 0;
   for (const auto& e : fs::directory_iterator(data / "safetensors-ref")) {
     if (e.path().extension() != ".safetensors") continue;
@@ -91,12 +89,8 @@ TEST_CASE("device checkpoint: safetensors files land on the GPU byte for byte") 
 }
 
 TEST_CASE("device checkpoint: map_location and a caller's engine must agree") {
-  if (!have_device()) {
-    MESSAGE("SKIP: no CUDA device");
-    return;
-  }
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
+  if (!have_device()) return;
+  const fs::path data = data_dir();
   const fs::path file = data / "corpus" / "torch-2.11" / "mlp_state_dict.pt";
   auto engine = safeckpt::cuda::TransferEngine::create({});  // device 0
   REQUIRE(engine.has_value());
