@@ -300,7 +300,7 @@ struct detail::EngineState {
   // order, on this thread. Returns how many were registered (n unless the
   // engine is being destroyed or a CUDA call failed).
   std::size_t register_slots(std::uint8_t* base, std::size_t n) {
-    auto touched = std::make_unique<std::atomic<bool>[]>(n);
+    std::vector<char> touched(n, 0);  // under t_mu
     std::atomic<std::size_t> next{0};
     std::mutex t_mu;
     std::condition_variable t_cv;
@@ -313,7 +313,7 @@ struct detail::EngineState {
         touch_pages(base + i * slot_bytes, slot_bytes);
         {
           std::lock_guard<std::mutex> lock(t_mu);
-          touched[i].store(true);
+          touched[i] = 1;
         }
         t_cv.notify_all();
       }
@@ -335,7 +335,7 @@ struct detail::EngineState {
           touch_pages(base + done * slot_bytes, slot_bytes);
         } else {
           std::unique_lock<std::mutex> lock(t_mu);
-          t_cv.wait(lock, [&] { return touched[done].load() || prep_stop.load(); });
+          t_cv.wait(lock, [&] { return touched[done] != 0 || prep_stop.load(); });
           if (prep_stop.load()) break;
         }
         std::uint8_t* p = base + done * slot_bytes;
@@ -494,6 +494,16 @@ struct LoadState {
   std::atomic<std::int64_t> first_copy_ns{-1};
   std::atomic<std::uint64_t> pageable_chunks{0};
 
+  // Records "now" (ns since start) in `t` the first time only.
+  void mark_first(std::atomic<std::int64_t>& t) const {
+    if (t.load(std::memory_order_relaxed) >= 0) return;
+    std::int64_t unset = -1;
+    t.compare_exchange_strong(unset,
+                              std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+  }
+  // Whether storage `s`'s bytes are hashed and compared (safetensors have no CRC).
+  bool checks_crc(const StorageSource& s) const { return verify && s.expected_crc32 != 0; }
+
   void fail(Error e) {
     {
       std::lock_guard<std::mutex> lock(err_mu);
@@ -583,11 +593,7 @@ Status issue_copy(LoadState& st, const Chunk& c, const std::uint8_t* src, cudaSt
   std::uint8_t* dst = st.arena + st.layout[2 * c.storage] + c.offset;
   if (cudaError_t e = cudaMemcpyAsync(dst, src, c.len, cudaMemcpyHostToDevice, stream); e != cudaSuccess)
     return device_error("cudaMemcpyAsync of storage " + std::to_string(c.storage), e);
-  if (st.first_copy_ns.load(std::memory_order_relaxed) < 0) {
-    std::int64_t expected = -1;
-    st.first_copy_ns.compare_exchange_strong(
-        expected, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - st.start).count());
-  }
+  st.mark_first(st.first_copy_ns);
   if (s.swap_unit > 1) {
     if (cudaError_t e = detail::launch_byteswap(dst, c.len, s.swap_unit, stream); e != cudaSuccess)
       return device_error("byte-swap kernel launch for storage " + std::to_string(c.storage), e);
@@ -616,8 +622,7 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
   const std::uint32_t ci = st.item_chunks[item.first];
   const Chunk& c = st.chunks[ci];
   const StorageSource& src = st.sources[c.storage];
-  // Only storages with a CRC to compare against (safetensors have none).
-  const bool want_crc = st.verify && src.expected_crc32 != 0;
+  const bool want_crc = st.checks_crc(src);
 
   Slot* slot = nullptr;
   std::uint8_t* buf = nullptr;
@@ -717,7 +722,7 @@ Status run_registered_item(LoadState& st, std::uint32_t item_index, cudaStream_t
     const std::uint32_t ci = st.item_chunks[item.first + k];
     const Chunk& c = st.chunks[ci];
     const std::uint8_t* src = st.map->data() + st.sources[c.storage].file_offset + c.offset;
-    if (st.verify && st.sources[c.storage].expected_crc32 != 0) st.chunk_crc[ci] = crc32_update(0, src, c.len);
+    if (st.checks_crc(st.sources[c.storage])) st.chunk_crc[ci] = crc32_update(0, src, c.len);
     issued = issue_copy(st, c, src, stream);
   }
   auto ev = eng.acquire_event();
@@ -763,7 +768,7 @@ void reader_main(LoadState& st, unsigned reader_index) {
 // Empty storages are complete at the start and do not count as "first".
 void storage_complete(LoadState& st, std::uint32_t s) {
   const StorageSource& src = st.sources[s];
-  if (st.verify && src.expected_crc32 != 0) {
+  if (st.checks_crc(src)) {
     std::uint32_t crc = 0;
     bool first = true;
     for (std::uint32_t ci = st.storage_first_chunk[s]; ci < st.storage_first_chunk[s + 1]; ++ci) {
@@ -782,11 +787,7 @@ void storage_complete(LoadState& st, std::uint32_t s) {
       return;
     }
   }
-  if (src.nbytes > 0 && st.first_ready_ns.load(std::memory_order_relaxed) < 0) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - st.start).count();
-    std::int64_t expected = -1;
-    st.first_ready_ns.compare_exchange_strong(expected, ns);
-  }
+  if (src.nbytes > 0) st.mark_first(st.first_ready_ns);
   if (st.eng->opt.on_storage_ready && !st.failed.load()) st.eng->opt.on_storage_ready(s);
 }
 
