@@ -99,7 +99,10 @@ int run_scan(const ScanArgs& a) {
   wo.exclude = a.exclude;
   std::vector<std::filesystem::path> paths(a.paths.begin(), a.paths.end());
   scan::WalkResult walk = scan::expand_paths(paths, wo);
-  for (const auto& e : walk.errors) std::fprintf(stderr, "safeckpt scan: %s: %s\n", e.path.c_str(), e.reason.c_str());
+  // The text report on stdout names them itself (once); other formats and -o/-q get a stderr line.
+  const bool text_on_stdout = a.format == "text" && a.output.empty() && !a.quiet;
+  if (!text_on_stdout)
+    for (const auto& e : walk.errors) std::fprintf(stderr, "safeckpt scan: %s: %s\n", e.path.c_str(), e.reason.c_str());
   if (a.verbose)
     for (const auto& s : walk.skipped)
       std::fprintf(stderr, "safeckpt scan: skipped %s: %s\n", s.path.c_str(), s.reason.c_str());

@@ -358,6 +358,16 @@ TEST_CASE("scan/cli: each finding's text appears once in the text report") {
   CAPTURE(text);
   CHECK(n == 1);
   CHECK(text.find("SCK180") != std::string::npos);
+  // A path not scanned: named once in the text report, not again on stderr.
+  const std::string missing = (t.p / "missing-model.pt").string();
+  const std::string cmd =
+      std::string(SAFECKPT_CLI_PATH) + " scan " + missing + " >" + (t.p / "both.txt").string() + " 2>&1";
+  std::system(cmd.c_str());
+  std::ifstream in(t.p / "both.txt", std::ios::binary);
+  const std::string both((std::istreambuf_iterator<char>(in)), {});
+  CAPTURE(both);
+  CHECK(both.find(missing) != std::string::npos);
+  CHECK(both.find(missing) == both.rfind(missing));
 }
 
 // Issue 12: files that are not models are one summary line unless --verbose.
