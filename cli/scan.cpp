@@ -1,14 +1,17 @@
 // `safeckpt scan PATH...`: audit checkpoints without running them.
 // The work is in the safeckpt_scanner library (scanner/include/safeckpt/scan.hpp);
 // this file parses options, expands paths and prints the report.
-// Exit codes: 0 every file clean (or not a model file), 1 any finding,
-// 2 usage error or a path that could not be read.
+// Exit codes: 0 every file clean (or not a model file), 1 any finding not
+// suppressed at or above --fail-on, 2 usage error or a path that was not
+// scanned (scan::exit_code, the same value the JSON/SARIF reports carry).
 #include "safeckpt/scan.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -20,19 +23,46 @@
 namespace safeckpt::cli {
 namespace {
 
+// The tool version written in JSON/SARIF: one place, a placeholder from
+// CMake's PROJECT_VERSION until the project-wide version macro is merged.
+#ifndef SAFECKPT_CLI_VERSION
+#define SAFECKPT_CLI_VERSION "0.1.0"
+#endif
+constexpr const char* kToolVersion = SAFECKPT_CLI_VERSION;
+// SARIF informationUri/helpUri: CMake cache variable SAFECKPT_PROJECT_URL
+// (empty: omitted rather than guessed).
+#ifndef SAFECKPT_PROJECT_URL
+#define SAFECKPT_PROJECT_URL ""
+#endif
+
+// Progress only pays off for many files.
+constexpr std::size_t kProgressMinFiles = 2;
+
 struct ScanArgs {
   std::vector<std::string> paths;
   std::vector<std::string> allow_files;
   std::vector<std::string> include, exclude;
+  std::vector<std::string> ignore_files;
   std::string format = "text";
   std::string output;
+  std::string fail_on = "low";
+  std::string base;
   bool follow_symlinks = false;
   bool verify_data = false;
   bool verbose = false;
   bool quiet = false;
   bool no_events = false;
+  bool no_color = false;
+  bool progress = false;
   int max_nesting = 3;
 };
+
+scan::Severity parse_severity(const std::string& s) {
+  for (auto v : {scan::Severity::kInfo, scan::Severity::kLow, scan::Severity::kMedium, scan::Severity::kHigh,
+                 scan::Severity::kCritical})
+    if (scan::severity_name(v) == s) return v;
+  return scan::Severity::kLow;  // unreachable: CLI11 checked the name
+}
 
 int run_scan(const ScanArgs& a) {
   Allowlist allow = Allowlist::default_policy();
@@ -43,41 +73,71 @@ int run_scan(const ScanArgs& a) {
       return 2;
     }
   }
+  std::vector<scan::IgnoreRule> ignores;
+  for (const auto& f : a.ignore_files) {
+    auto r = scan::read_ignore_file(f);
+    if (!r) {
+      std::fprintf(stderr, "safeckpt scan: %s\n", r.error().to_string().c_str());
+      return 2;
+    }
+    ignores.insert(ignores.end(), r->begin(), r->end());
+  }
+  scan::ReportOptions ro;
+  ro.fail_on = parse_severity(a.fail_on);
+  ro.tool_version = kToolVersion;
+  ro.information_uri = SAFECKPT_PROJECT_URL;
+  ro.verbose = a.verbose;
+  {
+    std::error_code ec;
+    std::filesystem::path base =
+        a.base.empty() ? std::filesystem::current_path(ec) : std::filesystem::absolute(a.base, ec);
+    if (!ec) ro.base_dir = base.lexically_normal().string();
+  }
   scan::WalkOptions wo;
   wo.follow_symlinks = a.follow_symlinks;
   wo.include = a.include;
   wo.exclude = a.exclude;
   std::vector<std::filesystem::path> paths(a.paths.begin(), a.paths.end());
   scan::WalkResult walk = scan::expand_paths(paths, wo);
-  for (const auto& e : walk.errors) std::fprintf(stderr, "safeckpt scan: %s\n", e.c_str());
+  // The text report on stdout names them itself (once); other formats and -o/-q get a stderr line.
+  const bool text_on_stdout = a.format == "text" && a.output.empty() && !a.quiet;
+  if (!text_on_stdout)
+    for (const auto& e : walk.errors) std::fprintf(stderr, "safeckpt scan: %s: %s\n", e.path.c_str(), e.reason.c_str());
   if (a.verbose)
-    for (const auto& s : walk.skipped) std::fprintf(stderr, "safeckpt scan: skipped %s\n", s.c_str());
+    for (const auto& s : walk.skipped)
+      std::fprintf(stderr, "safeckpt scan: skipped %s: %s\n", s.path.c_str(), s.reason.c_str());
+  ro.skipped = walk.skipped;
 
   scan::ScanOptions so;
   so.allowlist = &allow;
   so.verify_data = a.verify_data;
   so.max_nesting = a.max_nesting;
   so.keep_events = !a.no_events;
-  const bool progress = !a.quiet && ::isatty(STDERR_FILENO) == 1;
+  // Progress goes to stderr only: on a terminal for scans of several files,
+  // or when asked (--progress: plain lines when stderr is not a terminal).
+  const bool err_tty = ::isatty(STDERR_FILENO) == 1;
+  const bool progress = !a.quiet && (a.progress || (err_tty && walk.files.size() >= kProgressMinFiles));
   std::vector<scan::FileReport> reports;
-  reports.reserve(walk.files.size());
+  reports.reserve(walk.files.size() + walk.errors.size());
   for (std::size_t i = 0; i < walk.files.size(); ++i) {
     if (progress) {
       std::string p = walk.files[i].string();
-      if (p.size() > 60) p = "..." + p.substr(p.size() - 57);
-      std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", i + 1, walk.files.size(), p.c_str());
+      if (err_tty) {
+        if (p.size() > 60) p = "..." + p.substr(p.size() - 57);
+        std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", i + 1, walk.files.size(), p.c_str());
+      } else {
+        std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, walk.files.size(), p.c_str());
+      }
       std::fflush(stderr);
     }
     reports.push_back(scan::scan_file(walk.files[i], so));
   }
-  if (progress) std::fprintf(stderr, "\r\033[K");
+  if (progress && err_tty) std::fprintf(stderr, "\r\033[K");
+  // Every path that was not scanned becomes a report: counted once, in every format.
+  for (const auto& e : walk.errors) reports.push_back(scan::unscanned_report(e.path, e.reason));
+  scan::apply_ignores(reports, ignores, ro.base_dir);
+  if (reports.empty()) std::fprintf(stderr, "safeckpt scan: no files to scan\n");
 
-  std::string text;
-  if (a.format == "json") {
-    text = scan::to_json(reports, walk.errors) + "\n";
-  } else if (a.format == "sarif") {
-    text = scan::to_sarif(reports) + "\n";
-  }
   std::ofstream file;
   std::ostream* out = &std::cout;
   if (!a.output.empty()) {
@@ -88,16 +148,19 @@ int run_scan(const ScanArgs& a) {
     }
     out = &file;
   }
-  if (a.format == "text") {
-    if (!a.quiet) scan::write_text(*out, reports, a.verbose);
-  } else {
-    *out << text;
+  if (a.format == "json") {
+    *out << scan::to_json(reports, ro) << "\n";
+  } else if (a.format == "sarif") {
+    *out << scan::to_sarif(reports, ro) << "\n";
+  } else if (!a.quiet) {
+    // Colours only on a terminal, never with NO_COLOR (https://no-color.org) or --no-color.
+    const char* no_color = std::getenv("NO_COLOR");
+    ro.color =
+        a.output.empty() && !a.no_color && (no_color == nullptr || *no_color == '\0') && ::isatty(STDOUT_FILENO) == 1;
+    scan::write_text(*out, reports, ro);
   }
   out->flush();
-  int rc = scan::exit_code(reports);
-  if (!walk.errors.empty() || walk.files.empty()) rc = 2;
-  if (walk.files.empty() && walk.errors.empty()) std::fprintf(stderr, "safeckpt scan: no files to scan\n");
-  return rc;
+  return scan::exit_code(reports, ro);
 }
 
 }  // namespace
@@ -107,15 +170,18 @@ void register_scan(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "scan",
       "Audit checkpoints without running them: every import and call, archive anomalies, formats that hide code.\n"
-      "Exit codes: 0 all clean, 1 any finding, 2 usage error or unreadable path.");
+      "Exit codes: 0 all clean, 1 any finding (at or above --fail-on), 2 usage error or a path not scanned.");
   cmd->add_option("paths", args->paths, "files and directories (recursive); every file is examined by content")
       ->required();
-  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable), as for inspect");
+  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable), as for inspect")
+      ->allow_extra_args(false);
   cmd->add_option("--format", args->format, "output: text (default), json (scanner/README.md schema), sarif (2.1.0)")
       ->check(CLI::IsMember({"text", "json", "sarif"}));
   cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");
-  cmd->add_option("--include", args->include, "glob: only scan files found in directories that match (repeatable)");
-  cmd->add_option("--exclude", args->exclude, "glob: skip files found in directories that match (repeatable)");
+  cmd->add_option("--include", args->include, "glob: only scan files found in directories that match (repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--exclude", args->exclude, "glob: skip files found in directories that match (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_flag("--follow-symlinks", args->follow_symlinks, "follow symlinks found inside directories");
   cmd->add_flag("--verify-data", args->verify_data, "also check the CRC-32 of tensor data records (reads every byte)");
   cmd->add_option("--max-nesting", args->max_nesting, "depth of embedded payloads followed (default 3)")
@@ -123,6 +189,17 @@ void register_scan(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-events", args->no_events, "omit the list of every import/call (keep only findings)");
   cmd->add_flag("-v,--verbose", args->verbose, "also list every import and call, allowed or not");
   cmd->add_flag("-q,--quiet", args->quiet, "no text output and no progress line; only the exit code");
+  cmd->add_option("--fail-on", args->fail_on,
+                  "exit 1 only for a finding at or above this severity: info, low (default: every finding), "
+                  "medium, high, critical. Paths not scanned always exit 2")
+      ->check(CLI::IsMember({"info", "low", "medium", "high", "critical"}));
+  cmd->add_option("--ignore-file", args->ignore_files,
+                  "accepted findings, lines `PATH_GLOB RULE` (# comments): listed as suppressed, not counted "
+                  "(repeatable; io-error can never be ignored)")
+      ->allow_extra_args(false);
+  cmd->add_option("--base", args->base, "directory SARIF's %SRCROOT% stands for (default: the current directory)");
+  cmd->add_flag("--no-color", args->no_color, "no colours in the text report (also NO_COLOR=1)");
+  cmd->add_flag("--progress", args->progress, "progress on stderr even when it is not a terminal");
   cmd->callback([args, &exit_code] { exit_code = run_scan(*args); });
 }
 

@@ -1,7 +1,10 @@
 // Reports: human text, JSON (schema: scanner/README.md), SARIF 2.1.0.
 #include <fmt/format.h>
+#include <fnmatch.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -68,6 +71,8 @@ json finding_json(const Finding& f) {
   j["category"] = f.category.empty() ? json(nullptr) : json(f.category);
   j["message"] = clean(f.message);
   j["why"] = clean(f.why);
+  j["suppressed"] = f.suppressed;
+  j["suppression"] = f.suppressed ? json(clean(f.suppression)) : json(nullptr);
   return j;
 }
 
@@ -91,13 +96,10 @@ std::string security_severity(Severity s) {
   }
 }
 
-// RFC 3986 relative reference for a path (GitHub resolves it against the
-// repository root); absolute paths become file:// URIs.
-std::string path_uri(const std::string& path) {
+// Percent-encodes a path for a URI (RFC 3986 unreserved characters and '/'
+// kept).
+std::string uri_escape(const std::string& p) {
   std::string out;
-  bool abs = !path.empty() && path[0] == '/';
-  std::string p = path;
-  while (p.rfind("./", 0) == 0) p.erase(0, 2);
   for (unsigned char c : p) {
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
         c == '_' || c == '~' || c == '/') {
@@ -108,7 +110,39 @@ std::string path_uri(const std::string& path) {
       out += b;
     }
   }
-  return abs ? "file://" + out : out;
+  return out;
+}
+
+// The path as given with leading "./" dropped.
+std::string plain_path(const std::string& path) {
+  std::string p = path;
+  while (p.rfind("./", 0) == 0) p.erase(0, 2);
+  return p;
+}
+
+// Path relative to `base` when it lies under it (lexically: symlinks are not
+// resolved), else "".
+std::string relative_to(const std::string& path, const std::string& base) {
+  namespace fs = std::filesystem;
+  if (base.empty() || path.empty()) return {};
+  std::error_code ec;
+  fs::path abs = fs::absolute(fs::path(path), ec).lexically_normal();
+  if (ec) return {};
+  fs::path rel = abs.lexically_relative(fs::path(base).lexically_normal());
+  if (rel.empty()) return {};
+  std::string r = rel.generic_string();
+  if (r == "." || r == ".." || r.rfind("../", 0) == 0) return {};
+  return r;
+}
+
+// SARIF artifactLocation: relative to %SRCROOT% when possible (GitHub
+// resolves %SRCROOT% to the repository root), else an absolute file:// URI.
+json artifact_location(const std::string& path, const ReportOptions& o) {
+  std::string rel = relative_to(path, o.base_dir);
+  if (!rel.empty()) return {{"uri", uri_escape(rel)}, {"uriBaseId", "%SRCROOT%"}};
+  std::string p = plain_path(path);
+  if (!p.empty() && p[0] == '/') return {{"uri", "file://" + uri_escape(p)}};
+  return {{"uri", uri_escape(p)}, {"uriBaseId", "%SRCROOT%"}};
 }
 
 std::string fingerprint(const std::string& path, const Finding& f) {
@@ -124,10 +158,128 @@ std::string fingerprint(const std::string& path, const Finding& f) {
   return fmt::format("{:016x}", h);
 }
 
+// ANSI colours for the text report (only with ReportOptions::color).
+struct Paint {
+  bool on;
+  std::string operator()(std::string_view s, const char* code) const {
+    return on ? fmt::format("\033[{}m{}\033[0m", code, s) : std::string(s);
+  }
+};
+const char* severity_colour(Severity s) {
+  switch (s) {
+    case Severity::kCritical: return "1;31";
+    case Severity::kHigh: return "31";
+    case Severity::kMedium: return "33";
+    case Severity::kLow: return "36";
+    default: return "2";
+  }
+}
+const char* verdict_colour(Verdict v) {
+  switch (v) {
+    case Verdict::kClean: return "32";
+    case Verdict::kNotModel: return "2";
+    case Verdict::kUnsafe: return "1;31";
+    default: return "1;33";
+  }
+}
+
+std::string trim(std::string_view s) {
+  std::size_t b = 0, e = s.size();
+  while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r')) ++b;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r')) --e;
+  return std::string(s.substr(b, e - b));
+}
+
 }  // namespace
 
-Totals totals(const std::vector<FileReport>& reports) {
+FileReport unscanned_report(std::string path, std::string reason) {
+  FileReport rep;
+  rep.path = std::move(path);
+  rep.verdict = Verdict::kError;
+  rep.complete = false;
+  rep.format = "unreadable";
+  Finding f;
+  f.rule = Rule::kIo;
+  f.severity = Severity::kHigh;
+  f.message = std::move(reason);
+  f.why = "the path could not be read, so it was not examined";
+  rep.findings.push_back(std::move(f));
+  return rep;
+}
+
+Result<std::vector<IgnoreRule>> parse_ignore(std::string_view text, std::string_view source) {
+  std::vector<IgnoreRule> out;
+  std::size_t line_no = 0;
+  for (std::size_t pos = 0; pos <= text.size();) {
+    std::size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (std::size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    std::string l = trim(line);
+    if (l.empty()) continue;
+    const std::string where = fmt::format("{}:{}", source, line_no);
+    std::size_t sp = l.find_last_of(" \t");
+    if (sp == std::string::npos)
+      return make_error(ErrorCode::kInvalidArgument, where + ": expected `PATH_GLOB RULE`, got `" + l + "`");
+    std::string glob = trim(std::string_view(l).substr(0, sp));
+    std::string rule = l.substr(sp + 1);
+    const RuleInfo* found = nullptr;
+    for (const RuleInfo& ri : rules())
+      if (ri.id == rule || ri.name == rule) found = &ri;
+    if (found == nullptr)
+      return make_error(ErrorCode::kInvalidArgument,
+                        where + ": unknown rule `" + rule + "` (a rule id such as SCK102, or its name)");
+    if (found->rule == Rule::kIo)
+      return make_error(ErrorCode::kInvalidArgument,
+                        where + ": " + std::string(found->id) +
+                            " (io-error) cannot be ignored: a path that was not read is never accepted");
+    out.push_back({std::move(glob), found->rule, where});
+  }
+  return out;
+}
+
+Result<std::vector<IgnoreRule>> read_ignore_file(const std::filesystem::path& path) {
+  constexpr std::uintmax_t kMaxIgnoreFile = 1u << 20;
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return make_error(ErrorCode::kIo, path.string() + ": " + ec.message());
+  if (size > kMaxIgnoreFile)
+    return make_error(ErrorCode::kInvalidArgument, path.string() + ": ignore file larger than 1 MiB");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kIo, path.string() + ": cannot open");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  return parse_ignore(text, path.string());
+}
+
+std::uint64_t apply_ignores(std::vector<FileReport>& reports, const std::vector<IgnoreRule>& rules_,
+                            const std::string& base_dir) {
+  std::uint64_t n = 0;
+  for (FileReport& r : reports) {
+    if (r.verdict == Verdict::kError) continue;  // not scanned: never accepted
+    const std::string given = plain_path(r.path);
+    const std::string rel = relative_to(r.path, base_dir);
+    for (Finding& f : r.findings) {
+      if (f.suppressed || f.rule == Rule::kIo) continue;
+      for (const IgnoreRule& ir : rules_) {
+        if (ir.rule != f.rule) continue;
+        if (fnmatch(ir.path_glob.c_str(), given.c_str(), 0) == 0 ||
+            (!rel.empty() && fnmatch(ir.path_glob.c_str(), rel.c_str(), 0) == 0)) {
+          f.suppressed = true;
+          f.suppression = ir.source;
+          ++n;
+          break;
+        }
+      }
+    }
+  }
+  return n;
+}
+
+Totals totals(const std::vector<FileReport>& reports, const ReportOptions& options) {
   Totals t;
+  t.skipped = options.skipped.size();
   for (const FileReport& r : reports) {
     ++t.files;
     switch (r.verdict) {
@@ -139,7 +291,12 @@ Totals totals(const std::vector<FileReport>& reports) {
       case Verdict::kError: ++t.errors; break;
     }
     for (const Finding& f : r.findings) {
+      if (!f.suppressed && f.severity >= options.fail_on) ++t.failing;
       if (f.severity == Severity::kInfo) continue;
+      if (f.suppressed) {
+        ++t.suppressed;
+        continue;
+      }
       ++t.findings;
       ++t.by_severity[static_cast<int>(f.severity)];
     }
@@ -147,43 +304,56 @@ Totals totals(const std::vector<FileReport>& reports) {
   return t;
 }
 
-int exit_code(const std::vector<FileReport>& reports) {
+int exit_code(const std::vector<FileReport>& reports, const ReportOptions& options) {
+  if (reports.empty()) return 2;
   int rc = 0;
   for (const FileReport& r : reports) {
     if (r.verdict == Verdict::kError) return 2;
-    if (r.verdict != Verdict::kClean && r.verdict != Verdict::kNotModel) rc = 1;
+    for (const Finding& f : r.findings)
+      if (!f.suppressed && f.severity >= options.fail_on) rc = 1;
   }
   return rc;
 }
 
-void write_text(std::ostream& out, const std::vector<FileReport>& reports, bool verbose) {
+void write_text(std::ostream& out, const std::vector<FileReport>& reports, const ReportOptions& o) {
+  const Paint paint{o.color};
+  std::uint64_t quiet_not_models = 0;
   for (const FileReport& r : reports) {
+    if (r.verdict == Verdict::kError) {
+      // A path not scanned: one line, whatever the verbosity.
+      std::string reason;
+      for (const Finding& f : r.findings)
+        if (f.rule == Rule::kIo) reason = f.message;
+      out << fmt::format("{}: {} ({})\n", clean(r.path), paint("NOT SCANNED", "1;31"), one_line(clean(reason)));
+      continue;
+    }
+    if (r.verdict == Verdict::kNotModel && r.findings.empty() && !o.verbose) {
+      ++quiet_not_models;
+      continue;
+    }
     std::string v(verdict_name(r.verdict));
     for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    out << fmt::format("{}: {} [{}, {} bytes", clean(r.path), v, r.format, r.size);
+    out << fmt::format("{}: {} [{}, {} bytes", clean(r.path), paint(v, verdict_colour(r.verdict)), r.format, r.size);
     if (r.pickle_streams)
       out << fmt::format(", {} pickle stream{}", r.pickle_streams, r.pickle_streams == 1 ? "" : "s");
     if (r.members) out << fmt::format(", {} member{}", r.members, r.members == 1 ? "" : "s");
     out << "]";
     if (!r.complete) out << " (scan incomplete)";
     out << "\n";
-    if (r.loader.ran) {
-      if (r.loader.ok) {
-        out << "  loader: accepts\n";
-      } else {
-        out << fmt::format("  loader: refuses ({}: {})\n", error_code_name(r.loader.code),
-                           one_line(clean(r.loader.message)));
-      }
-    }
+    // A refusal is the SCK180 finding below (with its message); only an
+    // acceptance gets a line of its own, so the loader's text appears once.
+    if (r.loader.ran && r.loader.ok) out << "  loader: accepts\n";
     for (const Finding& f : r.findings) {
-      if (f.severity == Severity::kInfo && !verbose) continue;
+      if (f.severity == Severity::kInfo && !o.verbose) continue;
       const RuleInfo& ri = rule_info(f.rule);
       std::string w = where(f);
-      out << fmt::format("  [{}] {} {}{}: {}\n", severity_name(f.severity), ri.id, ri.name,
-                         w.empty() ? std::string() : " at " + one_line(clean(w)), one_line(clean(f.message)));
-      if (!f.why.empty()) out << "      why: " << one_line(clean(f.why)) << "\n";
+      std::string tag = fmt::format("[{}]", severity_name(f.severity));
+      out << fmt::format("  {} {} {}{}: {}{}\n", paint(tag, severity_colour(f.severity)), ri.id, ri.name,
+                         w.empty() ? std::string() : " at " + one_line(clean(w)), one_line(clean(f.message)),
+                         f.suppressed ? " (suppressed by " + clean(f.suppression) + ")" : std::string());
+      if (!f.why.empty() && !f.suppressed) out << "      why: " << one_line(clean(f.why)) << "\n";
     }
-    if (verbose) {
+    if (o.verbose) {
       for (const Event& e : r.events) {
         out << fmt::format("  {} {} {}{} @{} {} ({})\n", event_type_name(e.type), clean(e.name),
                            e.member.empty() ? std::string() : clean(e.member) + " ",
@@ -192,20 +362,36 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, bool 
       }
     }
   }
-  Totals t = totals(reports);
+  if (quiet_not_models > 0)
+    out << fmt::format("{} file{} not a model (no loader can start on {}; -v lists {})\n", quiet_not_models,
+                       quiet_not_models == 1 ? " is" : "s are", quiet_not_models == 1 ? "it" : "them",
+                       quiet_not_models == 1 ? "it" : "them");
+  for (const PathProblem& s : o.skipped)
+    if (o.verbose) out << fmt::format("{}: skipped ({})\n", clean(s.path), one_line(clean(s.reason)));
+  Totals t = totals(reports, o);
   out << fmt::format(
       "\n{} file{} scanned: {} clean, {} unsafe, {} incomplete, {} unscannable, {} not a model, {} unreadable; "
-      "{} finding{} ({} critical, {} high, {} medium, {} low)\n",
+      "{} finding{} ({} critical, {} high, {} medium, {} low)",
       t.files, t.files == 1 ? "" : "s", t.clean, t.unsafe, t.incomplete, t.unscannable, t.not_model, t.errors,
       t.findings, t.findings == 1 ? "" : "s", t.by_severity[4], t.by_severity[3], t.by_severity[2], t.by_severity[1]);
+  if (t.suppressed > 0) out << fmt::format(", {} suppressed", t.suppressed);
+  if (t.skipped > 0) out << fmt::format(", {} skipped", t.skipped);
+  out << "\n";
+  if (t.errors > 0)
+    out << paint(fmt::format("{} path{} not scanned: the run is not clean (exit code 2)", t.errors,
+                             t.errors == 1 ? " was" : "s were"),
+                 "1;31")
+        << "\n";
 }
 
-std::string to_json(const std::vector<FileReport>& reports, const std::vector<std::string>& walk_errors) {
+std::string to_json(const std::vector<FileReport>& reports, const ReportOptions& o) {
   json root;
   root["schema"] = "safeckpt-scan";
   root["schema_version"] = kJsonSchemaVersion;
-  root["tool"] = {{"name", "safeckpt"}, {"component", "scan"}, {"version", SAFECKPT_SCANNER_VERSION}};
+  root["tool"] = {{"name", "safeckpt"}, {"component", "scan"}};
+  if (!o.tool_version.empty()) root["tool"]["version"] = o.tool_version;
   json files = json::array();
+  json path_errors = json::array();
   for (const FileReport& r : reports) {
     json f;
     f["path"] = clean(r.path);
@@ -231,7 +417,10 @@ std::string to_json(const std::vector<FileReport>& reports, const std::vector<st
       f["loader"] = nullptr;
     }
     json fs = json::array();
-    for (const Finding& x : r.findings) fs.push_back(finding_json(x));
+    for (const Finding& x : r.findings) {
+      fs.push_back(finding_json(x));
+      if (r.verdict == Verdict::kError && x.rule == Rule::kIo) path_errors.push_back(clean(r.path + ": " + x.message));
+    }
     f["findings"] = fs;
     json ev = json::array();
     for (const Event& e : r.events) {
@@ -247,7 +436,7 @@ std::string to_json(const std::vector<FileReport>& reports, const std::vector<st
     files.push_back(std::move(f));
   }
   root["files"] = files;
-  Totals t = totals(reports);
+  Totals t = totals(reports, o);
   root["summary"] = {{"files", t.files},
                      {"clean", t.clean},
                      {"unsafe", t.unsafe},
@@ -260,37 +449,53 @@ std::string to_json(const std::vector<FileReport>& reports, const std::vector<st
                      {"high", t.by_severity[3]},
                      {"medium", t.by_severity[2]},
                      {"low", t.by_severity[1]},
-                     {"exit_code", exit_code(reports)}};
-  json we = json::array();
-  for (const auto& e : walk_errors) we.push_back(clean(e));
-  root["path_errors"] = we;
+                     {"suppressed", t.suppressed},
+                     {"skipped", t.skipped},
+                     {"fail_on", std::string(severity_name(o.fail_on))},
+                     {"exit_code", exit_code(reports, o)}};
+  root["path_errors"] = path_errors;
+  json sk = json::array();
+  for (const PathProblem& s : o.skipped) sk.push_back({{"path", clean(s.path)}, {"reason", clean(s.reason)}});
+  root["skipped"] = sk;
   return root.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // names from the file may not be UTF-8
 }
 
-std::string to_sarif(const std::vector<FileReport>& reports) {
+std::string to_sarif(const std::vector<FileReport>& reports, const ReportOptions& o) {
   json rules_j = json::array();
   for (const RuleInfo& ri : rules()) {
-    rules_j.push_back({{"id", std::string(ri.id)},
-                       {"name", std::string(ri.name)},
-                       {"shortDescription", {{"text", std::string(ri.description)}}},
-                       {"fullDescription", {{"text", std::string(ri.description)}}},
-                       {"help",
-                        {{"text", std::string(ri.description) +
-                                      ". safeckpt scan reports every import and call of a checkpoint without running "
-                                      "it; only an exact allowlist decides what is safe."}}},
-                       {"defaultConfiguration", {{"level", sarif_level(ri.default_severity)}}},
-                       {"properties",
-                        {{"tags", json::array({"security", "pickle", "model"})},
-                         {"precision", "very-high"},
-                         {"security-severity", security_severity(ri.default_severity)}}}});
+    json rj = {{"id", std::string(ri.id)},
+               {"name", std::string(ri.name)},
+               {"shortDescription", {{"text", std::string(ri.description)}}},
+               {"fullDescription", {{"text", std::string(ri.description)}}},
+               {"help",
+                {{"text", std::string(ri.description) +
+                              ". safeckpt scan reports every import and call of a checkpoint without running "
+                              "it; only an exact allowlist decides what is safe."}}},
+               {"defaultConfiguration", {{"level", sarif_level(ri.default_severity)}}},
+               {"properties",
+                {{"tags", json::array({"security", "pickle", "model"})},
+                 {"precision", "very-high"},
+                 {"security-severity", security_severity(ri.default_severity)}}}};
+    if (!o.information_uri.empty()) rj["helpUri"] = o.information_uri + "/blob/main/scanner/README.md#rules";
+    rules_j.push_back(std::move(rj));
   }
   json results = json::array();
   json artifacts = json::array();
+  json notifications = json::array();
   for (std::size_t fi = 0; fi < reports.size(); ++fi) {
     const FileReport& r = reports[fi];
-    std::string uri = path_uri(r.path);
-    artifacts.push_back({{"location", {{"uri", uri}}}, {"length", r.size}});
+    json art = artifact_location(clean(r.path), o);
+    json art_indexed = art;
+    art_indexed["index"] = fi;
+    artifacts.push_back({{"location", art}, {"length", r.size}});
     for (const Finding& f : r.findings) {
+      if (r.verdict == Verdict::kError && f.rule == Rule::kIo) {
+        notifications.push_back(
+            {{"level", "error"},
+             {"message", {{"text", clean(r.path) + " was not scanned: " + clean(f.message)}}},
+             {"descriptor", {{"id", std::string(rule_info(f.rule).id)}}},
+             {"locations", json::array({{{"physicalLocation", {{"artifactLocation", art_indexed}}}}})}});
+      }
       if (f.severity == Severity::kInfo) continue;
       const RuleInfo& ri = rule_info(f.rule);
       std::size_t rule_index = 0;
@@ -300,7 +505,7 @@ std::string to_sarif(const std::vector<FileReport>& reports) {
       std::string text = clean(f.message) + (w.empty() ? std::string() : " (at " + clean(w) + ")") +
                          (f.why.empty() ? std::string() : ". " + clean(f.why));
       json loc = {{"physicalLocation",
-                   {{"artifactLocation", {{"uri", uri}, {"index", fi}}},
+                   {{"artifactLocation", art_indexed},
                     // Checkpoints are binary: GitHub needs a startLine, the
                     // byte offset is in the message and properties.
                     {"region", {{"startLine", 1}}}}}};
@@ -313,27 +518,51 @@ std::string to_sarif(const std::vector<FileReport>& reports) {
       if (!f.opcode.empty()) props["opcode"] = f.opcode;
       if (!f.global.empty()) props["global"] = clean(f.global);
       if (!f.category.empty()) props["category"] = f.category;
-      results.push_back({{"ruleId", std::string(ri.id)},
-                         {"ruleIndex", rule_index},
-                         {"level", sarif_level(f.severity)},
-                         {"message", {{"text", text}}},
-                         {"locations", json::array({loc})},
-                         {"partialFingerprints", {{"safeckptFinding/v1", fingerprint(r.path, f)}}},
-                         {"properties", props}});
+      json res = {{"ruleId", std::string(ri.id)},
+                  {"ruleIndex", rule_index},
+                  {"level", sarif_level(f.severity)},
+                  {"message", {{"text", text}}},
+                  {"locations", json::array({loc})},
+                  {"partialFingerprints", {{"safeckptFinding/v1", fingerprint(r.path, f)}}},
+                  {"properties", props}};
+      if (f.suppressed)
+        res["suppressions"] = json::array(
+            {{{"kind", "external"}, {"status", "accepted"}, {"justification", "ignore file " + clean(f.suppression)}}});
+      results.push_back(std::move(res));
     }
   }
-  json run = {{"tool",
-               {{"driver",
-                 {{"name", "safeckpt-scan"},
-                  {"semanticVersion", SAFECKPT_SCANNER_VERSION},
-                  {"version", SAFECKPT_SCANNER_VERSION},
-                  {"informationUri", "https://github.com/safeckpt/safeckpt"},
-                  {"rules", rules_j}}}}},
+  for (const PathProblem& s : o.skipped) {
+    json art = artifact_location(clean(s.path), o);
+    notifications.push_back({{"level", "note"},
+                             {"message", {{"text", clean(s.path) + " was skipped: " + clean(s.reason)}}},
+                             {"locations", json::array({{{"physicalLocation", {{"artifactLocation", art}}}}})}});
+  }
+  const int rc = exit_code(reports, o);
+  bool any_error = false;
+  for (const FileReport& r : reports) any_error = any_error || r.verdict == Verdict::kError;
+  json driver = {{"name", "safeckpt-scan"}, {"rules", rules_j}};
+  if (!o.tool_version.empty()) {
+    driver["version"] = o.tool_version;
+    driver["semanticVersion"] = o.tool_version;
+  }
+  if (!o.information_uri.empty()) driver["informationUri"] = o.information_uri;
+  json invocation = {{"executionSuccessful", !any_error && !reports.empty()},
+                     {"exitCode", rc},
+                     {"toolExecutionNotifications", notifications}};
+  json run = {{"tool", {{"driver", driver}}},
+              {"invocations", json::array({invocation})},
               {"artifacts", artifacts},
               {"results", results},
               {"columnKind", "utf16CodeUnits"}};
+  if (!o.base_dir.empty()) {
+    std::string b = std::filesystem::path(o.base_dir).lexically_normal().generic_string();
+    if (b.empty() || b.back() != '/') b += '/';
+    run["originalUriBaseIds"] = {{"%SRCROOT%", {{"uri", "file://" + uri_escape(b)}}}};
+  }
   json root = {
-      {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"}, {"version", "2.1.0"}, {"runs", json::array({run})}};
+      {"$schema", "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"},
+      {"version", "2.1.0"},
+      {"runs", json::array({run})}};
   return root.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // names from the file may not be UTF-8
 }
 

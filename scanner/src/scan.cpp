@@ -1150,20 +1150,7 @@ FileReport scan_bytes(Bytes data, std::string_view name, const ScanOptions& opti
 
 FileReport scan_file(const std::filesystem::path& path, const ScanOptions& options) {
   auto mf = MappedFile::open(path);
-  if (!mf) {
-    FileReport rep;
-    rep.path = path.string();
-    rep.verdict = Verdict::kError;
-    rep.complete = false;
-    rep.format = "unreadable";
-    Finding f;
-    f.rule = Rule::kIo;
-    f.severity = Severity::kHigh;
-    f.message = mf.error().message();
-    f.why = "the file could not be read, so it was not examined";
-    rep.findings.push_back(std::move(f));
-    return rep;
-  }
+  if (!mf) return unscanned_report(path.string(), mf.error().message());
   return scan_bytes(mf->bytes(), path.string(), options);
 }
 

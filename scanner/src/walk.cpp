@@ -34,7 +34,7 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
     struct stat st {};
     if (::stat(root.c_str(), &st) != 0) {
       std::error_code ec(errno, std::generic_category());
-      out.errors.push_back(root.string() + ": " + ec.message());
+      out.errors.push_back({root.string(), ec.message()});
       continue;
     }
     if (S_ISREG(st.st_mode)) {
@@ -42,7 +42,7 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
       continue;
     }
     if (!S_ISDIR(st.st_mode)) {
-      out.errors.push_back(root.string() + ": not a regular file or directory");
+      out.errors.push_back({root.string(), "not a regular file or directory"});
       continue;
     }
     visited.insert({st.st_dev, st.st_ino});
@@ -54,7 +54,7 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
       std::error_code ec;
       fs::directory_iterator it(dir, ec), end;
       if (ec) {
-        out.errors.push_back(dir.string() + ": " + ec.message());
+        out.errors.push_back({dir.string(), ec.message()});
         continue;
       }
       std::vector<fs::path> entries;
@@ -62,31 +62,31 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
         if (ec) break;
         entries.push_back(it->path());
       }
-      if (ec) out.errors.push_back(dir.string() + ": " + ec.message());
+      if (ec) out.errors.push_back({dir.string(), ec.message()});
       std::sort(entries.begin(), entries.end());
       std::vector<fs::path> subdirs;
       for (const fs::path& p : entries) {
         struct stat ls {};
         if (::lstat(p.c_str(), &ls) != 0) {
           std::error_code e2(errno, std::generic_category());
-          out.errors.push_back(p.string() + ": " + e2.message());
+          out.errors.push_back({p.string(), e2.message()});
           continue;
         }
         struct stat ts = ls;
         if (S_ISLNK(ls.st_mode)) {
           if (!options.follow_symlinks) {
-            out.skipped.push_back(p.string() + ": symlink not followed (use --follow-symlinks)");
+            out.skipped.push_back({p.string(), "symlink not followed (use --follow-symlinks)"});
             continue;
           }
           if (::stat(p.c_str(), &ts) != 0) {
             std::error_code e2(errno, std::generic_category());
-            out.errors.push_back(p.string() + ": " + e2.message());
+            out.errors.push_back({p.string(), e2.message()});
             continue;
           }
         }
         if (S_ISDIR(ts.st_mode)) {
           if (!visited.insert({ts.st_dev, ts.st_ino}).second) {
-            out.skipped.push_back(p.string() + ": directory already visited (symlink loop)");
+            out.skipped.push_back({p.string(), "directory already visited (symlink loop)"});
             continue;
           }
           subdirs.push_back(p);
@@ -97,7 +97,7 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
           if (glob_match(options.exclude, rel, base)) continue;
           found.push_back(p);
         } else {
-          out.skipped.push_back(p.string() + ": not a regular file");
+          out.skipped.push_back({p.string(), "not a regular file"});
         }
       }
       // Depth-first in sorted order: push subdirectories reversed.

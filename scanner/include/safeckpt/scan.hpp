@@ -99,6 +99,11 @@ struct Finding {
   std::string category;                      // catalogue category ("exec", "process", ...), if any
   std::string message;                       // what
   std::string why;                           // why it matters / which copy PyTorch reads / how to allow
+  // Set by apply_ignores(): an accepted finding (listed as suppressed in
+  // JSON/SARIF, not counted in totals or the exit code). `suppression` names
+  // the ignore-file line that matched ("FILE:LINE").
+  bool suppressed = false;
+  std::string suppression;
 };
 
 // Every import and call seen, allowed or not (the audit trail).
@@ -165,8 +170,16 @@ struct ScanOptions {
 
 // Scans bytes in memory; `name` is used as the report path.
 FileReport scan_bytes(Bytes data, std::string_view name, const ScanOptions& options = {});
-// Maps and scans one file. Unreadable -> verdict kError with a kIo finding.
+// Maps and scans one file. Unreadable -> unscanned_report(path, reason).
 FileReport scan_file(const std::filesystem::path& path, const ScanOptions& options = {});
+
+// The one shape of "this path was not scanned" (missing, permission denied, a
+// directory that cannot be listed, a symlink loop, not a regular file, a read
+// error): verdict kError, complete = false, format "unreadable", one kIo
+// finding (severity high) whose message is `reason`. Every report format
+// counts these (Totals::errors), names them, and makes the run exit 2; an
+// ignore file can never suppress them (issue 11 item 4).
+FileReport unscanned_report(std::string path, std::string reason);
 
 // ---- many paths ------------------------------------------------------------
 struct WalkOptions {
@@ -177,31 +190,108 @@ struct WalkOptions {
 // Expands paths: files as given, directories recursively (sorted, stable).
 // Globs are matched against the path relative to the named directory and
 // against the base name; they filter files found in directories only (a file
-// named on the command line is always scanned). Paths that do not exist or
-// cannot be listed come back in `errors`.
+// named on the command line is always scanned). Paths that do not exist, are
+// not a regular file or directory when named, cannot be stat'ed (symlink loop)
+// or cannot be listed come back in `errors`: turn each into
+// unscanned_report() so that it is counted. `skipped` are entries found in a
+// directory and deliberately not scanned (symlinks without follow_symlinks, a
+// directory already visited, special files): listed in every report, they do
+// not change the exit code.
+struct PathProblem {
+  std::string path;
+  std::string reason;  // strerror text or why it was skipped
+};
 struct WalkResult {
   std::vector<std::filesystem::path> files;
-  std::vector<std::string> errors;   // "path: reason"
-  std::vector<std::string> skipped;  // symlinks not followed, special files
+  std::vector<PathProblem> errors;
+  std::vector<PathProblem> skipped;
 };
 WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const WalkOptions& options);
 
-// ---- reports ---------------------------------------------------------------
-struct Totals {
-  std::uint64_t files = 0, clean = 0, unsafe = 0, incomplete = 0, unscannable = 0, not_model = 0, errors = 0;
-  std::uint64_t findings = 0;
-  std::uint64_t by_severity[5] = {0, 0, 0, 0, 0};
+// ---- accepted findings (ignore file) ---------------------------------------
+// One line of an ignore file: `PATH_GLOB RULE`. RULE is a rule id ("SCK102")
+// or name ("import-not-allowlisted"), the last whitespace-separated word;
+// PATH_GLOB is the rest of the line (trimmed; may contain spaces), an
+// fnmatch(3) glob without FNM_PATHNAME (so `*` also matches `/`), matched
+// against the report path as given/found (a leading "./" dropped) and against
+// the path relative to ReportOptions::base_dir. `#` starts a comment; blank
+// lines are ignored. SCK190 (io-error) is refused: a path or member that could
+// not be read is never accepted into a clean run.
+struct IgnoreRule {
+  std::string path_glob;
+  Rule rule = Rule::kMalformed;
+  std::string source;  // "FILE:LINE", copied into Finding::suppression
 };
-Totals totals(const std::vector<FileReport>& reports);
+// Errors: kInvalidArgument (a line without a rule, an unknown rule, SCK190),
+// naming `source` and the line number.
+Result<std::vector<IgnoreRule>> parse_ignore(std::string_view text, std::string_view source);
+// Reads (at most 1 MiB) and parses a file. Errors: kIo, kInvalidArgument.
+Result<std::vector<IgnoreRule>> read_ignore_file(const std::filesystem::path& path);
 
-// 0: every file clean or not_model; 1: any finding; 2: any kError (or usage).
-int exit_code(const std::vector<FileReport>& reports);
+// ---- reports ---------------------------------------------------------------
+struct ReportOptions {
+  // Exit code 1 only for a finding (not suppressed) at or above this severity.
+  // Default kLow: every finding except info notes, i.e. exactly the files
+  // whose verdict is not clean/not_model (the behaviour before --fail-on).
+  Severity fail_on = Severity::kLow;
+  // Written as tool.version (JSON) and tool.driver.version (SARIF); omitted
+  // when empty. The CLI fills it (cli/scan.cpp, kToolVersion).
+  std::string tool_version;
+  // SARIF tool.driver.informationUri, and `URL/blob/main/scanner/README.md#rules`
+  // as each rule's helpUri; both omitted when empty (the CLI passes the CMake
+  // cache variable SAFECKPT_PROJECT_URL).
+  std::string information_uri;
+  // Directory that SARIF's %SRCROOT% stands for (absolute; the CLI uses the
+  // current directory or --base). Paths under it are written relative to it
+  // with uriBaseId %SRCROOT%; others as absolute file:// URIs. Empty: paths
+  // are written as given, relative ones with uriBaseId %SRCROOT% left for the
+  // consumer to resolve. Also a second match target for ignore globs.
+  std::string base_dir;
+  // Entries deliberately not scanned (WalkResult::skipped): listed in every
+  // format (SARIF: notifications of level "note"), never counted as errors.
+  std::vector<PathProblem> skipped;
+  // Text: list not_model files one by one, info findings and every event.
+  bool verbose = false;
+  // Text: ANSI colours for verdicts and severities.
+  bool color = false;
+};
 
-// Human summary: per file verdict, findings with where/what/why; totals.
-void write_text(std::ostream& out, const std::vector<FileReport>& reports, bool verbose);
+// Marks findings matched by `rules` as suppressed (never those of a kError
+// report, whose path was not scanned). Returns how many were suppressed.
+std::uint64_t apply_ignores(std::vector<FileReport>& reports, const std::vector<IgnoreRule>& rules,
+                            const std::string& base_dir = {});
+
+struct Totals {
+  std::uint64_t files = 0, clean = 0, unsafe = 0, incomplete = 0, unscannable = 0, not_model = 0;
+  std::uint64_t errors = 0;                        // reports with verdict kError: paths not scanned
+  std::uint64_t findings = 0;                      // not suppressed, not info
+  std::uint64_t suppressed = 0;                    // suppressed by an ignore rule (info excluded)
+  std::uint64_t failing = 0;                       // findings at or above ReportOptions::fail_on, not suppressed
+  std::uint64_t skipped = 0;                       // ReportOptions::skipped
+  std::uint64_t by_severity[5] = {0, 0, 0, 0, 0};  // not suppressed; index = Severity
+};
+Totals totals(const std::vector<FileReport>& reports, const ReportOptions& options = {});
+
+// 2: any path not scanned (a kError report) or no report at all (nothing to
+// scan); else 1: any finding not suppressed at or above options.fail_on;
+// else 0. The JSON summary's exit_code and SARIF's invocation exitCode are
+// this value, and the CLI exits with it (usage errors are 2 too).
+int exit_code(const std::vector<FileReport>& reports, const ReportOptions& options = {});
+
+// Human summary: per file verdict, loader verdict and findings with
+// where/what/why (each text once), paths not scanned; totals last.
+void write_text(std::ostream& out, const std::vector<FileReport>& reports, const ReportOptions& options = {});
+inline void write_text(std::ostream& out, const std::vector<FileReport>& reports, bool verbose) {
+  ReportOptions o;
+  o.verbose = verbose;
+  write_text(out, reports, o);
+}
 // JSON report (schema in scanner/README.md, version kJsonSchemaVersion).
-std::string to_json(const std::vector<FileReport>& reports, const std::vector<std::string>& walk_errors = {});
-// SARIF 2.1.0 for GitHub code scanning.
-std::string to_sarif(const std::vector<FileReport>& reports);
+std::string to_json(const std::vector<FileReport>& reports, const ReportOptions& options = {});
+// SARIF 2.1.0 (validated against the OASIS schema in tests/data/sarif/) for
+// GitHub code scanning: one run, invocations[0] says whether every path was
+// scanned (executionSuccessful, exitCode, one error notification per path
+// not scanned, note notifications for skipped entries).
+std::string to_sarif(const std::vector<FileReport>& reports, const ReportOptions& options = {});
 
 }  // namespace safeckpt::scan
