@@ -22,6 +22,7 @@
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
+#include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
 
@@ -47,14 +48,11 @@ int fail(const std::string& what, const Error& e) {
   return e.code() == ErrorCode::kOk ? 2 : (is_policy_error(e.code()) ? 1 : 2);
 }
 
+// Every input format by content, one open (safeckpt/open.hpp).
 Result<Checkpoint> read_input(const ConvertArgs& a, const Allowlist& allow) {
-  if (ends_with(a.in, ".index.json")) return load_safetensors_index(a.in);
-  SAFECKPT_TRY(MappedFile probe, MappedFile::open(a.in));
-  FileFormat f = sniff_format(probe.bytes());
-  if (f == FileFormat::kSafetensors) return load_safetensors(a.in);
   LoadOptions opt;
   opt.allowlist = &allow;
-  return load(a.in, opt);
+  return safeckpt::open(a.in, opt);
 }
 
 int run_convert(const ConvertArgs& a) {

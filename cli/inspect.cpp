@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
+#include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
 
 namespace safeckpt::cli {
@@ -52,15 +53,8 @@ int run_inspect(const InspectArgs& a) {
   LoadOptions opt;
   opt.allowlist = &allow;
   opt.verify_storage_crc = !a.no_verify_data;
-  // safetensors files (and sharded *.safetensors.index.json) are read by the
-  // safetensors reader; everything else by the checkpoint loader.
-  auto r = [&]() -> Result<Checkpoint> {
-    if (a.file.size() > 23 && a.file.substr(a.file.size() - 23) == ".safetensors.index.json")
-      return load_safetensors_index(a.file);
-    auto mf = MappedFile::open(a.file);
-    if (mf && sniff_format(mf->bytes()) == FileFormat::kSafetensors) return load_safetensors(a.file);
-    return load(a.file, opt);
-  }();
+  // Every format by content, one open (safeckpt/open.hpp).
+  auto r = safeckpt::open(a.file, opt);
   if (!r) {
     const Error& e = r.error();
     std::fprintf(stderr, "safeckpt: %s: refused\n  %s\n", a.file.c_str(), e.to_string().c_str());

@@ -10,6 +10,8 @@
 // (>= 1.6), the legacy sequential-pickle format (< 1.6), and bare pickles
 // (no storages). TorchScript and PT2 archives, tar checkpoints and
 // compressed wrappers are refused with kUnsupported naming what the file is.
+// safetensors files and sharded indexes are read too by safeckpt::open()
+// (safeckpt/open.hpp), the one entry point for every format.
 //
 // Storages and views (torch/_utils.py, torch/serialization.py; CVE-2026-24747):
 //  - a storage record must be exactly numel x element_size bytes;
@@ -73,7 +75,12 @@ class Checkpoint {
   NodeId root() const noexcept { return root_; }
   const std::vector<TensorInfo>& tensors() const noexcept { return tensors_; }
   const std::vector<StorageInfo>& storages() const noexcept { return storages_; }
-  // The mapped file (empty for buffers loaded with load_bytes()).
+  // The file opened for this load (empty for buffers loaded with
+  // load_bytes()): its descriptor and mapping are the only source of the
+  // storage bytes for every later stage (views, save/convert, the GPU
+  // transfer engine), never a reopen of the path (safeckpt/mapped_file.hpp
+  // says what that guarantees). For a sharded safetensors index, the index
+  // file (the shards are kept mapped alongside; storages are host views).
   const MappedFile& file() const noexcept { return *file_; }
 
   // name -> tensor for every tensor reachable through dicts (str/int keys),
@@ -109,6 +116,9 @@ class Checkpoint {
 // message names the global, its offset, and how to allow it),
 // kLimitExceeded (a Limits cap).
 Result<Checkpoint> load(const std::filesystem::path& path, const LoadOptions& options = {});
+// Same over an already opened file, which the Checkpoint takes over (no
+// second open: Checkpoint::file() is `file`). Errors: as load().
+Result<Checkpoint> load_file(MappedFile file, const LoadOptions& options = {});
 // Same for bytes in memory. The Checkpoint BORROWS `data`: the caller keeps
 // it alive and unchanged for the Checkpoint's lifetime.
 Result<Checkpoint> load_bytes(Bytes data, const LoadOptions& options = {});

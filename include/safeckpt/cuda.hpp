@@ -34,6 +34,7 @@
 #include "safeckpt/dlpack.hpp"
 #include "safeckpt/dtype.hpp"
 #include "safeckpt/error.hpp"
+#include "safeckpt/mapped_file.hpp"
 
 #if DLPACK_MAJOR_VERSION != 1
 #error "safeckpt/cuda.hpp needs DLPack 1.x (DLManagedTensorVersioned); another dlpack.h came first"
@@ -274,8 +275,23 @@ class TransferEngine {
   //   kIo               open/read failed or the file shrank (errno text);
   //   kDevice           a CUDA call failed (cudaGetErrorString), including
   //                     out of device memory for the arena.
+  //
+  // The file is opened once per load and every read of the load (buffered
+  // pread, the mmap of kMmapRegister, O_DIRECT: a reopen of /proc/self/fd/N,
+  // the same inode; kPread when that fails) goes to that one open file.
+  // This overload opens `file` by path at the call: bytes validated by an
+  // earlier parse of the same path may differ if the path was replaced in
+  // between. Loading a checkpoint that was parsed, use the next overload.
   Result<DeviceArena> load(const std::filesystem::path& file, std::span<const StorageSource> sources,
                            LoadStats* stats = nullptr);
+  // Same, reading the file the host loader validated: `file.fd()` (borrowed;
+  // `file` must stay open until load() returns), never its path. A path
+  // replaced since it was opened does not change what reaches the device
+  // (issue 11 item 3); an in-place write to the same inode does
+  // (safeckpt/mapped_file.hpp): zip records are caught by verify_crc, formats
+  // without a checksum are not. A file without a descriptor (a buffer) is
+  // like an empty path: every source must have host_bytes.
+  Result<DeviceArena> load(const MappedFile& file, std::span<const StorageSource> sources, LoadStats* stats = nullptr);
 
   const TransferOptions& options() const noexcept;
   // Pinned staging currently held (grows to about options().ring_bytes).
@@ -283,6 +299,9 @@ class TransferEngine {
 
  private:
   explicit TransferEngine(std::unique_ptr<detail::EngineState> impl);
+  // Both load()s: `given_fd` >= 0 is read (borrowed), else `file` is opened.
+  Result<DeviceArena> load_from(const std::filesystem::path& file, int given_fd, std::span<const StorageSource> sources,
+                                LoadStats* stats);
   std::unique_ptr<detail::EngineState> impl_;
 };
 

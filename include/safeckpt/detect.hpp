@@ -15,16 +15,17 @@
 namespace safeckpt {
 
 enum class FileFormat : std::uint8_t {
-  kTorchZip,         // torch.save (>= 1.6) zip: <root>/data.pkl
-  kTorchScriptZip,   // zip with <root>/constants.pkl (torch.jit.save): code
-  kPt2Archive,       // torch.export / AOTInductor package (.pt2): code
-  kOtherZip,         // zip without data.pkl (numpy .npz, random zip)
-  kLegacyPickle,     // pre-1.6 sequential pickles, first is the magic number
-  kLegacyTar,        // very old tar checkpoint (sys_info, pickle, tensors, storages)
-  kBarePickle,       // a pickle stream that is not the legacy magic
-  kSafetensors,      // u64 header length + '{' JSON header
-  kNumpyNpy,         // \x93NUMPY
-  kPreviewPytorch1,  // "PYTORCH1" pre-1.0 preview container
+  kTorchZip,          // torch.save (>= 1.6) zip: <root>/data.pkl
+  kTorchScriptZip,    // zip with <root>/constants.pkl (torch.jit.save): code
+  kPt2Archive,        // torch.export / AOTInductor package (.pt2): code
+  kOtherZip,          // zip without data.pkl (numpy .npz, random zip)
+  kLegacyPickle,      // pre-1.6 sequential pickles, first is the magic number
+  kLegacyTar,         // very old tar checkpoint (sys_info, pickle, tensors, storages)
+  kBarePickle,        // a pickle stream that is not the legacy magic
+  kSafetensors,       // u64 header length + '{' JSON header
+  kSafetensorsIndex,  // sharded safetensors: JSON object with "weight_map" (*.safetensors.index.json)
+  kNumpyNpy,          // \x93NUMPY
+  kPreviewPytorch1,   // "PYTORCH1" pre-1.0 preview container
   kGzip,
   kBzip2,
   kXz,
@@ -37,7 +38,8 @@ enum class FileFormat : std::uint8_t {
 
 std::string_view file_format_name(FileFormat f) noexcept;
 
-// Looks at magic bytes only (cheap). Every file starting `PK\3\4` is
+// Looks at magic bytes only (cheap; a sharded index is recognised by a
+// leading '{' (after JSON whitespace) and the text "weight_map" in it). Every file starting `PK\3\4` is
 // reported as kTorchZip (the zip path of torch.load); use classify_zip() to
 // split torch.save / TorchScript / PT2 / other. The order of the checks is
 // listed at the top of src/container/detect.cpp.

@@ -39,6 +39,10 @@ struct DeviceLoadOptions {
   TransferOptions transfer;
 };
 
+namespace detail {
+struct DeviceCheckpointMaker;
+}
+
 // A strided tensor on the device, ready to bind by name.
 struct DeviceTensor {
   std::string name;      // state_dict name ("" for a top-level tensor)
@@ -74,23 +78,36 @@ class DeviceCheckpoint {
   Result<DLManagedTensor*> to_dlpack_legacy(std::uint32_t index) const;
 
  private:
-  friend Result<DeviceCheckpoint> load_to_device(const std::filesystem::path&, const DeviceLoadOptions&,
-                                                 TransferEngine*, LoadStats*);
+  friend struct detail::DeviceCheckpointMaker;  // load_to_device (src/cuda/device_checkpoint.cpp)
   Result<TensorView> view(std::uint32_t index) const;
   std::shared_ptr<Checkpoint> host_;
   std::shared_ptr<DeviceArena> arena_;
 };
 
-// Loads `path` (torch.save zip, legacy format, safetensors) onto the GPU. `engine`:
+// Loads `path` onto the GPU: every format safeckpt::open reads (torch.save
+// zip, legacy, bare pickle, safetensors file, sharded safetensors index; by
+// content, safeckpt/open.hpp). The file is opened and mapped ONCE: the host
+// parse and the transfer engine read the same descriptor (the engine never
+// reopens the path), so a file renamed over `path` mid-load cannot put
+// unvalidated bytes on the device; in-place writes to the opened file are
+// another matter (safeckpt/mapped_file.hpp). `engine`:
 // reuse one per process to keep the pinned ring (nullptr = one-shot: an
 // engine is created before the host parse, so its ring is pinned in the
 // background while the file is parsed, and dropped on return). `stats`, if
 // given, describes the engine's part (TransferEngine::load): it excludes the
 // host parse and the one-shot engine's creation.
-// Errors: everything safeckpt::load (or load_safetensors) returns, plus
+// Errors: everything safeckpt::open returns, plus
 // kInvalidArgument (bad map_location, or one naming another device than the
 // engine's) and the transfer engine's (kDevice, kIo, kMalformed on CRC).
 Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options = {},
+                                        TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
+// Same for a checkpoint the caller already parsed (safeckpt::open, load,
+// load_safetensors ...), which it hands over: its storages are read from
+// host.file()'s descriptor (stored records, legacy storages, safetensors
+// tensors) or its host memory (inflated, byte-decoded, sharded, buffers).
+// options.load is not used (the parse is done; its CRC setting was the
+// caller's); transfer.verify_crc / the engine's verify_crc still apply.
+Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions& options = {},
                                         TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
 
 }  // namespace safeckpt::cuda

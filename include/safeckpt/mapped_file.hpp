@@ -3,6 +3,23 @@
 // MappedFile owns a read-only, private mmap of a whole file (or an owned
 // buffer when mapping is impossible, e.g. a pipe). It is move-only; spans
 // taken from bytes() borrow it and die with it.
+//
+// One open per load (issue 11 item 3, issue 12): a mapped MappedFile keeps
+// its descriptor open, and every later stage that needs the file's bytes
+// (the host views, save/convert, the CUDA transfer engine's pread/mmap/
+// O_DIRECT reads through fd()) reads THIS open file, never the path again.
+// What that guarantees and what it does not:
+//  - replacing the path (rename/unlink + create, `mv other FILE`) after
+//    open() changes nothing: the descriptor and the mapping keep the inode
+//    that was opened and validated;
+//  - modifying the opened inode IN PLACE (write(2) into the same file,
+//    truncation) is not prevented: MAP_PRIVATE pages the process has not
+//    written reflect later writes to the file on Linux, and pread sees them.
+//    Zip storage records are CRC-checked where read (LoadOptions::
+//    verify_storage_crc, the engine's verify_crc); safetensors files and
+//    legacy storages carry no checksum, so for them only a hash of these
+//    same bytes (the signing issue) can detect it. Don't load files that
+//    an untrusted party can still write to.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +47,10 @@ class MappedFile {
   // Maps `path` read-only. Errors: kIo (open/stat/mmap failed, not a regular
   // file). An empty file maps to an empty span.
   static Result<MappedFile> open(const std::filesystem::path& path);
+  // Maps an already open descriptor, taking ownership of `fd` (closed on
+  // every error too). `path` only names the file in messages and path().
+  // Errors: kIo (fstat/mmap failed, not a regular file).
+  static Result<MappedFile> adopt(int fd, const std::filesystem::path& path);
   // Reads everything from `read` (returns bytes read, 0 at end, -1 on error)
   // into an owned buffer of at most `max_bytes`. Errors: kIo, kLimitExceeded.
   static Result<MappedFile> from_reader(const std::function<std::int64_t(std::uint8_t*, std::size_t)>& read,
@@ -39,7 +60,9 @@ class MappedFile {
 
   Bytes bytes() const noexcept { return {data_, size_}; }
   std::size_t size() const noexcept { return size_; }
-  // Open file descriptor of a mapped file (for O_DIRECT/pread paths), or -1.
+  // The open descriptor of a file from open()/adopt() (for pread, a second
+  // mapping, or an O_DIRECT reopen of the same inode through
+  // /proc/self/fd/N), owned by this object; -1 for buffers.
   int fd() const noexcept { return fd_; }
   const std::filesystem::path& path() const noexcept { return path_; }
 

@@ -69,6 +69,9 @@ struct SafetensorsOptions {
   Limits limits;
   // Cap on the JSON header (bytes); the reference refuses above 100 MB.
   std::uint64_t max_header_bytes = 100'000'000;
+  // Cap on the distinct shard files a sharded index may name (each stays
+  // open and mapped for the Checkpoint's lifetime: one descriptor each).
+  std::uint64_t max_shards = 4096;
 };
 
 struct SafetensorsTensor {
@@ -88,6 +91,8 @@ class SafetensorsFile {
 
   // Maps and validates `path`. Errors: kIo, kMalformed, kLimitExceeded.
   static Result<SafetensorsFile> open(const std::filesystem::path& path, const SafetensorsOptions& options = {});
+  // Validates an already opened file, taking it over (no second open).
+  static Result<SafetensorsFile> from_file(MappedFile file, const SafetensorsOptions& options = {});
   // Validates bytes in memory. BORROWS `data`: keep it alive and unchanged.
   static Result<SafetensorsFile> parse(Bytes data, const SafetensorsOptions& options = {});
   // Same, taking ownership of a buffer.
@@ -123,24 +128,41 @@ class SafetensorsFile {
 // F4 tensors whose last dimension is odd.
 Result<Checkpoint> load_safetensors(const std::filesystem::path& path, const SafetensorsOptions& options = {});
 Result<Checkpoint> load_safetensors_bytes(Bytes data, const SafetensorsOptions& options = {});
+// Same over an already opened file, which the Checkpoint takes over
+// (Checkpoint::file() is this file: same descriptor, same mapping).
+Result<Checkpoint> load_safetensors_file(MappedFile file, const SafetensorsOptions& options = {});
 
 // Sharded checkpoints: `*.safetensors.index.json` = {"metadata": {...},
-// "weight_map": {tensor name: shard file name}}. Shard names must be plain
-// file names (no '/', not "." or ".."), in the index's directory.
+// "weight_map": {tensor name: shard file name}} (huggingface_hub
+// split_torch_state_dict_into_shards / transformers' save_pretrained).
+// Shard names must be plain file names (no '/', '\\' or NUL, not "." or
+// ".."), resolved in the index's directory only. A shard that is a symlink
+// is followed only when the file it opens lies in that same directory
+// (checked on the opened descriptor, /proc/self/fd); one that leads out
+// (e.g. the Hugging Face cache's snapshots/ -> blobs/ links) is refused with
+// kMalformed: load such a checkpoint from a directory of real files.
 struct SafetensorsIndex {
   std::vector<std::pair<std::string, std::string>> weight_map;  // in file order
   std::vector<std::string> shards;                              // distinct, first-use order
   std::string metadata_json;                                    // "metadata" as compact JSON, or ""
 };
 // Errors: kMalformed (not that shape, duplicate keys, bad shard names),
-// kLimitExceeded.
+// kLimitExceeded (JSON larger than max_header_bytes, more than max_tensors
+// entries or max_shards distinct shards).
 Result<SafetensorsIndex> parse_safetensors_index(std::string_view json, const SafetensorsOptions& options = {});
-// Loads every shard (each validated, zero-copy, kept mapped by the
-// Checkpoint) into one state_dict ordered like weight_map. Errors: as above,
-// plus kMalformed when a tensor is missing from its shard, or a shard holds a
-// tensor the index does not list or lists for another shard.
+// Loads every shard (each opened once, validated, zero-copy, kept mapped by
+// the Checkpoint) into one state_dict ordered like weight_map; every tensor
+// name is unique across the shards and the shards hold exactly the
+// weight_map (so the storages are host views; Checkpoint::file() is the
+// index). Errors: as above, plus kIo (a shard cannot be opened), kMalformed
+// when a tensor is missing from its shard, a shard holds a tensor the index
+// does not list or lists for another shard, or a shard is a symlink out of
+// the directory.
 Result<Checkpoint> load_safetensors_index(const std::filesystem::path& index_path,
                                           const SafetensorsOptions& options = {});
+// Same over the already opened index file (`index.path()` names the
+// directory of the shards); the Checkpoint takes it over.
+Result<Checkpoint> load_safetensors_index_file(MappedFile index, const SafetensorsOptions& options = {});
 
 // ---- writing ----
 

@@ -137,7 +137,8 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
                       Location{zip.root() + "/constants.pkl"});
   if (kind == FileFormat::kPt2Archive)
     return make_error(ErrorCode::kUnsupported,
-                      "PT2 / AOTInductor package (may hold native code); not a torch.save checkpoint");
+                      "PT2 program (torch.export / AOTInductor package, may hold native code): the PT2 engine is "
+                      "not built yet; not a torch.save checkpoint");
   const ZipEntry* pkl = zip.find("data.pkl");
   if (pkl == nullptr)
     return make_error(ErrorCode::kUnsupported,
@@ -248,9 +249,14 @@ Result<Checkpoint> run_load(LoadBuilder& b, const LoadOptions& opt) {
 
 Result<Checkpoint> load(const std::filesystem::path& path, const LoadOptions& options) {
   SAFECKPT_TRY(MappedFile f, MappedFile::open(path));
-  LoadBuilder b(std::move(f));
+  return load_file(std::move(f), options);
+}
+
+Result<Checkpoint> load_file(MappedFile file, const LoadOptions& options) {
+  const std::string name = file.path().string();
+  LoadBuilder b(std::move(file));
   auto r = run_load(b, options);
-  if (!r) r.error().at_record(path.string());
+  if (!r && !name.empty()) r.error().at_record(name);
   return r;
 }
 

@@ -17,7 +17,10 @@
 //     pickle (kPickleFirstOpcodes)               -> kBarePickle
 //     (lenient on purpose: torch.load(weights_only=False) would unpickle it;
 //     CVE-2025-10155 hides a raw pickle behind a checkpoint extension)
-// 10. anything else                               -> kUnknown
+// 10. JSON whitespace, then '{', and "weight_map" somewhere in the text
+//     (a sharded checkpoint's *.safetensors.index.json; '{' and whitespace
+//     start no pickle, so this cannot shadow 8-9) -> kSafetensorsIndex
+// 11. anything else                               -> kUnknown
 #include "safeckpt/detect.hpp"
 
 #include <array>
@@ -61,6 +64,15 @@ bool is_safetensors(Bytes f) noexcept {
   return n >= 2 && n <= f.size() - 8 && f[8] == '{';
 }
 
+// huggingface_hub / transformers sharded index: {"metadata": ..., "weight_map": {...}}.
+bool is_safetensors_index(Bytes f) noexcept {
+  std::size_t i = 0;
+  while (i < f.size() && (f[i] == ' ' || f[i] == '\t' || f[i] == '\n' || f[i] == '\r')) ++i;
+  if (i == f.size() || f[i] != '{') return false;
+  const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
+  return text.find("\"weight_map\"", i) != std::string_view::npos;
+}
+
 }  // namespace
 
 std::string_view file_format_name(FileFormat f) noexcept {
@@ -73,6 +85,7 @@ std::string_view file_format_name(FileFormat f) noexcept {
     case FileFormat::kLegacyTar: return "legacy_tar";
     case FileFormat::kBarePickle: return "bare_pickle";
     case FileFormat::kSafetensors: return "safetensors";
+    case FileFormat::kSafetensorsIndex: return "safetensors_index";
     case FileFormat::kNumpyNpy: return "numpy_npy";
     case FileFormat::kPreviewPytorch1: return "preview_pytorch1";
     case FileFormat::kGzip: return "gzip";
@@ -105,6 +118,7 @@ FileFormat sniff_format(Bytes f) noexcept {
   if (f[0] == 0x80 || kPickleFirstOpcodes.find(static_cast<char>(f[0])) != std::string_view::npos) {
     return FileFormat::kBarePickle;
   }
+  if (is_safetensors_index(f)) return FileFormat::kSafetensorsIndex;
   return FileFormat::kUnknown;
 }
 

@@ -7,9 +7,19 @@
 #include <charconv>
 #include <optional>
 
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/open.hpp"
 
 namespace safeckpt::cuda {
+
+struct detail::DeviceCheckpointMaker {
+  static DeviceCheckpoint make(std::shared_ptr<Checkpoint> host, std::shared_ptr<DeviceArena> arena) {
+    DeviceCheckpoint d;
+    d.host_ = std::move(host);
+    d.arena_ = std::move(arena);
+    return d;
+  }
+};
+
 namespace {
 
 Result<int> parse_device(const std::string& loc) {
@@ -32,47 +42,32 @@ Result<int> parse_device(const std::string& loc) {
 
 }  // namespace
 
-Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options,
-                                        TransferEngine* engine, LoadStats* stats) {
+namespace {
+
+Result<int> engine_device(const DeviceLoadOptions& options, TransferEngine* engine) {
   SAFECKPT_TRY(int device, parse_device(options.map_location));
   if (engine != nullptr && engine->options().device != device)
     return make_error(ErrorCode::kInvalidArgument,
                       "map_location '" + options.map_location + "' is device " + std::to_string(device) +
                           " but the engine was created for device " + std::to_string(engine->options().device));
-  // Without a caller's engine, make one before parsing: it starts pinning its
-  // staging ring in the background, overlapping the host parse. An error
-  // creating it is reported only if the file itself loads.
-  std::optional<Result<TransferEngine>> own;
-  if (engine == nullptr) {
-    TransferOptions to = options.transfer;
-    to.device = device;
-    own.emplace(TransferEngine::create(to));
-  }
-  LoadOptions lo = options.load;
-  lo.verify_storage_crc = false;  // checked on the reader threads instead (no second pass)
-  // safetensors files go through the safetensors reader (same storages, file
-  // offsets into the same file); everything else through the checkpoint loader.
-  auto host_r = [&]() -> Result<Checkpoint> {
-    auto mf = MappedFile::open(path);
-    if (mf && sniff_format(mf->bytes()) == FileFormat::kSafetensors) {
-      SafetensorsOptions so;
-      so.limits = lo.limits;
-      return load_safetensors(path, so);
-    }
-    return safeckpt::load(path, lo);
-  }();
-  if (!host_r) return unexpected(std::move(host_r).error());
-  Checkpoint host = std::move(host_r).value();
+  return device;
+}
+
+// The upload half: every storage from host.file() (its descriptor, never its
+// path) or from host memory, through `engine`, or through `own` when null.
+Result<DeviceCheckpoint> upload(Checkpoint host, const DeviceLoadOptions& options, TransferEngine* engine,
+                                std::optional<Result<TransferEngine>>& own, LoadStats* stats) {
   const bool verify_crc = engine != nullptr ? engine->options().verify_crc : options.transfer.verify_crc;
   const auto& storages = host.storages();
   std::vector<StorageSource> sources(storages.size());
   Bytes file = host.file().bytes();
+  const bool have_fd = host.file().fd() >= 0;
   for (std::size_t i = 0; i < storages.size(); ++i) {
     const StorageInfo& s = storages[i];
     StorageSource& src = sources[i];
     src.nbytes = s.nbytes;
-    bool in_file =
-        s.file_offset != Location::kNoOffset && s.file_offset <= file.size() && s.nbytes <= file.size() - s.file_offset;
+    bool in_file = have_fd && s.file_offset != Location::kNoOffset && s.file_offset <= file.size() &&
+                   s.nbytes <= file.size() - s.file_offset;
     if (in_file) {
       // Stored record (or legacy raw storage): read straight from the file;
       // big-endian files are swapped on the device.
@@ -80,7 +75,8 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
       src.swap_unit = s.swap_unit;
       src.expected_crc32 = verify_crc ? s.crc32 : 0;
     } else {
-      // Inflated record or bytes decoded from the pickle: already little-endian in host memory.
+      // Inflated record, bytes decoded from the pickle, a shard of a sharded
+      // index, or a checkpoint over a buffer: little-endian in host memory.
       src.host_bytes = s.bytes.data();
       src.swap_unit = 1;
     }
@@ -89,16 +85,50 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
     if (!*own) return unexpected(std::move(*own).error());
     engine = &own->value();
   }
-  Result<DeviceArena> arena = engine->load(path, sources, stats);
+  Result<DeviceArena> arena = engine->load(host.file(), sources, stats);
   if (!arena) {
     Error e = std::move(arena).error();
-    e.at_record(path.string());
+    if (!host.file().path().empty()) e.at_record(host.file().path().string());
     return unexpected(std::move(e));
   }
-  DeviceCheckpoint d;
-  d.host_ = std::make_shared<Checkpoint>(std::move(host));
-  d.arena_ = std::make_shared<DeviceArena>(std::move(arena).value());
-  return d;
+  return detail::DeviceCheckpointMaker::make(std::make_shared<Checkpoint>(std::move(host)),
+                                             std::make_shared<DeviceArena>(std::move(arena).value()));
+}
+
+std::optional<Result<TransferEngine>> one_shot_engine(const DeviceLoadOptions& options, TransferEngine* engine,
+                                                      int device) {
+  std::optional<Result<TransferEngine>> own;
+  if (engine == nullptr) {
+    TransferOptions to = options.transfer;
+    to.device = device;
+    own.emplace(TransferEngine::create(to));
+  }
+  return own;
+}
+
+}  // namespace
+
+Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const DeviceLoadOptions& options,
+                                        TransferEngine* engine, LoadStats* stats) {
+  SAFECKPT_TRY(int device, engine_device(options, engine));
+  // Without a caller's engine, make one before parsing: it starts pinning its
+  // staging ring in the background, overlapping the host parse. An error
+  // creating it is reported only if the file itself loads.
+  std::optional<Result<TransferEngine>> own = one_shot_engine(options, engine, device);
+  LoadOptions lo = options.load;
+  lo.verify_storage_crc = false;  // checked on the reader threads instead (no second pass)
+  // One open for the whole load: safeckpt::open maps the file, dispatches
+  // by content (zip, legacy, pickle, safetensors, sharded index) and the
+  // Checkpoint keeps that descriptor, which the engine then reads.
+  SAFECKPT_TRY(Checkpoint host, safeckpt::open(path, lo));
+  return upload(std::move(host), options, engine, own, stats);
+}
+
+Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions& options, TransferEngine* engine,
+                                        LoadStats* stats) {
+  SAFECKPT_TRY(int device, engine_device(options, engine));
+  std::optional<Result<TransferEngine>> own = one_shot_engine(options, engine, device);
+  return upload(std::move(host), options, engine, own, stats);
 }
 
 Result<TensorView> DeviceCheckpoint::view(std::uint32_t index) const {

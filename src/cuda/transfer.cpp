@@ -1007,8 +1007,14 @@ Result<TransferEngine> TransferEngine::create(const TransferOptions& options) {
   return TransferEngine(std::move(impl));
 }
 
-Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std::span<const StorageSource> sources,
-                                         LoadStats* stats) {
+// One load(). The file is `given_fd` when >= 0 (borrowed: the
+// descriptor the host loader validated, MappedFile::fd()), else `file` opened
+// here once. Either way every read of this load uses that one open file:
+// buffered pread on it, its own MAP_SHARED mapping of it, and for O_DIRECT a
+// reopen of /proc/self/fd/N, which yields a new open file description of the
+// SAME inode (not a lookup of the path name, which may have been replaced).
+Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file, int given_fd,
+                                              std::span<const StorageSource> sources, LoadStats* stats) {
   detail::EngineState& eng = *impl_;
   std::lock_guard<std::mutex> load_lock(eng.load_mu);
   DeviceGuard guard;  // the caller's current device is restored on return
@@ -1045,12 +1051,17 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
   Mapping map;
   st.mode = eng.opt.io_mode;
   if (need_file) {
-    if (file.empty()) return make_error(ErrorCode::kInvalidArgument, "a storage is a file range but no file was given");
-    fd = Fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0)
-      return make_error(ErrorCode::kIo, "open " + file.string() + ": " + errno_text(errno), Location{file.string()});
+    int the_fd = given_fd;
+    if (the_fd < 0) {
+      if (file.empty())
+        return make_error(ErrorCode::kInvalidArgument, "a storage is a file range but no file was given");
+      fd = Fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0)
+        return make_error(ErrorCode::kIo, "open " + file.string() + ": " + errno_text(errno), Location{file.string()});
+      the_fd = fd.get();
+    }
     struct stat sb {};
-    if (::fstat(fd.get(), &sb) != 0)
+    if (::fstat(the_fd, &sb) != 0)
       return make_error(ErrorCode::kIo, "fstat " + file.string() + ": " + errno_text(errno), Location{file.string()});
     if (!S_ISREG(sb.st_mode))
       return make_error(ErrorCode::kIo, file.string() + " is not a regular file", Location{file.string()});
@@ -1066,7 +1077,7 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
                           Location{file.string(), s.file_offset, {}});
     }
     const bool want_map = st.mode == IoMode::kAuto || st.mode == IoMode::kMmapRegister;
-    if (want_map && !map.map(fd.get(), st.file_size) && st.mode == IoMode::kMmapRegister) st.mode = IoMode::kPread;
+    if (want_map && !map.map(the_fd, st.file_size) && st.mode == IoMode::kMmapRegister) st.mode = IoMode::kPread;
     if (st.mode == IoMode::kMmapRegister && !eng.can_register_read_only) st.mode = IoMode::kPread;
     if (st.mode == IoMode::kMmapRegister) {
       // Some kernels / file systems refuse to pin file pages; find out with
@@ -1084,10 +1095,16 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     if (st.mode == IoMode::kAuto)
       st.mode = (map.size() > 0 && page_cache_residency(map, sources) < 0.5) ? IoMode::kODirect : IoMode::kPread;
     if (st.mode == IoMode::kODirect) {
-      fd_direct = Fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
-      if (fd_direct.get() < 0) st.mode = IoMode::kPread;  // e.g. tmpfs: EINVAL
+      // Same inode as the_fd (see above); never the path name again.
+      const std::string self = "/proc/self/fd/" + std::to_string(the_fd);
+      fd_direct = Fd(::open(self.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+      if (fd_direct.get() >= 0) {
+        struct stat db {};
+        if (::fstat(fd_direct.get(), &db) != 0 || db.st_dev != sb.st_dev || db.st_ino != sb.st_ino) fd_direct.reset();
+      }
+      if (fd_direct.get() < 0) st.mode = IoMode::kPread;  // e.g. tmpfs: EINVAL; no /proc
     }
-    st.fd = fd.get();
+    st.fd = the_fd;
     st.fd_direct = fd_direct.get();
     st.map = &map;
   } else if (st.mode == IoMode::kAuto) {
@@ -1297,6 +1314,16 @@ Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std:
     return unexpected(std::move(e));
   }
   return arena;
+}
+
+Result<DeviceArena> TransferEngine::load(const std::filesystem::path& file, std::span<const StorageSource> sources,
+                                         LoadStats* stats) {
+  return load_from(file, -1, sources, stats);
+}
+
+Result<DeviceArena> TransferEngine::load(const MappedFile& file, std::span<const StorageSource> sources,
+                                         LoadStats* stats) {
+  return load_from(file.path(), file.fd(), sources, stats);
 }
 
 Result<DeviceArena> load_storages(const std::filesystem::path& file, std::span<const StorageSource> sources,

@@ -1,8 +1,13 @@
 // safetensors reader: the grammar at the top of include/safeckpt/safetensors.hpp.
 #include "safeckpt/safetensors.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -276,11 +281,16 @@ const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path, const SafetensorsOptions& options) {
   SAFECKPT_TRY(MappedFile mf, MappedFile::open(path));
+  return from_file(std::move(mf), options);
+}
+
+Result<SafetensorsFile> SafetensorsFile::from_file(MappedFile file, const SafetensorsOptions& options) {
+  const std::string name = file.path().string();
   SafetensorsFile f;
-  f.file_ = std::move(mf);
+  f.file_ = std::move(file);
   f.bytes_ = f.file_.bytes();
   auto r = validate(std::move(f), options);
-  if (!r) r.error().at_record(path.string());
+  if (!r && !name.empty()) r.error().at_record(name);
   return r;
 }
 
@@ -338,7 +348,12 @@ Result<Checkpoint> as_checkpoint(CheckpointBuilder b, const std::vector<Safetens
 }  // namespace
 
 Result<Checkpoint> load_safetensors(const std::filesystem::path& path, const SafetensorsOptions& options) {
-  SAFECKPT_TRY(SafetensorsFile f, SafetensorsFile::open(path, options));
+  SAFECKPT_TRY(MappedFile mf, MappedFile::open(path));
+  return load_safetensors_file(std::move(mf), options);
+}
+
+Result<Checkpoint> load_safetensors_file(MappedFile file, const SafetensorsOptions& options) {
+  SAFECKPT_TRY(SafetensorsFile f, SafetensorsFile::from_file(std::move(file), options));
   std::vector<SafetensorsTensor> ts = f.tensors();
   CheckpointBuilder b(std::move(f).take_file());  // the views stay valid: the mapping does not move
   b.set_limits(options.limits);
@@ -374,29 +389,85 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const Sa
     if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
         shard.find('\\') != std::string::npos || shard.find('\0') != std::string::npos)
       return malformed("index names shard \"" + shard + "\", which is not a plain file name");
-    if (seen.insert(shard).second) idx.shards.push_back(shard);
+    if (seen.insert(shard).second) {
+      if (idx.shards.size() >= options.max_shards)
+        return make_error(ErrorCode::kLimitExceeded, "safetensors index: more than max_shards " +
+                                                         std::to_string(options.max_shards) + " shard files");
+      idx.shards.push_back(shard);
+    }
     idx.weight_map.emplace_back(it.key(), std::move(shard));
   }
   return idx;
 }
 
+namespace {
+
+// Opens shard `name` (a plain file name, parse_safetensors_index) in the
+// directory `dirfd` exactly once. A regular file is opened with O_NOFOLLOW
+// (it cannot be swapped for a symlink in between); a symlink is followed and
+// the file it opened must lie in `dir_real` (checked on the descriptor, so
+// no race with the link changing).
+Result<MappedFile> open_shard(int dirfd, const std::filesystem::path& dir_real, const std::filesystem::path& shown,
+                              const std::string& name) {
+  struct stat lst {};
+  if (::fstatat(dirfd, name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0)
+    return make_error(ErrorCode::kIo, "cannot open shard " + shown.string() + ": " + std::strerror(errno));
+  const bool link = S_ISLNK(lst.st_mode);
+  int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | (link ? 0 : O_NOFOLLOW));
+  if (fd < 0) return make_error(ErrorCode::kIo, "cannot open shard " + shown.string() + ": " + std::strerror(errno));
+  if (link) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
+    if (ec || target.parent_path() != dir_real) {
+      ::close(fd);
+      return malformed("shard " + shown.string() + " is a symlink to " +
+                       (ec ? std::string("a file that cannot be located") : target.string()) +
+                       ", outside the index's directory " + dir_real.string());
+    }
+  }
+  return MappedFile::adopt(fd, shown);
+}
+
+}  // namespace
+
 Result<Checkpoint> load_safetensors_index(const std::filesystem::path& index_path, const SafetensorsOptions& options) {
   SAFECKPT_TRY(MappedFile mf, MappedFile::open(index_path));
-  std::string_view text(reinterpret_cast<const char*>(mf.bytes().data()), mf.size());
+  return load_safetensors_index_file(std::move(mf), options);
+}
+
+Result<Checkpoint> load_safetensors_index_file(MappedFile index, const SafetensorsOptions& options) {
+  const std::filesystem::path index_path = index.path();
+  std::string_view text(reinterpret_cast<const char*>(index.bytes().data()), index.size());
   auto parsed = parse_safetensors_index(text, options);
   if (!parsed) return unexpected(std::move(parsed.error().at_record(index_path.string())));
   SafetensorsIndex idx = std::move(*parsed);
-  const std::filesystem::path dir = index_path.parent_path();
-  CheckpointBuilder b;
+  const std::filesystem::path dir = index_path.has_parent_path() ? index_path.parent_path() : ".";
+  int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0)
+    return make_error(ErrorCode::kIo,
+                      "cannot open the index's directory " + dir.string() + ": " + std::strerror(errno));
+  std::error_code ec;
+  auto dir_real = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
+  if (ec) dir_real.clear();  // no /proc: symlinked shards are refused below
+  CheckpointBuilder b(std::move(index));
   b.set_limits(options.limits);
   std::unordered_map<std::string, std::shared_ptr<SafetensorsFile>> shards;
   for (const auto& name : idx.shards) {
-    auto f = SafetensorsFile::open(dir / name, options);
-    if (!f) return unexpected(std::move(f.error()));
+    auto mf = open_shard(dirfd, dir_real, dir / name, name);
+    if (!mf) {
+      ::close(dirfd);
+      return unexpected(std::move(mf.error().at_record(index_path.string())));
+    }
+    auto f = SafetensorsFile::from_file(std::move(*mf), options);
+    if (!f) {
+      ::close(dirfd);
+      return unexpected(std::move(f.error()));
+    }
     auto sp = std::make_shared<SafetensorsFile>(std::move(*f));
     b.keep_alive(sp);  // the Checkpoint keeps every shard mapped
     shards.emplace(name, std::move(sp));
   }
+  ::close(dirfd);
   std::unordered_map<std::string, std::string> owner;
   for (const auto& [tensor, shard] : idx.weight_map) owner.emplace(tensor, shard);
   for (const auto& [name, f] : shards)

@@ -48,6 +48,10 @@ void MappedFile::reset() noexcept {
 Result<MappedFile> MappedFile::open(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return make_error(ErrorCode::kIo, "cannot open " + path.string() + ": " + std::strerror(errno));
+  return adopt(fd, path);
+}
+
+Result<MappedFile> MappedFile::adopt(int fd, const std::filesystem::path& path) {
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     int e = errno;

@@ -20,9 +20,12 @@ TEST_CASE("cuda: not built") {
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -30,6 +33,8 @@ TEST_CASE("cuda: not built") {
 #include <vector>
 
 #include "safeckpt/cuda.hpp"
+#include "safeckpt/device_checkpoint.hpp"
+#include "safeckpt/open.hpp"
 
 namespace sc = safeckpt::cuda;
 using safeckpt::DType;
@@ -602,6 +607,104 @@ TEST_CASE("cuda: DLPack tensors keep a shared arena alive") {
   CHECK(free_device_bytes() + (64 << 20) <= before + slack);  // legacy still holds it
   legacy->deleter(legacy);
   CHECK(free_device_bytes() + slack >= before);
+}
+
+// Issue 11 item 3: the bytes validated are the bytes uploaded. Parse a real
+// checkpoint (zip, legacy, safetensors), rename a file with other tensor
+// bytes over its path, then upload: the device must hold the original bytes
+// in every I/O mode (pread on the loader's descriptor, its mapping
+// registered, O_DIRECT through /proc/self/fd/N). The engine's path overload,
+// which opens the path at upload time, is the control: it reads the
+// replacement, so a reopen anywhere would make this test fail.
+TEST_CASE("cuda: a file renamed over the path between parse and upload never reaches the device") {
+  if (!have_device()) return;
+  namespace fs = std::filesystem;
+  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
+  const fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
+  // On the working directory's file system (not /tmp, often tmpfs, where
+  // O_DIRECT is refused).
+  const fs::path dir = fs::current_path() / ("safeckpt_swap_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path d;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  auto read_all = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::vector<std::uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  for (const char* which : {"corpus/torch-2.11/mlp_state_dict.pt", "corpus/torch-1.13/legacy_format.pt",
+                            "safetensors-ref/basic.safetensors"}) {
+    for (sc::IoMode mode : {sc::IoMode::kPread, sc::IoMode::kODirect, sc::IoMode::kMmapRegister}) {
+      for (bool verify : {false, true}) {
+        CAPTURE(which);
+        CAPTURE(sc::io_mode_name(mode));
+        CAPTURE(verify);
+        const fs::path orig = dir / "orig", path = dir / "ckpt", other = dir / "other";
+        fs::copy_file(data / which, orig, fs::copy_options::overwrite_existing);
+        fs::copy_file(data / which, path, fs::copy_options::overwrite_existing);
+        auto expect = safeckpt::open(orig);
+        REQUIRE_MESSAGE(expect.has_value(), (expect ? "" : expect.error().to_string()));
+        auto host = safeckpt::open(path);
+        REQUIRE_MESSAGE(host.has_value(), (host ? "" : host.error().to_string()));
+        // The replacement: same layout, every in-file storage byte flipped.
+        std::vector<std::uint8_t> bytes = read_all(orig);
+        std::vector<sc::StorageSource> in_file;
+        std::vector<std::size_t> in_file_index;
+        for (std::size_t i = 0; i < host->storages().size(); ++i) {
+          const auto& s = host->storages()[i];
+          if (s.file_offset == safeckpt::Location::kNoOffset || s.nbytes == 0) continue;
+          for (std::uint64_t k = 0; k < s.nbytes; ++k) bytes[s.file_offset + k] ^= 0x5A;
+          sc::StorageSource src;
+          src.file_offset = s.file_offset;
+          src.nbytes = s.nbytes;
+          in_file.push_back(src);
+          in_file_index.push_back(i);
+        }
+        REQUIRE(!in_file.empty());
+        {
+          std::ofstream f(other, std::ios::binary | std::ios::trunc);
+          f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        }
+        REQUIRE(std::rename(other.c_str(), path.c_str()) == 0);
+
+        sc::TransferOptions to = small_options(mode);
+        to.verify_crc = verify;
+        auto engine = sc::TransferEngine::create(to);
+        REQUIRE_MESSAGE(engine.has_value(), (engine ? "" : engine.error().to_string()));
+        // Control: opening the path now reads the replacement.
+        auto by_path = engine->load(path, in_file);
+        REQUIRE_MESSAGE(by_path.has_value(), (by_path ? "" : by_path.error().to_string()));
+        bool differs = false;
+        for (std::size_t j = 0; j < in_file.size(); ++j) {
+          const auto& s = expect->storages()[in_file_index[j]];
+          differs |= copy_back(*by_path, j) != std::vector<std::uint8_t>(s.bytes.begin(), s.bytes.end());
+        }
+        CHECK(differs);
+        // The engine on the loader's descriptor: the validated bytes.
+        sc::LoadStats stats;
+        auto by_fd = engine->load(host->file(), in_file, &stats);
+        REQUIRE_MESSAGE(by_fd.has_value(), (by_fd ? "" : by_fd.error().to_string()));
+        MESSAGE(std::string(which) << " " << sc::io_mode_name(mode) << " -> " << sc::io_mode_name(stats.io_mode));
+        for (std::size_t j = 0; j < in_file.size(); ++j) {
+          const auto& s = expect->storages()[in_file_index[j]];
+          CHECK(copy_back(*by_fd, j) == std::vector<std::uint8_t>(s.bytes.begin(), s.bytes.end()));
+        }
+        // The whole checkpoint through load_to_device.
+        sc::DeviceLoadOptions dopt;
+        auto dev = sc::load_to_device(std::move(*host), dopt, &*engine);
+        REQUIRE_MESSAGE(dev.has_value(), (dev ? "" : dev.error().to_string()));
+        REQUIRE(dev->arena().storage_count() == expect->storages().size());
+        for (std::size_t i = 0; i < expect->storages().size(); ++i) {
+          const auto& s = expect->storages()[i];
+          CHECK(copy_back(dev->arena(), i) == std::vector<std::uint8_t>(s.bytes.begin(), s.bytes.end()));
+        }
+      }
+    }
+  }
 }
 
 #endif  // SAFECKPT_HAVE_CUDA
