@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "allow_arg.hpp"
 #include "commands.hpp"
 
 namespace safeckpt::cli {
@@ -36,12 +37,9 @@ struct ScanArgs {
 
 int run_scan(const ScanArgs& a) {
   Allowlist allow = Allowlist::default_policy();
-  for (const auto& f : a.allow_files) {
-    auto st = allow.add_file(f);
-    if (!st) {
-      std::fprintf(stderr, "safeckpt scan: %s\n", st.error().to_string().c_str());
-      return 2;
-    }
+  if (auto st = add_allow_args(allow, a.allow_files); !st) {
+    std::fprintf(stderr, "safeckpt scan: %s\n", st.error().to_string().c_str());
+    return 2;
   }
   scan::WalkOptions wo;
   wo.follow_symlinks = a.follow_symlinks;
@@ -110,7 +108,7 @@ void register_scan(CLI::App& app, int& exit_code) {
       "Exit codes: 0 all clean, 1 any finding, 2 usage error or unreadable path.");
   cmd->add_option("paths", args->paths, "files and directories (recursive); every file is examined by content")
       ->required();
-  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable), as for inspect");
+  cmd->add_option("--allow", args->allow_files, kAllowHelp);
   cmd->add_option("--format", args->format, "output: text (default), json (scanner/README.md schema), sarif (2.1.0)")
       ->check(CLI::IsMember({"text", "json", "sarif"}));
   cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");
