@@ -54,5 +54,6 @@ install(FILES ${PROJECT_BINARY_DIR}/safeckptConfig.cmake ${PROJECT_BINARY_DIR}/s
 set(SAFECKPT_PC_LIBS "-lsafeckpt_scanner -lsafeckpt_safetensors -lsafeckpt_save -lsafeckpt_checkpoint")
 string(APPEND SAFECKPT_PC_LIBS " -lsafeckpt_container -lsafeckpt_torch -lsafeckpt_allowlist_data")
 string(APPEND SAFECKPT_PC_LIBS " -lsafeckpt_pickle -lsafeckpt_util")
+file(RELATIVE_PATH SAFECKPT_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/safeckpt.pc.in ${PROJECT_BINARY_DIR}/safeckpt.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/safeckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
