@@ -20,7 +20,7 @@ if [ "${SAFECKPT_TIDY:-0}" = 1 ]; then
   JOBS=$jobs tests/check_tidy.sh build
 fi
 if [ "${SAFECKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
-  cmake --preset asan-ubsan -DSAFECKPT_WERROR=ON >/dev/null
+  cmake --preset asan-ubsan >/dev/null  # no -Werror: GCC warns spuriously under sanitizers
   cmake --build --preset asan-ubsan -j"$jobs"
   # package: installs and builds an unsanitized consumer (done by dev above).
   ctest --preset asan-ubsan -j"$jobs" -LE 'slow|cuda|report|package'
