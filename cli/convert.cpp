@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "allow_arg.hpp"
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
@@ -74,12 +75,9 @@ int run_convert(const ConvertArgs& a) {
     return 2;
   }
   Allowlist allow = Allowlist::default_policy();
-  for (const auto& f : a.allow_files) {
-    auto st = allow.add_file(f);
-    if (!st) return fail("bad allowlist " + f, st.error());
-  }
+  if (auto st = add_allow_args(allow, a.allow_files); !st) return fail("bad --allow", st.error());
   auto in = read_input(a, allow);
-  if (!in) return fail(a.in + ": refused", in.error());
+  if (!in) return fail(a.in + ": " + failure_word(in.error().code()), in.error());
   SaveOptions so;
   so.overwrite = a.force;
   so.fsync = !a.no_fsync;
@@ -118,8 +116,7 @@ void register_convert(CLI::App& app, int& exit_code) {
   cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
   cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");
-  cmd->add_option("--allow", args->allow_files,
-                  "extra allowlist file(s) for reading a PyTorch input (trusted input only)");
+  cmd->add_option("--allow", args->allow_files, std::string(kAllowHelp) + "; for a PyTorch input (trusted input only)");
   cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
   cmd->add_flag("--legacy", args->legacy,
                 "to PyTorch: write the pre-1.6 legacy format (torch.save(..., _use_new_zipfile_serialization=False))");

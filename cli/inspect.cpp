@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "allow_arg.hpp"
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
@@ -43,12 +44,9 @@ std::string human_bytes(std::uint64_t b) {
 
 int run_inspect(const InspectArgs& a) {
   Allowlist allow = Allowlist::default_policy();
-  for (const auto& f : a.allow_files) {
-    auto st = allow.add_file(f);
-    if (!st) {
-      std::fprintf(stderr, "safeckpt: %s\n", st.error().to_string().c_str());
-      return 2;
-    }
+  if (auto st = add_allow_args(allow, a.allow_files); !st) {
+    std::fprintf(stderr, "safeckpt: %s\n", st.error().to_string().c_str());
+    return 2;
   }
   LoadOptions opt;
   opt.allowlist = &allow;
@@ -57,7 +55,7 @@ int run_inspect(const InspectArgs& a) {
   auto r = safeckpt::open(a.file, opt);
   if (!r) {
     const Error& e = r.error();
-    std::fprintf(stderr, "safeckpt: %s: refused\n  %s\n", a.file.c_str(), e.to_string().c_str());
+    std::fprintf(stderr, "safeckpt: %s: %s\n  %s\n", a.file.c_str(), failure_word(e.code()), e.to_string().c_str());
     return is_policy_error(e.code()) ? 1 : 2;
   }
   const Checkpoint& c = *r;
@@ -113,9 +111,7 @@ void register_inspect(CLI::App& app, int& exit_code) {
   cmd->add_option("file", args->file,
                   "checkpoint file (.pt, .pth, .bin, legacy, bare pickle, .safetensors, .safetensors.index.json)")
       ->required();
-  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable)")
-      ->expected(1)
-      ->allow_extra_args(false);
+  cmd->add_option("--allow", args->allow_files, kAllowHelp)->expected(1)->allow_extra_args(false);
   cmd->add_flag("--json", args->json, "print the value tree as JSON (tests/data/corpus/README.md schema)");
   cmd->add_flag("--no-hashes", args->no_hashes, "JSON without sha256 fields (does not read tensor bytes)");
   cmd->add_flag("--no-verify-data", args->no_verify_data, "skip CRC-32 checks of storage records");

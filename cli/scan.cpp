@@ -18,17 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "allow_arg.hpp"
 #include "commands.hpp"
+#include "safeckpt/version.hpp"
 
 namespace safeckpt::cli {
 namespace {
 
-// The tool version written in JSON/SARIF: one place, a placeholder from
-// CMake's PROJECT_VERSION until the project-wide version macro is merged.
-#ifndef SAFECKPT_CLI_VERSION
-#define SAFECKPT_CLI_VERSION "0.1.0"
-#endif
-constexpr const char* kToolVersion = SAFECKPT_CLI_VERSION;
+// The tool version written in JSON/SARIF (safeckpt/version.hpp, = --version).
+constexpr const char* kToolVersion = SAFECKPT_VERSION_STRING;
 // SARIF informationUri/helpUri: CMake cache variable SAFECKPT_PROJECT_URL
 // (empty: omitted rather than guessed).
 #ifndef SAFECKPT_PROJECT_URL
@@ -66,12 +64,9 @@ scan::Severity parse_severity(const std::string& s) {
 
 int run_scan(const ScanArgs& a) {
   Allowlist allow = Allowlist::default_policy();
-  for (const auto& f : a.allow_files) {
-    auto st = allow.add_file(f);
-    if (!st) {
-      std::fprintf(stderr, "safeckpt scan: %s\n", st.error().to_string().c_str());
-      return 2;
-    }
+  if (auto st = add_allow_args(allow, a.allow_files); !st) {
+    std::fprintf(stderr, "safeckpt scan: %s\n", st.error().to_string().c_str());
+    return 2;
   }
   std::vector<scan::IgnoreRule> ignores;
   for (const auto& f : a.ignore_files) {
@@ -173,8 +168,7 @@ void register_scan(CLI::App& app, int& exit_code) {
       "Exit codes: 0 all clean, 1 any finding (at or above --fail-on), 2 usage error or a path not scanned.");
   cmd->add_option("paths", args->paths, "files and directories (recursive); every file is examined by content")
       ->required();
-  cmd->add_option("--allow", args->allow_files, "allowlist file adding safe globals (repeatable), as for inspect")
-      ->allow_extra_args(false);
+  cmd->add_option("--allow", args->allow_files, kAllowHelp)->allow_extra_args(false);
   cmd->add_option("--format", args->format, "output: text (default), json (scanner/README.md schema), sarif (2.1.0)")
       ->check(CLI::IsMember({"text", "json", "sarif"}));
   cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");

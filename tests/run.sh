@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # Builds (normal and ASan+UBSan) and runs the whole test suite with ctest,
 # then fuzzes every libFuzzer target (clang, ASan+UBSan) for a short while.
+# Each build tree has one recipe, its CMakePresets.json preset: build/ is
+# `dev`, build-asan/ is `asan-ubsan`, build-fuzz/ is `fuzz` (fuzz/run.sh).
 # Usage: tests/run.sh            (from the repository root)
 # Environment: JOBS (parallelism, default nproc), SAFECKPT_SKIP_SANITIZERS=1
 # (normal build only), SAFECKPT_FUZZ_SECONDS (per fuzz target, default 90;
-# 0 skips fuzzing; the stage needs clang-14 + libclang-rt-14-dev).
+# 0 skips fuzzing; the stage needs clang-14 + libclang-rt-14-dev),
+# SAFECKPT_TIDY=1 (also run the curated .clang-tidy, tests/check_tidy.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-$(nproc)}
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSAFECKPT_WERROR=ON >/dev/null
-cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure -j"$jobs" -LE slow
+# Formatting first: cheap, and a diff there is a CI failure anyway.
+tests/check_format.sh
+cmake --preset dev -DSAFECKPT_WERROR=ON >/dev/null
+cmake --build --preset dev -j"$jobs"
+ctest --preset dev -j"$jobs" -LE slow
+if [ "${SAFECKPT_TIDY:-0}" = 1 ]; then
+  JOBS=$jobs tests/check_tidy.sh build
+fi
 if [ "${SAFECKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSAFECKPT_CUDA=OFF -DSAFECKPT_BUILD_BENCH=OFF \
-    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" >/dev/null
-  cmake --build build-asan -j"$jobs"
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE 'slow|cuda|report'
+  cmake --preset asan-ubsan >/dev/null  # no -Werror: GCC warns spuriously under sanitizers
+  cmake --build --preset asan-ubsan -j"$jobs"
+  # package: installs and builds an unsanitized consumer (done by dev above).
+  ctest --preset asan-ubsan -j"$jobs" -LE 'slow|cuda|report|package'
 fi
 fuzz_secs=${SAFECKPT_FUZZ_SECONDS:-90}
 if [ "$fuzz_secs" != 0 ]; then

@@ -119,6 +119,12 @@ class Allowlist {
   std::unordered_map<std::string, std::size_t> index_;
 };
 
+// How `torch.load` describes a refused global, with our remedy:
+// "... GLOBAL os.system was not an allowed global ... allow it with
+// --allow FILE / Allowlist::add(\"os.system\") if you trust this file".
+// (Torch layer: src/torch/object_model.cpp; was in checkpoint.hpp.)
+std::string allow_hint(std::string_view global_name);
+
 // Known globals the library can build, for `= name` mappings and tools.
 // Returns false if `name` is not a known global.
 bool lookup_known_global(std::string_view name, Builtin& builtin, DType& dtype);

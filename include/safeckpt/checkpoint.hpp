@@ -131,9 +131,6 @@ Result<Checkpoint> load_buffer(std::vector<std::uint8_t> data, const LoadOptions
 Result<Checkpoint> load_reader(const std::function<std::int64_t(std::uint8_t*, std::size_t)>& read,
                                std::uint64_t max_bytes, const LoadOptions& options = {});
 
-// How `torch.load` describes a refused global, with our remedy:
-// "... GLOBAL os.system was not an allowed global ... allow it with
-// --allow FILE / Allowlist::add(\"os.system\") if you trust this file".
-std::string allow_hint(std::string_view global_name);
+// allow_hint(global_name): declared in safeckpt/allowlist.hpp (included above).
 
 }  // namespace safeckpt

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "pickle/key.hpp"
-#include "safeckpt/checkpoint.hpp"
 
 namespace safeckpt {
 namespace {

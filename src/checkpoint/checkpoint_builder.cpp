@@ -1,8 +1,8 @@
 // CheckpointBuilder: a checked front end over the loaders' CheckpointBuilder.
-#include "safeckpt/builder.hpp"
-
 #include <algorithm>
 #include <limits>
+
+#include "safeckpt/builder.hpp"
 
 namespace safeckpt {
 

@@ -1,0 +1,3 @@
+// Fixture for the ctest layers.detects_upward: the torch layer including the
+// checkpoint layer's header must fail cmake/check_layers.cmake.
+#include "safeckpt/checkpoint.hpp"
