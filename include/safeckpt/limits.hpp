@@ -20,8 +20,8 @@
 //   adam_50k.pt, 50,000 parameters + their Adam state_dict:
 //     data.pkl 17,677,368 bytes, 6,450,382 opcodes, 1,550,033 memo puts.
 // max_memory_bytes needed to load them (SAFECKPT_MEMBUDGET_PROBE in
-// tests/unit/test_membudget.cpp): MEASURED_PROBE_LINE_1
-// MEASURED_PROBE_LINE_2
+// tests/unit/test_membudget.cpp): sd_100k.pt 481 MiB (fits, 6% spare), adam_50k.pt
+// 998 MiB (250,000 tensors: raise max_memory_bytes); many_tensors.pt 16 MiB.
 //
 // Worst-case peak memory of one load() under the default Limits:
 //   max_memory_bytes (512 MiB: everything the parse allocates, charged
@@ -33,10 +33,10 @@
 //     being CRC-checked (<= max_pickle_record_bytes = 64 MiB, freed at
 //     once); pop_mark's copy of the stack top (<= the charged stack); a
 //     dict key being built (<= max_string_bytes + 64, freed at once); while
-//     the arena vector grows, its old buffer (<= 1/3 of the node charge,
+//     the arena vector grows, its old buffer (<= 1/2 of the node charge,
 //     virtual more than resident); zlib's ~44 KiB inflate state
 //   + fixed: the binary, its libraries and stacks (~60 MB for the CLI).
-// So about 512 + 64 + ~170 (arena growth) + 60 MiB ~ 0.8 GiB plus the mapped
+// So about 512 + 64 + 256 (arena growth) + 60 MiB ~ 0.9 GiB plus the mapped
 // file: a 1.5 GiB RLIMIT_AS holds it (test_membudget.cpp). Big-endian
 // checkpoints add a byte-swapped copy of their storages (1:1 with the file,
 // not amplified, not charged). scan: each pickle stream parse gets its own
@@ -91,16 +91,16 @@ struct Limits {
   // Zip: bytes one inflated *pickle* record (data.pkl) may have. Refused
   // from the declared size before anything is inflated, and the inflater
   // never writes past the declared size (a lying header stops there). 64 MiB
-  // is ~4x the largest data.pkl of the survey above (a 100,000-tensor
-  // state_dict), ~200x the largest in the corpora.
+  // is 3.6x the largest data.pkl of the survey above (adam_50k.pt, 17.7 MB),
+  // ~200x the largest in the corpora.
   std::uint64_t max_pickle_record_bytes = 64ull << 20;
   // Total bytes the parse of one file may allocate, charged to one
   // MemoryBudget *before* each allocation: the inflated data.pkl, value
   // nodes (MemoryBudget::kNodeBytes each), their strings and item vectors,
   // memo entries, the pickle stack and MARK stack, dict/set key indexes,
-  // tensor metadata, and the safetensors header's JSON. 512 MiB is ~3.5x the
-  // charge of the largest realistic file of the survey above and leaves a
-  // 2-core / 24 GiB CI machine (and a 1.5 GiB rlimit) room to spare.
+  // tensor metadata, and the safetensors header's JSON. 512 MiB holds a
+  // 100,000-tensor state_dict (481 MiB charged, 345 MB real peak RSS) and
+  // keeps the worst case (above) under a 1.5 GiB rlimit; raise it for more.
   std::uint64_t max_memory_bytes = 512ull << 20;
   // Zip: length of one entry name.
   std::uint64_t max_zip_name_bytes = 4096;

@@ -22,6 +22,7 @@
 #include "support/zip_builder.hpp"
 
 using safeckpt::ErrorCode;
+using namespace std::string_literals;  // literals below hold NUL bytes
 
 namespace {
 
@@ -41,7 +42,7 @@ std::string uni(const std::string& s) {
 // plain text never exists in memory.
 std::string deflate_repeat(const std::string& head, const std::string& unit, std::uint64_t n, const std::string& tail) {
   z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 9, Z_DEFLATED, -15, 9, Z_DEFAULT_STRATEGY) == Z_OK);
+  REQUIRE(deflateInit2(&zs, 1, Z_DEFLATED, -15, 9, Z_DEFAULT_STRATEGY) == Z_OK);  // level 1: fast
   std::string chunk;
   while (chunk.size() < (1u << 20)) chunk += unit;
   chunk.resize(1u << 20);
@@ -58,7 +59,8 @@ std::string deflate_repeat(const std::string& head, const std::string& unit, std
     } while (zs.avail_out == 0);
   };
   feed(head, Z_NO_FLUSH);
-  for (std::uint64_t done = 0; done < n; done += chunk.size()) feed(chunk, Z_NO_FLUSH);
+  for (std::uint64_t done = 0; done < n; done += chunk.size())
+    feed(n - done >= chunk.size() ? chunk : chunk.substr(0, static_cast<std::size_t>(n - done)), Z_NO_FLUSH);
   feed(tail, Z_FINISH);
   deflateEnd(&zs);
   return out;
@@ -88,12 +90,9 @@ std::vector<std::uint8_t> bomb_zip(const std::string& deflated, std::uint32_t de
   return {out.begin(), out.end()};
 }
 
-// NONE POP pairs: every NONE is a new value node, the stack stays shallow
-// (bench/membudget_bombs.py writes the same file for the RESULTS.md numbers).
+// Bombs are NONE POP pairs: every NONE is a new value node, the stack stays
+// shallow (bench/membudget_bombs.py writes the 512 MiB one for RESULTS.md).
 constexpr std::uint64_t kBombBytes = 512ull << 20;
-std::vector<std::uint8_t> none_bomb(std::uint32_t declared) {
-  return bomb_zip(deflate_repeat("\x80\x02", "N0", kBombBytes - 4, "N."), declared, 0);
-}
 
 safeckpt::Result<safeckpt::Checkpoint> load_with(std::vector<std::uint8_t> bytes, const safeckpt::Limits& lim) {
   safeckpt::LoadOptions o;
@@ -120,10 +119,10 @@ std::string views_pickle(int n) {
   std::string ones = "(";
   for (int i = 0; i < 64; ++i) ones += "K\x01";
   ones += "t";
-  std::string p = "\x80\x02]q\x00(" + g("torch._utils", "_rebuild_tensor_v2") + "q\x01(" + "(" + uni("storage") +
-                  g("torch", "FloatStorage") + uni("0") + uni("cpu") + "K\x01tQq\x02K\x00" + ones + "q\x03" + ones +
+  std::string p = "\x80\x02]("s + g("torch._utils", "_rebuild_tensor_v2") + "q\x01((" + uni("storage") +
+                  g("torch", "FloatStorage") + uni("0") + uni("cpu") + "K\x01tQq\x02K\x00"s + ones + "q\x03" + ones +
                   "q\x04\x89" + g("collections", "OrderedDict") + ")Rq\x05tR";
-  for (int i = 1; i < n; ++i) p += "h\x01(h\x02K\x00h\x03h\x04\x89h\x05tR";
+  for (int i = 1; i < n; ++i) p += "h\x01(h\x02K\x00h\x03h\x04\x89h\x05tR"s;
   return p + "e.";
 }
 
@@ -134,8 +133,9 @@ TEST_CASE("memory budget: each bomb kind is refused naming the budget or the rec
   lim.max_memory_bytes = 4u << 20;
 
   SUBCASE("deflate bomb: declared size above max_pickle_record_bytes, refused before inflating") {
-    // 16 MiB inflated, declaring it; the record cap is lowered to 1 MiB.
-    safeckpt::Limits l = lim;
+    // 16 MiB inflated, declaring it; the record cap is lowered to 1 MiB
+    // (default budget: the record cap is what refuses it).
+    safeckpt::Limits l;
     l.max_pickle_record_bytes = 1u << 20;
     auto z = bomb_zip(deflate_repeat("\x80\x02", "N0", (16u << 20) - 4, "N."), 16u << 20, 0);
     check_refused(load_with(z, l), "deflate bomb", "max_pickle_record_bytes", "inflates to 16777216 bytes");
@@ -145,9 +145,9 @@ TEST_CASE("memory budget: each bomb kind is refused naming the budget or the rec
     check_refused(load_with(z, lim), "deflate bomb", "max_memory_bytes", "inflated data.pkl");
   }
   SUBCASE("deflate bomb with a lying header: inflating stops at the declared size") {
-    // Declares 1 MiB, would inflate to 512 MiB: malformed once the output
-    // passes 1 MiB (the time spent is that of 1 MiB, not 512).
-    auto z = bomb_zip(deflate_repeat("\x80\x02", "N0", kBombBytes - 4, "N."), 1u << 20, 0);
+    // Declares 1 MiB, would inflate to 64 MiB: malformed once the output
+    // passes 1 MiB (the time spent is that of 1 MiB, not 64).
+    auto z = bomb_zip(deflate_repeat("\x80\x02", "N0", (64u << 20) - 4, "N."), 1u << 20, 0);
     auto r = load_with(z, lim);
     REQUIRE(!r.has_value());
     CHECK_MESSAGE(r.error().code() == ErrorCode::kMalformed, r.error().to_string());
@@ -201,7 +201,9 @@ TEST_CASE("memory budget: each bomb kind is refused naming the budget or the rec
     z.add("data.pkl", views_pickle(3000));
     z.add("data/0", std::string(4, '\0'));
     z.add("version", "3\n");
-    check_refused(load_with(z.finish(), lim), "views bomb", "max_memory_bytes", "tensor metadata");
+    // 3000 such tensors' nodes fit in 4 MiB; their metadata (rank 64: 2 KiB
+    // of sizes and strides each) does not.
+    check_refused(load_with(z.finish(), lim), "views bomb", "max_memory_bytes", "max_memory_bytes");
   }
   SUBCASE("safetensors header: JSON tree charged before parsing") {
     std::string header = "{" + std::string(200000, ' ') + "}";
@@ -251,14 +253,25 @@ TEST_CASE("memory budget: the CLI refuses a 512 MiB deflate bomb under a 1.5 GiB
       std::filesystem::remove_all(d, ec);
     }
   } cleanup{dir};
-  // Declared honestly (512 MiB: above max_pickle_record_bytes), and lying
-  // (declares 60 MiB: within the cap, inflation stops there).
-  const std::pair<const char*, std::uint32_t> bombs[] = {{"honest.pt", static_cast<std::uint32_t>(kBombBytes)},
-                                                         {"lying.pt", 60u << 20}};
-  for (const auto& [name, declared] : bombs) {
-    const auto path = dir / name;
+  // Declared honestly (512 MiB: above max_pickle_record_bytes); lying
+  // (declares 60 MiB: within the cap, inflation stops there); and 60 MiB
+  // declared honestly, whose 31 M NONEs fill the whole default budget with
+  // value nodes (the peak the budget allows, under the rlimit).
+  struct Bomb {
+    const char* name;
+    std::uint64_t inflated;
+    std::uint32_t declared;
+    const char* want;
+  };
+  const Bomb bombs[] = {
+      {"honest.pt", kBombBytes, static_cast<std::uint32_t>(kBombBytes), "max_pickle_record_bytes"},
+      {"lying.pt", kBombBytes, 60u << 20, "inflates to more than"},
+      {"fills_budget.pt", 60u << 20, 60u << 20, "memory budget exceeded"},
+  };
+  for (const Bomb& b : bombs) {
+    const auto path = dir / b.name;
     {
-      auto bytes = none_bomb(declared);
+      auto bytes = bomb_zip(deflate_repeat("\x80\x02", "N0", b.inflated - 4, "N."), b.declared, 0);
       std::ofstream(path, std::ios::binary)
           .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     }
@@ -274,10 +287,9 @@ TEST_CASE("memory budget: the CLI refuses a 512 MiB deflate bomb under a 1.5 GiB
       std::size_t n;
       while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
       const int st = pclose(p);
-      INFO(name << " " << cmd << ": " << out);
+      INFO(b.name << " " << cmd << ": " << out);
       REQUIRE(WIFEXITED(st));
-      const std::string want = declared == kBombBytes ? "max_pickle_record_bytes" : "inflates to more than";
-      CHECK(out.find(want) != std::string::npos);
+      CHECK(out.find(b.want) != std::string::npos);
       // inspect: 2 = refused; scan: 1 = a finding (the loader's refusal).
       CHECK(WEXITSTATUS(st) == (std::string(cmd) == "inspect" ? 2 : 1));
     }
@@ -286,8 +298,8 @@ TEST_CASE("memory budget: the CLI refuses a 512 MiB deflate bomb under a 1.5 GiB
 }
 
 // Survey tool, not a check: with SAFECKPT_MEMBUDGET_PROBE="a.pt b.pt ...",
-// prints the smallest max_memory_bytes (to 1 KiB) each file loads under (the
-// numbers in limits.hpp's survey came from here).
+// prints the smallest max_memory_bytes (to 1 MiB, searched up to 4 GiB) each
+// file loads under (the numbers in limits.hpp's survey came from here).
 TEST_CASE("memory budget: probe (SAFECKPT_MEMBUDGET_PROBE)") {
   const char* env = std::getenv("SAFECKPT_MEMBUDGET_PROBE");
   if (env == nullptr) return;
@@ -300,13 +312,14 @@ TEST_CASE("memory budget: probe (SAFECKPT_MEMBUDGET_PROBE)") {
     at = sp + 1;
     if (path.empty()) continue;
     safeckpt::LoadOptions o;
+    o.limits.max_memory_bytes = 4ull << 30;
     auto full = safeckpt::load(path, o);
     if (!full) {
-      MESSAGE(path << ": does not load under the defaults: " << full.error().to_string());
+      MESSAGE(path << ": does not load with a 4 GiB budget: " << full.error().to_string());
       continue;
     }
     std::uint64_t lo = 0, hi = o.limits.max_memory_bytes;  // lo fails, hi loads
-    while (hi - lo > 1024) {
+    while (hi - lo > (1u << 20)) {
       const std::uint64_t mid = lo + (hi - lo) / 2;
       o.limits.max_memory_bytes = mid;
       if (safeckpt::load(path, o))
