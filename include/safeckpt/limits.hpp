@@ -7,18 +7,47 @@
 // 2-core / 24 GiB CI machine survives a hostile file.
 //
 // Survey the defaults were checked against (every data.pkl in
-// tests/data/corpus/torch-2.11 and torch-1.13, measured with Python's
-// pickletools on 2026-11-29):
+// tests/data/corpus/torch-2.11 and torch-1.13 and ../shared/corpus, measured
+// with Python's pickletools on 2026-11-29 and 2026-12-01):
 //   largest data.pkl 309,142 bytes with 96,017 opcodes, 24,006 memo puts and
 //   3,000 persistent ids (many_tensors.pt: 3000 fp16 tensors); longest
 //   string 70,000 bytes (python_values.pt); deepest MARK nesting 6
 //   (torch-1.13/optimizer_states.pt); most zip entries 3,006.
-// A state_dict pickle costs ~32 opcodes and ~100 bytes per tensor, so even a
-// 100,000-tensor checkpoint stays 20x under max_pickle_ops and the memo cap;
-// the byte, node and storage caps bound memory on a 24 GiB machine.
+// Big realistic files written with Debian's PyTorch 1.13 by
+// bench/membudget_survey.py (2026-12-01; not committed, 32 and 56 MB):
+//   sd_100k.pt, a 100,000-tensor state_dict with transformer-style names:
+//     data.pkl 12,477,346 bytes, 3,000,211 opcodes, 800,006 memo puts;
+//   adam_50k.pt, 50,000 parameters + their Adam state_dict:
+//     data.pkl 17,677,368 bytes, 6,450,382 opcodes, 1,550,033 memo puts.
+// max_memory_bytes needed to load them (SAFECKPT_MEMBUDGET_PROBE in
+// tests/unit/test_membudget.cpp): sd_100k.pt 481 MiB (fits, 6% spare), adam_50k.pt
+// 998 MiB (250,000 tensors: raise max_memory_bytes); many_tensors.pt 16 MiB.
+//
+// Worst-case peak memory of one load() under the default Limits:
+//   max_memory_bytes (512 MiB: everything the parse allocates, charged
+//     before it is allocated; the unit costs in MemoryBudget are upper bounds
+//     of sizeof plus std::vector doubling and malloc headers)
+//   + the file mapping (its pages count in RSS as they are read; a deflate
+//     bomb is only as large as the file)
+//   + transient, not charged: one non-storage record other than data.pkl
+//     being CRC-checked (<= max_pickle_record_bytes = 64 MiB, freed at
+//     once); pop_mark's copy of the stack top (<= the charged stack); a
+//     dict key being built (<= max_string_bytes + 64, freed at once); while
+//     the arena vector grows, its old buffer (<= 1/2 of the node charge,
+//     virtual more than resident); zlib's ~44 KiB inflate state
+//   + fixed: the binary, its libraries and stacks (~60 MB for the CLI).
+// So about 512 + 64 + 256 (arena growth) + 60 MiB ~ 0.9 GiB plus the mapped
+// file: a 1.5 GiB RLIMIT_AS holds it (test_membudget.cpp). Big-endian
+// checkpoints add a byte-swapped copy of their storages (1:1 with the file,
+// not amplified, not charged). scan: each pickle stream parse gets its own
+// budget (the machine's default); at most two are alive at once (a stream
+// and its STOP probe), and the loader's verdict has one more.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "safeckpt/error.hpp"
 
 namespace safeckpt {
 
@@ -35,8 +64,8 @@ struct Limits {
   // Memo entries (PUT/BINPUT/MEMOIZE). The memo is a hash map, so a huge
   // index (LONG_BINPUT 0xFFFFFFFF) costs one entry, never a table of that size.
   std::uint64_t max_memo_entries = 1u << 22;
-  // Value nodes created in total (strings, containers, tensors, ...). Bounds
-  // memory: each node is ~100 bytes, so 16 Mi nodes ~ 1.6 GiB worst case.
+  // Value nodes created in total (strings, containers, tensors, ...). A
+  // count; their memory is charged to max_memory_bytes (kNodeBytes each).
   std::uint64_t max_nodes = 16u << 20;
   // Bytes of one str/bytes/bytearray/LONG literal (bytes, not characters).
   std::uint64_t max_string_bytes = 256ull << 20;
@@ -59,6 +88,20 @@ struct Limits {
   // Zip: bytes one deflated record may inflate to (deflate bomb guard).
   // Storage records are never compressed by PyTorch; data.pkl is small.
   std::uint64_t max_inflated_bytes = 8ull << 30;
+  // Zip: bytes one inflated *pickle* record (data.pkl) may have. Refused
+  // from the declared size before anything is inflated, and the inflater
+  // never writes past the declared size (a lying header stops there). 64 MiB
+  // is 3.6x the largest data.pkl of the survey above (adam_50k.pt, 17.7 MB),
+  // ~200x the largest in the corpora.
+  std::uint64_t max_pickle_record_bytes = 64ull << 20;
+  // Total bytes the parse of one file may allocate, charged to one
+  // MemoryBudget *before* each allocation: the inflated data.pkl, value
+  // nodes (MemoryBudget::kNodeBytes each), their strings and item vectors,
+  // memo entries, the pickle stack and MARK stack, dict/set key indexes,
+  // tensor metadata, and the safetensors header's JSON. 512 MiB holds a
+  // 100,000-tensor state_dict (481 MiB charged, 345 MB real peak RSS) and
+  // keeps the worst case (above) under a 1.5 GiB rlimit; raise it for more.
+  std::uint64_t max_memory_bytes = 512ull << 20;
   // Zip: length of one entry name.
   std::uint64_t max_zip_name_bytes = 4096;
   // Legacy sequential-pickle format: storages in the file.
@@ -66,6 +109,39 @@ struct Limits {
   // Depth of nested value trees when emitting JSON / comparing; iteration is
   // explicit-stack, this only bounds output size for hostile shared graphs.
   std::uint64_t max_output_nodes = 64u << 20;
+};
+
+// The running total of bytes charged against Limits::max_memory_bytes for one
+// load or scan. Every allocation whose size a file controls calls charge()
+// first; nothing is ever released before the parse ends (the charge is a
+// high-water mark), so the sum of charges bounds the peak. Not thread-safe
+// (one parse = one thread).
+class MemoryBudget {
+ public:
+  // Upper bounds of what one unit costs, including std::vector doubling
+  // (x2) and malloc headers; static_asserts in src/pickle/machine.cpp and
+  // src/torch/object_model.cpp keep them above the real sizeof.
+  static constexpr std::uint64_t kNodeBytes = 2 * 104;     // one value Node in the arena
+  static constexpr std::uint64_t kItemBytes = 2 * 4;       // one NodeId in a container / the stack
+  static constexpr std::uint64_t kMarkBytes = 2 * 8;       // one open MARK
+  static constexpr std::uint64_t kMemoEntryBytes = 64;     // one unordered_map<u64, NodeId> node + bucket
+  static constexpr std::uint64_t kKeyEntryBytes = 96;      // one dict-key index entry, plus its text
+  static constexpr std::uint64_t kStringBytes = 32;        // heap header of one string, plus its size
+  static constexpr std::uint64_t kTensorBytes = 2 * 256;   // one TensorInfo, plus 16 bytes per dim
+  static constexpr std::uint64_t kStorageBytes = 2 * 256;  // one StorageInfo + index entry, plus 3x its key
+  static constexpr std::uint64_t kJsonBytesPerByte = 32;   // nlohmann::json tree per header byte
+
+  explicit MemoryBudget(std::uint64_t cap) noexcept : cap_(cap) {}
+  // Adds `bytes` for `what`. Errors: kLimitExceeded "memory budget exceeded:
+  // <what> needs N more bytes, U of max_memory_bytes = C already charged"
+  // (the total is left unchanged).
+  Status charge(std::uint64_t bytes, std::string_view what);
+  std::uint64_t used() const noexcept { return used_; }
+  std::uint64_t cap() const noexcept { return cap_; }
+
+ private:
+  std::uint64_t cap_;
+  std::uint64_t used_ = 0;
 };
 
 // Small limits for fuzzers and tests (fast runs, small memory); most corpus

@@ -40,6 +40,12 @@
 //     pickles back to back).
 // No recursion on input-shaped data; every length is checked against Limits
 // and the bytes remaining before anything is allocated.
+// Memory: every value node, string, container item, memo entry, stack slot,
+// MARK and dict/set key index entry is charged to the run's MemoryBudget
+// (limits.max_memory_bytes; unit costs in limits.hpp) before it is made.
+// Nodes a hook adds are charged when the hook returns (a hook adds a few
+// nodes, or copies one container of at most max_container_items), and
+// hooks charge their own side tables through OpContext::budget.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +65,10 @@ struct OpContext {
   std::uint64_t offset;     // byte offset of the opcode in the stream
   std::string_view opcode;  // opcode name
   int protocol;             // protocol in effect (PROTO or 0)
+  // The run's memory budget (never null when the machine calls a hook):
+  // hooks charge what they allocate beyond value nodes (tensor metadata,
+  // array buffers) before allocating it.
+  MemoryBudget* budget = nullptr;
 };
 
 // Everything a scanner wants to know, emitted whether or not the operation
@@ -116,6 +126,11 @@ struct PickleOptions {
   // kObject placeholder for the refused result) so every import and call is
   // reported. The run still fails with the FIRST policy error.
   bool continue_after_policy_error = false;
+  // Charged for everything the run allocates (limits.max_memory_bytes):
+  // share one budget across the streams and records of one file. Null: the
+  // run uses its own budget of limits.max_memory_bytes. Borrowed; must
+  // outlive the call.
+  MemoryBudget* budget = nullptr;
 };
 
 struct PickleResult {

@@ -68,6 +68,10 @@ std::uint32_t safetensors_dtype_bits(std::string_view name) noexcept;
 struct SafetensorsOptions {
   Limits limits;
   // Cap on the JSON header (bytes); the reference refuses above 100 MB.
+  // The parsed tree is also charged to limits.max_memory_bytes before it is
+  // built (MemoryBudget::kJsonBytesPerByte per header byte, plus kTensorBytes
+  // per tensor): under the default budget a header above ~16 MiB is
+  // kLimitExceeded ("memory budget exceeded: safetensors header JSON ...").
   std::uint64_t max_header_bytes = 100'000'000;
   // Cap on the distinct shard files a sharded index may name (each stays
   // open and mapped for the Checkpoint's lifetime: one descriptor each).

@@ -125,6 +125,15 @@ class ZipArchive {
   // Errors: kMalformed (inflate error, size mismatch, CRC mismatch — message
   // names the record and both CRCs), kLimitExceeded, kUnsupported (method).
   Result<RecordBytes> read(const ZipEntry& e, bool verify_crc) const;
+  // Same, with a tighter cap for a deflated record: min(max_bytes,
+  // limits.max_inflated_bytes), named `cap_name` (a Limits field, e.g.
+  // "max_pickle_record_bytes") in the kLimitExceeded message. The declared
+  // uncompressed size is checked before anything is allocated or inflated,
+  // and inflating stops as soon as the output would pass the declared size
+  // (kMalformed), so the work is bounded by the cap, not by what the stream
+  // could expand to. Stored records are borrowed and not capped here.
+  Result<RecordBytes> read(const ZipEntry& e, bool verify_crc, std::uint64_t max_bytes,
+                           std::string_view cap_name) const;
 
   // Reports every anomaly as one kMalformed error (first anomaly in the
   // message, count of the others), or ok if there is none.

@@ -616,7 +616,9 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
     if (!is_pickle_name(e.name)) continue;
     done[e.index] = true;
     ++rep.members;
-    auto rb = zip.read(e, true);
+    // Pickle members are inflated under max_pickle_record_bytes (a deflate
+    // bomb is refused from its declared size, before inflating).
+    auto rb = zip.read(e, true, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
     if (!rb) {
       const bool crc = rb.error().message().find("CRC") != std::string::npos;
       if (crc) {
@@ -624,7 +626,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
             "PyTorch does not check CRCs and reads these bytes; Python's zipfile (and scanners built on it) "
             "refuses them (CVE-2025-10156). Scanned as PyTorch reads them",
             e.local_header_offset);
-        rb = zip.read(e, false);
+        rb = zip.read(e, false, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
       }
       if (!rb) {
         add_error(rb.error(), prefix + e.name, -1, 0, "the member could not be read: it was not examined");
@@ -677,7 +679,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
           kIncompleteWhy);
       continue;
     }
-    auto rb = zip.read(e, true);
+    auto rb = zip.read(e, true, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
     if (!rb) {
       add_error(rb.error(), prefix + e.name, -1, 0, "the member could not be read: it was not examined");
       continue;
@@ -755,7 +757,7 @@ void Scanner::scan_plain_zip(Bytes data, const std::string& member, int depth) {
     std::vector<std::uint8_t> inflated;
     Bytes body = raw;
     if (method == 8) {
-      if (usize > std::min(opt_.limits.max_inflated_bytes, opt_.limits.max_pickle_bytes)) {
+      if (usize > std::min(opt_.limits.max_inflated_bytes, opt_.limits.max_pickle_record_bytes)) {
         add(Rule::kLimit, Severity::kHigh, prefix + name, "member inflates to more than the limit", kIncompleteWhy,
             lho);
         continue;

@@ -29,7 +29,7 @@ class LegacyStorages final : public StorageProvider {
  public:
   LegacyStorages(TorchTables& t, const Limits& l) : t_(t), lim_(l) {}
   Result<std::uint32_t> storage(std::string_view key, DType dtype, std::uint64_t nbytes, std::string_view location,
-                                const OpContext&) override {
+                                const OpContext& ctx) override {
     if (auto it = index_.find(key); it != index_.end()) {
       const StorageInfo& s = t_.storages[it->second];
       if (s.dtype != dtype || s.nbytes != nbytes)
@@ -38,6 +38,8 @@ class LegacyStorages final : public StorageProvider {
     }
     if (t_.storages.size() >= lim_.max_legacy_storages)
       return make_error(ErrorCode::kLimitExceeded, "more than max_legacy_storages storages");
+    if (ctx.budget != nullptr)
+      SAFECKPT_CHECK(ctx.budget->charge(MemoryBudget::kStorageBytes + 3 * key.size(), "storage metadata"));
     if (nbytes > lim_.max_total_storage_bytes - total_)
       return make_error(ErrorCode::kLimitExceeded, "storages exceed max_total_storage_bytes");
     total_ += nbytes;
@@ -75,10 +77,14 @@ Result<Checkpoint> load_legacy(LoadBuilder& b, Bytes file, const LoadOptions& op
   TorchTables tables;
   LegacyStorages storages(tables, opt.limits);
   TorchHooks hooks(b.arena(), tables, allow, &storages, opt.limits, PidForm::kLegacy);
+  // One budget for the five streams (they share the arena). Storage data
+  // stays in the mapped file: nothing to charge for it.
+  MemoryBudget budget(opt.limits.max_memory_bytes);
   std::uint64_t pos = 0;
   auto next = [&](const char* name) -> Result<NodeId> {
     PickleOptions po;
     po.limits = opt.limits;
+    po.budget = &budget;
     po.record = std::string("legacy ") + name + " pickle";
     // Each stream is parsed from here to its STOP; storage data follows the
     // last ones, so cap the span rather than the file (a multi-GiB legacy

@@ -9,6 +9,10 @@
 //  3. `byteorder` absent -> little; present -> exactly "little" or "big".
 //  4. data.pkl is unpickled with 5-tuple storage pids; storage `key` is the
 //     record `data/<key>`, which must exist and be exactly nbytes long.
+// Memory (limits.hpp): one MemoryBudget per load is charged for the inflated
+// data.pkl (declared size, before inflating), deflated storage records (kept
+// in memory), and everything the pickle run allocates. Records other than
+// storages are inflated at most max_pickle_record_bytes at a time (transient).
 #include <cstring>
 #include <unordered_map>
 
@@ -20,14 +24,17 @@
 namespace safeckpt {
 namespace {
 
+// The budget's per-storage charge must stay an upper bound of the real cost.
+static_assert(2 * sizeof(StorageInfo) <= MemoryBudget::kStorageBytes);
+
 class ZipStorages final : public StorageProvider {
  public:
   ZipStorages(const ZipArchive& zip, TorchTables& tables, LoadBuilder& b, bool big_endian, bool verify_crc,
-              const Limits& limits)
-      : zip_(zip), t_(tables), b_(b), big_(big_endian), verify_(verify_crc), lim_(limits) {}
+              const Limits& limits, MemoryBudget& budget)
+      : zip_(zip), t_(tables), b_(b), big_(big_endian), verify_(verify_crc), lim_(limits), budget_(budget) {}
 
   Result<std::uint32_t> storage(std::string_view key, DType dtype, std::uint64_t nbytes, std::string_view location,
-                                const OpContext&) override {
+                                const OpContext& ctx) override {
     if (auto it = by_key_.find(std::string(key)); it != by_key_.end()) {
       const StorageInfo& s = t_.storages[it->second];
       if (s.dtype != dtype || s.nbytes != nbytes)
@@ -46,7 +53,12 @@ class ZipStorages final : public StorageProvider {
                                                    std::to_string(nbytes) + " (numel x element size; CVE-2026-24747)");
     if (nbytes > lim_.max_total_storage_bytes - total_)
       return make_error(ErrorCode::kLimitExceeded, "storages exceed max_total_storage_bytes");
+    if (ctx.budget != nullptr)
+      SAFECKPT_CHECK(ctx.budget->charge(MemoryBudget::kStorageBytes + 3 * key.size(), "storage metadata"));
     total_ += nbytes;
+    // A deflated record (torch.save never writes one) is held in memory:
+    // charged before it is inflated (deflate amplifies up to 1032:1).
+    if (e->method != 0) SAFECKPT_CHECK(budget_.charge(nbytes, "deflated storage record"));
     // A deflated record is inflated into memory anyway, so its CRC is
     // checked whatever verify_storage_crc says (nothing to save by skipping).
     SAFECKPT_TRY(RecordBytes rb, zip_.read(*e, verify_ || e->method != 0));
@@ -78,6 +90,7 @@ class ZipStorages final : public StorageProvider {
   bool big_;
   bool verify_;
   const Limits& lim_;
+  MemoryBudget& budget_;
   std::uint64_t total_ = 0;
 };
 
@@ -100,8 +113,10 @@ class RefusedGlobals final : public PickleObserver {
   const Allowlist& allow_;
 };
 
+// `budget`: the load's (the first run's arena is still alive), so this second
+// run stops, with the names found so far, when the budget is spent.
 Error name_all_refused(Error e, Bytes pickle, StorageProvider* provider, TorchTables& tables, PidForm form,
-                       const LoadOptions& opt, const Allowlist& allow) {
+                       const LoadOptions& opt, const Allowlist& allow, MemoryBudget& budget) {
   if (!is_policy_error(e.code())) return e;
   ValueArena arena;
   TorchHooks hooks(arena, tables, allow, provider, opt.limits, form);
@@ -109,6 +124,7 @@ Error name_all_refused(Error e, Bytes pickle, StorageProvider* provider, TorchTa
   PickleOptions po;
   po.limits = opt.limits;
   po.continue_after_policy_error = true;
+  po.budget = &budget;
   (void)run_pickle(pickle, arena, hooks, &seen, po);
   if (seen.names.size() > 1) {
     std::string all;
@@ -173,26 +189,35 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
   // no use for it (.format_version, .storage_alignment, serialization_id, ...):
   // a damaged archive is refused whole, so the loader and the scanner agree.
   const std::string data_prefix = zip.root() + "/data/";
+  // Those records are small metadata; a deflated one is inflated (then
+  // freed) under max_pickle_record_bytes, so none can be a deflate bomb.
+  // data.pkl itself is read (CRC-checked) below, once, after its budget charge.
   for (const ZipEntry& e : zip.entries()) {
-    if (e.name.rfind(data_prefix, 0) == 0) continue;
-    SAFECKPT_CHECK(zip.read(e, true));
+    if (e.name.rfind(data_prefix, 0) == 0 || &e == pkl) continue;
+    SAFECKPT_CHECK(zip.read(e, true, opt.limits.max_pickle_record_bytes, "max_pickle_record_bytes"));
   }
   if (pkl->uncompressed_size > opt.limits.max_pickle_bytes)
     return make_error(ErrorCode::kLimitExceeded, "data.pkl larger than max_pickle_bytes", Location{pkl->name});
-  SAFECKPT_TRY(RecordBytes pbytes, zip.read(*pkl, true));
+  MemoryBudget budget(opt.limits.max_memory_bytes);
+  if (pkl->method != 0) {
+    Status st = budget.charge(pkl->uncompressed_size, "inflated data.pkl");
+    if (!st) return unexpected(std::move(st).error().at_record(pkl->name));
+  }
+  SAFECKPT_TRY(RecordBytes pbytes, zip.read(*pkl, true, opt.limits.max_pickle_record_bytes, "max_pickle_record_bytes"));
 
   TorchTables tables;
-  ZipStorages storages(zip, tables, b, big, opt.verify_storage_crc, opt.limits);
+  ZipStorages storages(zip, tables, b, big, opt.verify_storage_crc, opt.limits, budget);
   TorchHooks hooks(b.arena(), tables, allow, &storages, opt.limits, PidForm::kZip);
   PickleOptions po;
   po.limits = opt.limits;
   po.record = pkl->name;
+  po.budget = &budget;
   auto run = run_pickle(pbytes.bytes, b.arena(), hooks, nullptr, po);
   if (!run) {
     TorchTables scratch;
-    ZipStorages again(zip, scratch, b, big, false, opt.limits);
+    ZipStorages again(zip, scratch, b, big, false, opt.limits, budget);
     return unexpected(
-        name_all_refused(std::move(run).error(), pbytes.bytes, &again, scratch, PidForm::kZip, opt, allow));
+        name_all_refused(std::move(run).error(), pbytes.bytes, &again, scratch, PidForm::kZip, opt, allow, budget));
   }
   PickleResult pr = *run;
   if (pr.end_offset != pbytes.bytes.size())
@@ -203,13 +228,16 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
 Result<Checkpoint> load_bare_pickle(LoadBuilder& b, Bytes file, const LoadOptions& opt, const Allowlist& allow) {
   TorchTables tables;
   TorchHooks hooks(b.arena(), tables, allow, nullptr, opt.limits, PidForm::kZip);
+  MemoryBudget budget(opt.limits.max_memory_bytes);
   PickleOptions po;
   po.limits = opt.limits;
   po.record = "<pickle>";
+  po.budget = &budget;
   auto run = run_pickle(file, b.arena(), hooks, nullptr, po);
   if (!run) {
     TorchTables scratch;
-    return unexpected(name_all_refused(std::move(run).error(), file, nullptr, scratch, PidForm::kZip, opt, allow));
+    return unexpected(
+        name_all_refused(std::move(run).error(), file, nullptr, scratch, PidForm::kZip, opt, allow, budget));
   }
   PickleResult pr = *run;
   if (pr.end_offset != file.size())

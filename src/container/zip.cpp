@@ -373,12 +373,16 @@ class Inflater {
 // e.uncompressed_size bytes. The buffer grows with the real output (doubling),
 // so a lying uncompressed_size cannot make us allocate more than the stream
 // produces (plus a factor of 2).
-Result<RecordBytes> inflate_record(Bytes in, const ZipEntry& e, std::uint64_t cap) {
+// The declared size is checked against `cap` (named `cap_name` in the error)
+// before anything is allocated or inflated, and the output never grows past
+// the declared size, so a lying header stops there: the work done is
+// proportional to min(cap, declared size) whatever the stream would expand to.
+Result<RecordBytes> inflate_record(Bytes in, const ZipEntry& e, std::uint64_t cap, std::string_view cap_name) {
   const std::uint64_t usize = e.uncompressed_size;
   if (usize > cap) {
     return fail(ErrorCode::kLimitExceeded,
-                "record " + quote_name(e.name) + " inflates to " + std::to_string(usize) +
-                    " bytes, above limits.max_inflated_bytes = " + std::to_string(cap),
+                "record " + quote_name(e.name) + " inflates to " + std::to_string(usize) + " bytes, above limits." +
+                    std::string(cap_name) + " = " + std::to_string(cap),
                 e.data_offset, e.name);
   }
   if (usize / kMaxDeflateRatio > in.size() + 1) {
@@ -841,7 +845,12 @@ const ZipEntry* ZipArchive::find(std::string_view name_under_root) const {
   return &entries_[*it];
 }
 
-Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const try {
+Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const {
+  return read(e, verify_crc, limits_.max_inflated_bytes, "max_inflated_bytes");
+}
+
+Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc, std::uint64_t max_bytes,
+                                     std::string_view cap_name) const try {
   if (!in_bounds(file_.size(), e.data_offset, e.compressed_size)) {
     return fail(ErrorCode::kInvalidArgument, "entry " + quote_name(e.name) + " does not belong to this archive",
                 e.data_offset, e.name);
@@ -851,7 +860,8 @@ Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const t
   if (e.method == kMethodStored) {
     r.bytes = raw;
   } else if (e.method == kMethodDeflate) {
-    SAFECKPT_TRY(r, inflate_record(raw, e, limits_.max_inflated_bytes));
+    SAFECKPT_TRY(r, inflate_record(raw, e, std::min(max_bytes, limits_.max_inflated_bytes),
+                                   max_bytes < limits_.max_inflated_bytes ? cap_name : "max_inflated_bytes"));
   } else {
     return fail(ErrorCode::kUnsupported,
                 "record " + quote_name(e.name) + " uses compression method " + std::to_string(e.method) +

@@ -121,6 +121,7 @@ int hex_value(char c) {
 // codecs.escape_decode (the STRING opcode's argument, without the quotes).
 std::optional<std::string> escape_decode(std::string_view in) {
   std::string out;
+  out.reserve(in.size());  // output <= input: one allocation, charged by the caller
   for (std::size_t i = 0; i < in.size(); ++i) {
     char c = in[i];
     if (c != '\\') {
@@ -168,6 +169,7 @@ std::optional<std::string> escape_decode(std::string_view in) {
 // escapes, every other byte is a Latin-1 code point.
 std::optional<std::string> raw_unicode_escape_decode(std::string_view in) {
   std::string out;
+  out.reserve(2 * in.size());  // <= 2 UTF-8 bytes per input byte: one allocation, charged by the caller
   for (std::size_t i = 0; i < in.size(); ++i) {
     auto c = static_cast<unsigned char>(in[i]);
     if (c == '\\' && i + 1 < in.size() && (in[i + 1] == 'u' || in[i + 1] == 'U')) {
@@ -207,10 +209,24 @@ bool parse_decimal_int(std::string_view s, std::string& digits_out, bool& neg) {
   return true;
 }
 
+// The unit costs charged to the budget must stay upper bounds of the real ones.
+static_assert(2 * sizeof(Node) <= MemoryBudget::kNodeBytes);
+static_assert(2 * sizeof(NodeId) <= MemoryBudget::kItemBytes);
+static_assert(2 * sizeof(std::size_t) <= MemoryBudget::kMarkBytes);
+static_assert(sizeof(std::string) <= MemoryBudget::kStringBytes);
+
 class Machine {
  public:
   Machine(Bytes data, ValueArena& arena, PickleHooks& hooks, PickleObserver* obs, const PickleOptions& opt)
-      : d_(data), arena_(arena), hooks_(hooks), obs_(obs), opt_(opt), lim_(opt.limits) {}
+      : d_(data),
+        arena_(arena),
+        hooks_(hooks),
+        obs_(obs),
+        opt_(opt),
+        lim_(opt.limits),
+        own_budget_(opt.limits.max_memory_bytes),
+        budget_(opt.budget != nullptr ? *opt.budget : own_budget_),
+        charged_nodes_(arena.size()) {}
 
   Result<PickleResult> run();
 
@@ -233,7 +249,33 @@ class Machine {
     if (!first_policy_error_) first_policy_error_ = std::move(e);
     return {};
   }
-  OpContext ctx() const { return OpContext{opt_.record, op_offset_, opcode_name(op_), protocol_}; }
+  OpContext ctx() { return OpContext{opt_.record, op_offset_, opcode_name(op_), protocol_, &budget_}; }
+
+  // ---- memory budget --------------------------------------------------------
+  Status charge(std::uint64_t bytes, const char* what) {
+    auto st = budget_.charge(bytes, what);
+    if (!st) return unexpected(with_context(std::move(st).error()));
+    return {};
+  }
+  static std::uint64_t text_cost(const std::string& t) {
+    return t.capacity() < sizeof(std::string) ? 0 : t.capacity() + MemoryBudget::kStringBytes;
+  }
+  static std::uint64_t node_cost(const Node& n, bool text_charged) {
+    return MemoryBudget::kNodeBytes + (text_charged ? 0 : text_cost(n.text)) +
+           n.items.capacity() * MemoryBudget::kItemBytes;
+  }
+  // Charges the nodes hooks added since the last call (the machine's own
+  // nodes are charged before they are added).
+  Status charge_hook_nodes() {
+    for (; charged_nodes_ < arena_.size(); ++charged_nodes_)
+      SAFECKPT_CHECK(
+          charge(node_cost(arena_[static_cast<NodeId>(charged_nodes_)], false), "value nodes made by hooks"));
+    return {};
+  }
+  // A string of `n` bytes about to be allocated.
+  Status charge_text(std::uint64_t n, const char* what) {
+    return charge(n < sizeof(std::string) ? 0 : n + MemoryBudget::kStringBytes, what);
+  }
 
   // ---- reading --------------------------------------------------------------
   Result<Bytes> read(std::size_t n) {
@@ -284,11 +326,16 @@ class Machine {
   }
 
   // ---- nodes and stack ----------------------------------------------------
-  Result<NodeId> add(Node n) {
+  // text_charged: the caller charged the node's text before building it.
+  Result<NodeId> add(Node n, bool text_charged = false) {
     if (arena_.size() >= lim_.max_nodes)
       return fail(ErrorCode::kLimitExceeded, "more than max_nodes (" + std::to_string(lim_.max_nodes) + ") values");
+    SAFECKPT_CHECK(charge_hook_nodes());
+    SAFECKPT_CHECK(charge(node_cost(n, text_charged), "value node"));
     try {
-      return arena_.add(std::move(n));
+      NodeId id = arena_.add(std::move(n));
+      charged_nodes_ = arena_.size();
+      return id;
     } catch (const std::bad_alloc&) {
       return fail(ErrorCode::kLimitExceeded, "out of memory building values");
     }
@@ -296,11 +343,15 @@ class Machine {
   Status push(NodeId id) {
     if (stack_.size() >= lim_.max_stack_depth)
       return fail(ErrorCode::kLimitExceeded, "pickle stack deeper than max_stack_depth");
+    if (stack_.size() >= stack_charged_) {
+      SAFECKPT_CHECK(charge(MemoryBudget::kItemBytes, "pickle stack"));
+      ++stack_charged_;
+    }
     stack_.push_back(id);
     return {};
   }
-  Status push_new(Node n) {
-    SAFECKPT_TRY(NodeId id, add(std::move(n)));
+  Status push_new(Node n, bool text_charged = false) {
+    SAFECKPT_TRY(NodeId id, add(std::move(n), text_charged));
     return push(id);
   }
   std::size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
@@ -372,13 +423,15 @@ class Machine {
   Status do_additems(NodeId target, const std::vector<NodeId>& items);
   Status do_append(NodeId target, const std::vector<NodeId>& items);
   Status push_int_text(std::string_view line, bool is_long);
+  // `s` was charged by the caller (charge_text) before it was built.
   Status push_string(std::string s, Kind k) {
     Node n;
     n.kind = k;
     n.text = std::move(s);
-    return push_new(std::move(n));
+    return push_new(std::move(n), true);
   }
   Status push_utf8(Bytes b, bool surrogatepass) {
+    SAFECKPT_CHECK(charge_text(b.size(), "string"));
     std::string s(reinterpret_cast<const char*>(b.data()), b.size());
     if (!valid_utf8(s, surrogatepass)) return malformed("string is not valid UTF-8");
     return push_string(std::move(s), Kind::kStr);
@@ -404,7 +457,10 @@ class Machine {
       n.i = static_cast<std::int64_t>(u);
     } else {
       n.kind = Kind::kBigInt;
+      // bigint_decimal holds n bytes of limbs and <= 2.5 digits per byte.
+      SAFECKPT_CHECK(charge_text(4 * b.size() + 16, "long integer"));
       n.text = bigint_decimal(b.data(), b.size());
+      return push_new(std::move(n), true);
     }
     return push_new(std::move(n));
   }
@@ -420,6 +476,7 @@ class Machine {
     if (it == memo_.end()) {
       if (memo_.size() >= lim_.max_memo_entries)
         return fail(ErrorCode::kLimitExceeded, "more than max_memo_entries memo entries");
+      SAFECKPT_CHECK(charge(MemoryBudget::kMemoEntryBytes, "memo entry"));
       memo_.emplace(idx, v);
     } else {
       it->second = v;
@@ -438,6 +495,11 @@ class Machine {
   PickleObserver* obs_;
   const PickleOptions& opt_;
   const Limits& lim_;
+  MemoryBudget own_budget_;
+  MemoryBudget& budget_;
+  std::size_t charged_nodes_;      // arena nodes below this index are charged
+  std::size_t stack_charged_ = 0;  // stack slots charged (high-water mark)
+  std::size_t marks_charged_ = 0;  // MARK slots charged (high-water mark)
   std::size_t pos_ = 0;
   std::size_t frame_end_ = 0;  // 0 = not inside a frame
   std::uint8_t op_ = 0;
@@ -452,6 +514,7 @@ class Machine {
 };
 
 Status Machine::do_global(std::string_view module, std::string_view name) {
+  SAFECKPT_CHECK(charge_text(2 * (module.size() + name.size() + 1), "global name"));
   std::string canon = canonical_global_name(module, name, protocol_);
   bool dotted = name.find('.') != std::string_view::npos;
   emit(PickleEvent::Type::kImport, canon, std::string(module), std::string(name), false, dotted);
@@ -466,6 +529,7 @@ Status Machine::do_global(std::string_view module, std::string_view name) {
     return push_new(std::move(g));
   }
   auto r = hooks_.resolve_global(canon, ctx());
+  SAFECKPT_CHECK(charge_hook_nodes());
   if (r) return push(*r);
   SAFECKPT_CHECK(policy(std::move(r).error()));
   Node g;
@@ -485,6 +549,7 @@ Status Machine::do_call(NodeId callable, NodeId args) {
     return push(ph);
   }
   auto r = op_ == op::kNewObj ? hooks_.new_object(callable, args, ctx()) : hooks_.call(callable, args, ctx());
+  SAFECKPT_CHECK(charge_hook_nodes());
   if (r) return push(*r);
   if (!is_policy_error(r.error().code())) return unexpected(with_context(std::move(r).error()));
   SAFECKPT_CHECK(policy(std::move(r).error()));
@@ -499,6 +564,7 @@ Status Machine::do_append(NodeId target, const std::vector<NodeId>& items) {
         Error(ErrorCode::kDisallowedOperation, "Can only append to lists, but got " + std::string(kind_name(t.kind))));
   if (items.size() > lim_.max_container_items - std::min<std::uint64_t>(lim_.max_container_items, t.items.size()))
     return fail(ErrorCode::kLimitExceeded, "list with more than max_container_items items");
+  SAFECKPT_CHECK(charge(items.size() * MemoryBudget::kItemBytes, "list items"));
   t.items.insert(t.items.end(), items.begin(), items.end());
   return {};
 }
@@ -518,6 +584,7 @@ Status Machine::do_setitems(NodeId target, const std::vector<NodeId>& kv) {
       SAFECKPT_CHECK(policy(std::move(key).error()));
       continue;
     }
+    SAFECKPT_CHECK(charge(MemoryBudget::kKeyEntryBytes + key->size() + 2 * MemoryBudget::kItemBytes, "dict item"));
     auto slot = keys_.find_or_insert(target, *key, arena_[target].items.size() / 2);
     if (keys_.stored_bytes() > lim_.max_string_bytes)
       return fail(ErrorCode::kLimitExceeded, "dict keys exceed max_string_bytes in total");
@@ -547,6 +614,7 @@ Status Machine::do_additems(NodeId target, const std::vector<NodeId>& items) {
       SAFECKPT_CHECK(policy(std::move(key).error()));
       continue;
     }
+    SAFECKPT_CHECK(charge(MemoryBudget::kKeyEntryBytes + key->size() + MemoryBudget::kItemBytes, "set item"));
     auto slot = keys_.find_or_insert(target, *key, arena_[target].items.size());
     if (keys_.stored_bytes() > lim_.max_string_bytes)
       return fail(ErrorCode::kLimitExceeded, "set members exceed max_string_bytes in total");
@@ -584,8 +652,9 @@ Status Machine::push_int_text(std::string_view line, bool is_long) {
   if (neg && digits == "9223372036854775808") return push_int(INT64_MIN);
   Node n;
   n.kind = Kind::kBigInt;
+  SAFECKPT_CHECK(charge_text(digits.size() + 1, "long integer"));
   n.text = (neg && digits != "0" ? "-" : "") + digits;
-  return push_new(std::move(n));
+  return push_new(std::move(n), true);
 }
 
 Result<PickleResult> Machine::run() {
@@ -626,12 +695,17 @@ Result<PickleResult> Machine::run() {
         if (stack_.size() != 1)
           return malformed("STOP with " + std::to_string(stack_.size()) + " values on the stack (expected 1)");
         if (frame_end_ != 0 && pos_ != frame_end_) return malformed("STOP before the end of the current FRAME");
+        SAFECKPT_CHECK(charge_hook_nodes());
         if (first_policy_error_) return unexpected(std::move(*first_policy_error_));
         return PickleResult{stack_.back(), pos_, max_protocol_};
       }
       case op::kMark:
         if (marks_.size() >= lim_.max_mark_depth)
           return fail(ErrorCode::kLimitExceeded, "MARK nesting exceeds max_mark_depth");
+        if (marks_.size() >= marks_charged_) {
+          SAFECKPT_CHECK(charge(MemoryBudget::kMarkBytes, "MARK stack"));
+          ++marks_charged_;
+        }
         marks_.push_back(stack_.size());
         break;
       case op::kPop:
@@ -745,6 +819,7 @@ Result<PickleResult> Machine::run() {
       }
       case op::kUnicode: {
         SAFECKPT_TRY(auto line, read_line());
+        SAFECKPT_CHECK(charge_text(2 * line.size(), "string"));
         auto s = raw_unicode_escape_decode(line);
         if (!s) return malformed("invalid raw-unicode-escape in UNICODE argument");
         SAFECKPT_CHECK(push_string(std::move(*s), Kind::kStr));
@@ -754,6 +829,7 @@ Result<PickleResult> Machine::run() {
         SAFECKPT_TRY(auto line, read_line());
         if (line.size() < 2 || line.front() != line.back() || (line.front() != '\'' && line.front() != '"'))
           return malformed("the STRING opcode argument must be quoted");
+        SAFECKPT_CHECK(charge_text(line.size(), "string"));
         auto s = escape_decode(line.substr(1, line.size() - 2));
         if (!s) return malformed("invalid \\ escape in STRING argument");
         if (!valid_utf8(*s, false)) return malformed("py2 str is not valid UTF-8 (torch.load uses encoding='utf-8')");
@@ -795,6 +871,7 @@ Result<PickleResult> Machine::run() {
           if (!st) SAFECKPT_CHECK(policy(std::move(st).error()));
           k = Kind::kByteArray;
         }
+        SAFECKPT_CHECK(charge_text(b.size(), "bytes"));
         SAFECKPT_CHECK(push_string(std::string(reinterpret_cast<const char*>(b.data()), b.size()), k));
         break;
       }
@@ -1015,6 +1092,7 @@ Result<PickleResult> Machine::run() {
         emit(PickleEvent::Type::kBuild, callee_name(obj));
         if (is_refused(obj)) break;
         auto st = hooks_.build(obj, state, ctx());
+        SAFECKPT_CHECK(charge_hook_nodes());
         if (!st) {
           if (!is_policy_error(st.error().code())) return unexpected(with_context(std::move(st).error()));
           SAFECKPT_CHECK(policy(std::move(st).error()));
@@ -1025,6 +1103,7 @@ Result<PickleResult> Machine::run() {
         SAFECKPT_TRY(NodeId pid, pop());
         emit(PickleEvent::Type::kPersistentId, "");
         auto r = hooks_.persistent_load(pid, ctx());
+        SAFECKPT_CHECK(charge_hook_nodes());
         if (r) {
           SAFECKPT_CHECK(push(*r));
         } else {

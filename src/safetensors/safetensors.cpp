@@ -178,6 +178,14 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
   std::string_view text(reinterpret_cast<const char*>(b.data() + 8), static_cast<std::size_t>(n));
   if (text[0] != '{') return malformed("header does not start with '{'");
   if (!valid_utf8(text)) return malformed("header is not valid UTF-8");
+  // The JSON tree is charged to limits.max_memory_bytes before it is built
+  // (MemoryBudget::kJsonBytesPerByte bounds the tree per header byte), and
+  // so is each tensor's metadata as it is listed.
+  MemoryBudget budget(opt.limits.max_memory_bytes);
+  {
+    Status st = budget.charge(n * MemoryBudget::kJsonBytesPerByte, "safetensors header JSON");
+    if (!st) return unexpected(std::move(st).error());
+  }
   // Depth: root object (1) > tensor entry / __metadata__ (2) > shape,
   // data_offsets arrays (3).
   SAFECKPT_TRY(json root, parse_strict_json(text, 3, "header"));
@@ -202,6 +210,10 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
     if (ts.size() >= opt.limits.max_tensors)
       return make_error(ErrorCode::kLimitExceeded,
                         "safetensors: more than max_tensors " + std::to_string(opt.limits.max_tensors) + " tensors");
+    {
+      Status st = budget.charge(MemoryBudget::kTensorBytes + 2 * key.size(), "safetensors tensor metadata");
+      if (!st) return unexpected(std::move(st).error());
+    }
     auto where = [&](const std::string& what) { return "tensor \"" + key + "\": " + what; };
     if (!v.is_object()) return malformed(where("entry is not an object"));
     for (auto m = v.begin(); m != v.end(); ++m)

@@ -42,10 +42,25 @@ Result<NodeId> TorchHooks::add(Node n) {
   return arena_.add(std::move(n));
 }
 
+// The budget's per-tensor charge must stay an upper bound of the real cost.
+static_assert(2 * sizeof(TensorInfo) <= MemoryBudget::kTensorBytes);
+
+Status TorchHooks::charge(std::uint64_t bytes, const char* what) {
+  if (budget_ == nullptr) return {};
+  return budget_->charge(bytes, what);
+}
+
+Status TorchHooks::charge_tensor(const TensorInfo& t) {
+  return charge(MemoryBudget::kTensorBytes + 2 * sizeof(std::int64_t) * (t.shape.size() + t.stride.size()) +
+                    4 * t.sparse_parts.size() + t.device.size(),
+                "tensor metadata");
+}
+
 Result<NodeId> TorchHooks::add_tensor(TensorInfo t) {
   if (t_.tensors.size() >= lim_.max_tensors)
     return make_error(ErrorCode::kLimitExceeded,
                       "more than max_tensors (" + std::to_string(lim_.max_tensors) + ") tensors");
+  SAFECKPT_CHECK(charge_tensor(t));
   t_.tensors.push_back(std::move(t));
   Node n;
   n.kind = Kind::kTensor;
@@ -489,6 +504,7 @@ Result<NodeId> TorchHooks::make_device(const std::vector<NodeId>& v) {
 }
 
 Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext& ctx) {
+  budget_ = ctx.budget;
   const AllowEntry* e = entry_of(callable);
   if (e == nullptr)
     return make_error(ErrorCode::kDisallowedOperation,
@@ -675,6 +691,7 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
 }
 
 Result<NodeId> TorchHooks::new_object(NodeId cls, NodeId args, const OpContext& ctx) {
+  budget_ = ctx.budget;
   const AllowEntry* e = entry_of(cls);
   if (e != nullptr && e->builtin == Builtin::kParameter) return call(cls, args, ctx);
   if (e != nullptr && e->user) {
@@ -694,7 +711,8 @@ Result<NodeId> TorchHooks::new_object(NodeId cls, NodeId args, const OpContext& 
           (arena_[cls].kind == Kind::kGlobal ? arena_[cls].text : std::string(kind_name(arena_[cls].kind))));
 }
 
-Status TorchHooks::build(NodeId obj, NodeId state, const OpContext&) {
+Status TorchHooks::build(NodeId obj, NodeId state, const OpContext& ctx) {
+  budget_ = ctx.budget;
   Node& o = arena_[obj];
   if (o.kind == Kind::kOrderedDict) {
     // OrderedDict.__dict__.update(state): attributes such as `_metadata`.
@@ -722,6 +740,7 @@ Status TorchHooks::build(NodeId obj, NodeId state, const OpContext&) {
 }
 
 Result<NodeId> TorchHooks::persistent_load(NodeId pid_id, const OpContext& ctx) {
+  budget_ = ctx.budget;
   const Node& pid = arena_[pid_id];
   if (pid.kind != Kind::kTuple)
     return make_error(ErrorCode::kDisallowedOperation,
@@ -955,6 +974,7 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
   std::uint64_t nbytes;
   if (!checked_mul(numel, dtype_size(t.dtype), nbytes) || nbytes != data.text.size())
     return bad_args("numpy.ndarray BUILD", "data size does not match shape x itemsize");
+  SAFECKPT_CHECK(charge(data.text.size() + MemoryBudget::kStringBytes, "numpy array data"));
   auto buf = std::make_shared<std::vector<std::uint8_t>>(data.text.begin(), data.text.end());
   std::uint32_t unit = dtype_swap_unit(t.dtype);
   if (dst.order == '>' && unit > 1)
@@ -979,6 +999,7 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
   t.storage = static_cast<std::uint32_t>(t_.storages.size() - 1);
   if (t_.tensors.size() >= lim_.max_tensors)
     return make_error(ErrorCode::kLimitExceeded, "more than max_tensors tensors");
+  SAFECKPT_CHECK(charge_tensor(t));
   t_.tensors.push_back(std::move(t));
   Node& n = arena_[obj];  // the ndarray becomes a tensor node in place (shared refs see it)
   n.kind = Kind::kTensor;

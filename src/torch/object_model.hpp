@@ -78,6 +78,10 @@ class TorchHooks final : public PickleHooks {
   Status charge_items(std::size_t n);
   Result<NodeId> add(Node n);
   Result<NodeId> add_tensor(TensorInfo t);
+  // Charges the run's MemoryBudget (OpContext::budget of the hook call in
+  // progress) for side tables: tensor metadata, numpy array buffers.
+  Status charge(std::uint64_t bytes, const char* what);
+  Status charge_tensor(const TensorInfo& t);
   Result<NodeId> rebuild_strided(const std::vector<NodeId>& a, Builtin which);
   Result<NodeId> rebuild_parameter(const std::vector<NodeId>& a, bool with_state);
   Result<NodeId> rebuild_qtensor(const std::vector<NodeId>& a);
@@ -106,6 +110,7 @@ class TorchHooks final : public PickleHooks {
   };
   std::unordered_map<NodeId, NumpyState> numpy_objects_;
   std::uint64_t copied_items_ = 0;
+  MemoryBudget* budget_ = nullptr;  // of the hook call in progress (OpContext::budget)
 };
 
 }  // namespace safeckpt

@@ -1,6 +1,19 @@
 #include "safeckpt/limits.hpp"
 
+#include <string>
+
 namespace safeckpt {
+
+Status MemoryBudget::charge(std::uint64_t bytes, std::string_view what) {
+  if (bytes > cap_ - used_) {
+    return make_error(ErrorCode::kLimitExceeded, "memory budget exceeded: " + std::string(what) + " needs " +
+                                                     std::to_string(bytes) + " more bytes, " + std::to_string(used_) +
+                                                     " of max_memory_bytes = " + std::to_string(cap_) +
+                                                     " already charged");
+  }
+  used_ += bytes;
+  return {};
+}
 
 Limits fuzz_limits() noexcept {
   Limits l;
@@ -18,6 +31,8 @@ Limits fuzz_limits() noexcept {
   l.max_total_storage_bytes = 1u << 26;
   l.max_zip_entries = 1u << 12;
   l.max_inflated_bytes = 1u << 24;
+  l.max_pickle_record_bytes = 1u << 20;
+  l.max_memory_bytes = 64u << 20;
   l.max_zip_name_bytes = 1024;
   l.max_legacy_storages = 1u << 12;
   l.max_output_nodes = 1u << 18;
