@@ -121,9 +121,15 @@ Result<Checkpoint> load_buffer(std::vector<std::uint8_t> data, const LoadOptions
 Result<Checkpoint> load_reader(const std::function<std::int64_t(std::uint8_t*, std::size_t)>& read,
                                std::uint64_t max_bytes, const LoadOptions& options = {});
 
-// How `torch.load` describes a refused global, with our remedy:
-// "... GLOBAL os.system was not an allowed global ... allow it with
-// --allow FILE / Allowlist::add(\"os.system\") if you trust this file".
+// How a refused global is described, with the remedy that fits it:
+//  - hard-blocked (Allowlist::is_blocked: os.system, builtins.eval,
+//    torch.load, ...): "... the file tries to run code ...; it cannot be
+//    allowlisted" — no allowlisting is offered;
+//  - other known-dangerous globals (find_dangerous_global: functools.partial,
+//    builtins.type, ...): says it runs code; no allowlisting offered;
+//  - numpy's reconstruct/ndarray/dtype/scalar: points at allowlist/numpy.allow;
+//  - anything else: torch.load's words, "... was not an allowed global by
+//    default ... allow it with --allow FILE / Allowlist::add(...)".
 std::string allow_hint(std::string_view global_name);
 
 }  // namespace safeckpt
