@@ -8,7 +8,8 @@
 //
 // Accepted grammar:
 //  1. Data opcodes of every protocol: MARK STOP POP POP_MARK DUP, INT LONG
-//     FLOAT (text, strict decimal syntax), BININT BININT1 BININT2 LONG1 LONG4
+//     FLOAT (text, strict decimal syntax; CPython's readings of other text
+//     with PickleOptions::cpython_text_operands), BININT BININT1 BININT2 LONG1 LONG4
 //     BINFLOAT, NONE NEWTRUE NEWFALSE, STRING BINSTRING SHORT_BINSTRING
 //     (py2 str, decoded as UTF-8 like torch.load's encoding="utf-8"),
 //     UNICODE (raw-unicode-escape) BINUNICODE SHORT_BINUNICODE BINUNICODE8
@@ -96,6 +97,16 @@ class PickleObserver {
  public:
   virtual ~PickleObserver() = default;
   virtual void on_event(const PickleEvent& e) = 0;
+  // Only with PickleOptions::cpython_text_operands: a text operand of INT,
+  // LONG, FLOAT, GET or PUT that is not what pickle writes, read as CPython's
+  // C unpickler reads it. `opcode` names it, `offset` is the opcode's byte
+  // offset in the stream, `text` the operand (printable: other bytes as \xNN,
+  // at most 40 characters and "..."), `read_as` the value CPython gives it
+  // ("16", "True", "1.5", or the memo index).
+  virtual void on_text_operand(std::string_view opcode, std::uint64_t offset, std::string_view text,
+                               std::string_view read_as) {
+    (void)opcode, (void)offset, (void)text, (void)read_as;
+  }
 };
 
 // The policy side. Each hook returns a node in the machine's arena or an
@@ -131,6 +142,17 @@ struct PickleOptions {
   // run uses its own budget of limits.max_memory_bytes. Borrowed; must
   // outlive the call.
   MemoryBudget* budget = nullptr;
+  // Scanner mode: read the text operands of INT, LONG, FLOAT, GET and PUT as
+  // CPython's C unpickler does (Modules/_pickle.c load_int: strtol base 0,
+  // then int(s, 0); load_long: int(s, 0) without the final 'L'; load_float:
+  // a NUL ends the number; load_get/load_put: int(s, 10)), so a payload after
+  // a form like "I0x10", "I1_0", "L0x10L", "I1\0z" or "F1.5\0x" is still
+  // seen; each such operand is reported with on_text_operand(). Off (the
+  // loader): only the text pickle writes is accepted (INT/LONG
+  // -?(0|[1-9][0-9]*) with an optional final 'L' for LONG, INT 00/01 as
+  // bools; FLOAT as Python's float() reads it; GET/PUT decimal digits);
+  // anything else is kMalformed.
+  bool cpython_text_operands = false;
 };
 
 struct PickleResult {

@@ -71,6 +71,9 @@ struct TensorInfo {
   bool coalesced = false;
   // Python attributes (Parameter state / _rebuild_from_type_v2 state), or kNoNode.
   NodeId python_state = kNoNode;
+  // A user-allowlisted torch.Tensor subclass ("module.Class", from
+  // _rebuild_from_type_v2's new_type), "" for torch.Tensor / nn.Parameter.
+  std::string subclass;
   std::uint64_t numel() const noexcept;  // product of shape (validated not to overflow)
 };
 

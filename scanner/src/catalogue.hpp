@@ -1,9 +1,12 @@
-// Catalogue of known-dangerous callables: explanation and severity only.
+// Catalogue of known-dangerous callables: explanation and severity.
 //
-// The catalogue NEVER decides: a global is refused because it is not in the
-// Allowlist (an exact, canonical allowlist is the only thing that holds —
-// threats.md, "Why scanners keep losing" 1). This table only says what a
-// refused global is known to do, so a report can rank and explain it.
+// The catalogue never lets anything through: a global is refused because it is
+// not in the Allowlist (an exact, canonical allowlist is the only thing that
+// holds — threats.md, "Why scanners keep losing" 1). It ranks and explains a
+// refused global, and its kCritical rows are the Allowlist's hard block (a
+// critical global can never be allowlisted). The rows live in the policy layer
+// (safeckpt/allowlist.hpp, find_dangerous_global) so the loader reads the same
+// table; this is the scanner's view of them.
 // Sources: threats.md (CVE-2025-1716 pip.main, CVE-2025-10157 asyncio, the
 // picklescan/modelscan/fickling bypass reports, arXiv 2508.19774).
 #pragma once

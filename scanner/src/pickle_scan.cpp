@@ -87,7 +87,12 @@ bool is_kind_name(std::string_view n) {
   return kKinds.count(n) != 0;
 }
 
+// Only for globals outside the known-dangerous table (those never get an
+// allowlisting remedy: issue 11, item 6).
 std::string how_to_allow(std::string_view name) {
+  if (name.rfind("numpy.", 0) == 0)
+    return "the loader refuses it; the file holds numpy arrays or scalars: if you trust it, use --allow "
+           "allowlist/numpy.allow (the shipped list, which rebuilds arrays as tensors and scalars as numbers)";
   return "the loader refuses it; if you trust this file and the callable is harmless, allow it with --allow FILE "
          "(a line `" +
          std::string(name) + "`)";
@@ -148,11 +153,16 @@ void ScanObserver::on_event(const PickleEvent& e) {
           std::string raw;
           if (!e.raw_module.empty() && e.raw_module + "." + e.raw_name != e.name)
             raw = " (written as '" + e.raw_module + "' '" + e.raw_name + "')";
-          std::string blocked = Allowlist::is_blocked(e.name) ? "; its module is blocked even when allowlisted" : "";
+          std::string blocked = Allowlist::is_blocked(e.name)
+                                    ? "; the file tries to run code: this global is hard-blocked and can never be "
+                                      "allowlisted"
+                                    : "";
           if (c != nullptr) {
             finding(Rule::kImportDangerous, c->severity, e, e.name,
                     e.opcode + " imports " + e.name + raw + ": " + std::string(c->why),
-                    "known-dangerous (" + std::string(c->category) + ") and not in the allowlist" + blocked,
+                    is_known_dangerous(e.name)
+                        ? "known-dangerous (" + std::string(c->category) + ") and not in the allowlist" + blocked
+                        : how_to_allow(e.name),
                     std::string(c->category));
           } else {
             finding(Rule::kImportUnlisted, Severity::kMedium, e, e.name,
@@ -210,6 +220,24 @@ void ScanObserver::on_event(const PickleEvent& e) {
     }
   }
   sink_.event(std::move(ev));
+}
+
+void ScanObserver::on_text_operand(std::string_view opcode, std::uint64_t offset, std::string_view text,
+                                   std::string_view read_as) {
+  Finding f;
+  f.rule = Rule::kRefusedOpcode;
+  f.severity = Severity::kMedium;
+  f.member = member_;
+  f.stream = stream_;
+  f.offset = base_ + offset;
+  f.opcode = std::string(opcode);
+  f.message = std::string(opcode) + " operand '" + std::string(text) +
+              "' is not the text pickle writes; CPython reads it as " + std::string(read_as);
+  f.why =
+      "a non-canonical encoding (hex, octal, '_' separators, whitespace, sign, or text after a NUL) that "
+      "CPython's unpickler accepts: it hides values from strict parsers; the loader refuses it, the scan reads "
+      "on as pickle.load would";
+  sink_.add(std::move(f));
 }
 
 // ---- hooks ------------------------------------------------------------------

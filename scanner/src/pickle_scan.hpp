@@ -84,6 +84,8 @@ class ScanObserver final : public PickleObserver {
     base_ = base;
   }
   void on_event(const PickleEvent& e) override;
+  void on_text_operand(std::string_view opcode, std::uint64_t offset, std::string_view text,
+                       std::string_view read_as) override;
   std::uint64_t events_seen = 0;
   bool nested_loader_called = false;
   bool unsafe_seen = false;

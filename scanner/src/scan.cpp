@@ -250,6 +250,7 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
   po.limits = opt_.limits;
   po.record = member.empty() ? std::string("<file>") : member;
   po.continue_after_policy_error = true;
+  po.cpython_text_operands = true;  // see what pickle.load would run (issue 11, item 7)
   const std::uint64_t events_before = obs_.events_seen;
   const bool loader_before = obs_.nested_loader_called;
   obs_.nested_loader_called = false;
@@ -457,9 +458,72 @@ void Scanner::run_loader(Bytes data) {
   sink_.add(std::move(f));
 }
 
+// Issue 12: one headline finding, first in the list, that tells a file that
+// needs globals outside the weights-only set (a full-module torch.save(model),
+// custom classes) apart from one that imports known-dangerous callables.
+void add_summary(FileReport& rep) {
+  std::vector<std::string> dangerous, needs;
+  bool hidden = false;  // dynamic / dotted / extension imports, embedded payloads, code
+  auto add_unique = [](std::vector<std::string>& v, const std::string& g) {
+    if (std::find(v.begin(), v.end(), g) == v.end()) v.push_back(g);
+  };
+  for (const Finding& f : rep.findings) {
+    const bool named = !f.global.empty() && f.global.front() != '<' && f.global.rfind("result of ", 0) != 0;
+    switch (f.rule) {
+      case Rule::kImportDangerous:
+      case Rule::kImportUnlisted:
+        if (named) add_unique(is_known_dangerous(f.global) ? dangerous : needs, f.global);
+        break;
+      case Rule::kCall:
+        if (named && is_known_dangerous(f.global)) add_unique(dangerous, f.global);
+        break;
+      case Rule::kImportDynamic:
+      case Rule::kImportDotted:
+      case Rule::kImportExtension:
+      case Rule::kEmbeddedPayload:
+      case Rule::kExecutableCode: hidden = true; break;
+      default: break;
+    }
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size() && i < 20; ++i) out += (i ? ", " : "") + v[i];
+    if (v.size() > 20) out += ", ... (" + std::to_string(v.size() - 20) + " more)";
+    return out;
+  };
+  Finding f;
+  if (!dangerous.empty() || hidden) {
+    bool all_blocked = !dangerous.empty();
+    for (const auto& g : dangerous) all_blocked = all_blocked && Allowlist::is_blocked(g);
+    f.rule = Rule::kImportDangerous;
+    f.severity = Severity::kCritical;
+    f.message =
+        "this file tries to run code when unpickled: " +
+        (dangerous.empty() ? std::string("it hides what it imports or carries code (see the findings below)")
+                           : "it imports known-dangerous callables: " + list(dangerous)) +
+        (needs.empty() ? std::string() : "; it also needs globals outside the weights-only set: " + list(needs));
+    f.why = std::string("do not load it with torch.load(weights_only=False)") +
+            (all_blocked ? "; no allowlist can make it load: these globals are hard-blocked"
+                         : "; do not allowlist these globals");
+  } else if (!needs.empty()) {
+    f.rule = Rule::kImportUnlisted;
+    f.severity = Severity::kMedium;
+    f.message = "needs " + std::to_string(needs.size()) + " global" + (needs.size() == 1 ? "" : "s") +
+                " outside PyTorch's weights-only set: " + list(needs) + "; nothing known-dangerous was found";
+    f.why =
+        "typical of a whole nn.Module saved with torch.save(model), or of custom classes: "
+        "torch.load(weights_only=True) and the loader refuse it. Prefer a file saved from model.state_dict(); "
+        "if you trust this one, --allow those classes to read it as data (nothing is executed)";
+  } else {
+    return;
+  }
+  rep.findings.insert(rep.findings.begin(), std::move(f));
+}
+
 void Scanner::finish() {
   sink_.finish();
   FileReport& rep = sink_.report();
+  add_summary(rep);
   bool unsafe = false, incomplete = false, unscannable = false;
   for (const Finding& f : rep.findings) {
     Klass k = klass_of(f);
@@ -563,6 +627,73 @@ bool is_pickle_name(std::string_view name) {
   return name.ends_with(".pkl") || name.ends_with("_pkl") || name.ends_with(".pickle");
 }
 
+// ---- which duplicate PyTorch reads -------------------------------------------
+// PyTorch's zip reader (caffe2/serialize/inline_container.cc getRecordID ->
+// miniz mz_zip_reader_locate_file, flags 0) binary-searches the central
+// directory heap-sorted by ASCII-lower-cased name
+// (mz_zip_reader_sort_central_dir_offsets_by_filename,
+// mz_zip_locate_file_binary_search). The heap sort is not stable, so of
+// several entries with the same name (or names equal but for case) the one
+// it returns depends on the archive's layout, not always the first. Checked
+// against torch 1.13: tests/data/zip_duplicates/observed.txt.
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return out;
+}
+
+struct MinizIndex {
+  std::vector<std::string> keys;      // lower-cased names, central order
+  std::vector<std::uint32_t> sorted;  // central indices in miniz's sorted order
+  // The central index miniz returns for `name`, or -1.
+  std::int64_t locate(std::string_view name) const {
+    const std::string t = ascii_lower(name);
+    std::int64_t l = 0, h = static_cast<std::int64_t>(sorted.size()) - 1;
+    while (l <= h) {
+      std::int64_t m = l + ((h - l) >> 1);
+      const std::string& k = keys[sorted[static_cast<std::size_t>(m)]];
+      int c = k.compare(t);
+      if (c == 0) return sorted[static_cast<std::size_t>(m)];
+      if (c < 0) {
+        l = m + 1;
+      } else {
+        h = m - 1;
+      }
+    }
+    return -1;
+  }
+};
+
+MinizIndex miniz_index(const std::vector<ZipEntry>& es) {
+  MinizIndex x;
+  for (const ZipEntry& e : es) x.keys.push_back(ascii_lower(e.name));
+  const std::size_t size = es.size();
+  x.sorted.resize(size);
+  for (std::size_t i = 0; i < size; ++i) x.sorted[i] = static_cast<std::uint32_t>(i);
+  if (size <= 1) return x;
+  auto less = [&](std::uint32_t a, std::uint32_t b) { return x.keys[a] < x.keys[b]; };
+  auto sift = [&](std::size_t root, std::size_t end) {
+    for (;;) {
+      std::size_t child = root * 2 + 1;
+      if (child >= end) break;
+      if (child + 1 < end && less(x.sorted[child], x.sorted[child + 1])) ++child;
+      if (!less(x.sorted[root], x.sorted[child])) break;
+      std::swap(x.sorted[root], x.sorted[child]);
+      root = child;
+    }
+  };
+  for (std::size_t start = (size - 2) >> 1;; --start) {
+    sift(start, size);
+    if (start == 0) break;
+  }
+  for (std::size_t end = size - 1; end > 0; --end) {
+    std::swap(x.sorted[end], x.sorted[0]);
+    sift(0, end);
+  }
+  return x;
+}
+
 void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
   const std::string prefix = member.empty() ? std::string() : member + "!";
   auto opened = ZipArchive::open(data, opt_.limits);
@@ -577,7 +708,42 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
   }
   const ZipArchive& zip = *opened;
   FileReport& rep = sink_.report();
+  // Names held by several entries (miniz compares names ignoring ASCII case):
+  // findings name the copy (central entry and offset) and the copy PyTorch reads.
+  std::vector<std::string> label(zip.entries().size());
+  {
+    const MinizIndex mi = miniz_index(zip.entries());
+    std::map<std::string, std::vector<std::uint32_t>> groups;
+    for (const ZipEntry& e : zip.entries()) groups[mi.keys[e.index]].push_back(e.index);
+    for (const auto& [key, idx] : groups) {
+      if (idx.size() < 2) continue;
+      const std::int64_t read = mi.locate(zip.entries()[idx.front()].name);
+      std::string copies;
+      bool case_only = false;  // names differ, but not to miniz
+      for (std::uint32_t i : idx) {
+        case_only = case_only || zip.entries()[i].name != zip.entries()[idx.front()].name;
+        const ZipEntry& e = zip.entries()[i];
+        const std::string where = "entry #" + std::to_string(i) + " at offset " + std::to_string(e.local_header_offset);
+        label[i] = e.name + " [" + where + (static_cast<std::int64_t>(i) == read ? ", the copy PyTorch reads]" : "]");
+        copies += (copies.empty() ? "" : ", ") + where +
+                  (e.name != zip.entries()[idx.front()].name ? " ('" + e.name + "')" : "");
+      }
+      const ZipEntry* r = read >= 0 ? &zip.entries()[static_cast<std::size_t>(read)] : nullptr;
+      add(Rule::kArchiveAnomaly, Severity::kHigh, prefix + zip.entries()[idx.front()].name,
+          "duplicate_name: " + std::to_string(idx.size()) + " entries hold this name" +
+              (case_only ? " (ignoring case)" : "") + ": " + copies +
+              (r != nullptr ? "; PyTorch reads entry #" + std::to_string(read) + " at offset " +
+                                  std::to_string(r->local_header_offset)
+                            : std::string()),
+          "PyTorch (miniz: binary search over an unstable, case-insensitive sort) reads one copy, chosen by the "
+          "archive's layout; Python's zipfile reads the last. Every copy was scanned; "
+          "findings name their copy. The loader refuses the archive",
+          zip.entries()[idx.front()].local_header_offset);
+    }
+  }
+  auto member_label = [&](const ZipEntry& e) { return prefix + (label[e.index].empty() ? e.name : label[e.index]); };
   for (const ZipAnomaly& a : zip.anomalies()) {
+    if (a.kind == ZipAnomalyKind::kDuplicateName) continue;  // reported above, with the copy PyTorch reads
     Severity s = Severity::kHigh;
     if (a.kind == ZipAnomalyKind::kTrailingData || a.kind == ZipAnomalyKind::kGapData) s = Severity::kMedium;
     add(Rule::kArchiveAnomaly, s, prefix + a.entry, std::string(zip_anomaly_name(a.kind)) + ": " + a.detail,
@@ -622,19 +788,19 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
     if (!rb) {
       const bool crc = rb.error().message().find("CRC") != std::string::npos;
       if (crc) {
-        add(Rule::kArchiveAnomaly, Severity::kHigh, prefix + e.name, "crc_mismatch: " + rb.error().message(),
+        add(Rule::kArchiveAnomaly, Severity::kHigh, member_label(e), "crc_mismatch: " + rb.error().message(),
             "PyTorch does not check CRCs and reads these bytes; Python's zipfile (and scanners built on it) "
             "refuses them (CVE-2025-10156). Scanned as PyTorch reads them",
             e.local_header_offset);
         rb = zip.read(e, false, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
       }
       if (!rb) {
-        add_error(rb.error(), prefix + e.name, -1, 0, "the member could not be read: it was not examined");
+        add_error(rb.error(), member_label(e), -1, 0, "the member could not be read: it was not examined");
         continue;
       }
     }
     std::vector<PidInfo> p;
-    scan_streams(rb->bytes, prefix + e.name, depth, 0, 0, true, &p);
+    scan_streams(rb->bytes, member_label(e), depth, 0, 0, true, &p);
     pids.insert(pids.end(), p.begin(), p.end());
   }
   // Storage records named by persistent ids are tensor bytes.
@@ -650,7 +816,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
     if (is_storage) {
       auto rb = zip.read(e, true);
       if (!rb) {
-        add(Rule::kArchiveAnomaly, Severity::kMedium, prefix + e.name, rb.error().message(),
+        add(Rule::kArchiveAnomaly, Severity::kMedium, member_label(e), rb.error().message(),
             "tensor bytes do not match the archive's CRC (PyTorch does not check it)", e.local_header_offset);
       }
       continue;
@@ -675,13 +841,13 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
     bool maybe_pickle_without_proto = f == FileFormat::kUnknown && !opcode_name(head_bytes[0]).empty();
     if (f == FileFormat::kUnknown && !maybe_pickle_without_proto) continue;
     if (depth >= opt_.max_nesting && f == FileFormat::kTorchZip) {
-      add(Rule::kLimit, Severity::kHigh, prefix + e.name, "nested zip deeper than max_nesting: not examined",
+      add(Rule::kLimit, Severity::kHigh, member_label(e), "nested zip deeper than max_nesting: not examined",
           kIncompleteWhy);
       continue;
     }
     auto rb = zip.read(e, true, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
     if (!rb) {
-      add_error(rb.error(), prefix + e.name, -1, 0, "the member could not be read: it was not examined");
+      add_error(rb.error(), member_label(e), -1, 0, "the member could not be read: it was not examined");
       continue;
     }
     Bytes b = rb->bytes;
@@ -694,7 +860,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
       ScanOptions o2 = opt_;
       o2.run_loader = false;
       Scanner inner(o2, allow_, nested);
-      inner.dispatch(b, prefix + e.name, depth + (full == FileFormat::kTorchZip ? 1 : 0), false);
+      inner.dispatch(b, member_label(e), depth + (full == FileFormat::kTorchZip ? 1 : 0), false);
       bool any = false;
       for (const Finding& fi : nested.findings)
         if (klass_of(fi) == Klass::kUnsafe) any = true;
@@ -704,7 +870,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
       rep.pickle_streams += nested.pickle_streams;
       continue;
     }
-    dispatch(b, prefix + e.name, full == FileFormat::kTorchZip ? depth + 1 : depth, false);
+    dispatch(b, member_label(e), full == FileFormat::kTorchZip ? depth + 1 : depth, false);
   }
 }
 

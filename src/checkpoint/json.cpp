@@ -189,6 +189,7 @@ class Emitter {
     d["shape"] = t.shape;
     d["requires_grad"] = t.requires_grad;
     d["parameter"] = t.is_parameter;
+    if (!t.subclass.empty()) d["subclass"] = t.subclass;
     d["layout"] = std::string(layout_name(t.layout));
     if (t.layout == Layout::kStrided) {
       d["stride"] = t.stride;

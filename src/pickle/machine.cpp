@@ -193,6 +193,149 @@ std::optional<std::string> raw_unicode_escape_decode(std::string_view in) {
   return out;
 }
 
+// ---- CPython's readings of textual number operands ---------------------------
+// What Modules/_pickle.c does with the text of INT, LONG, FLOAT, GET and PUT
+// (CPython 3.11, observed with Debian's /usr/bin/python3; see
+// tests/unit/test_scan_text_operands.cpp): the line is a C string, so a NUL
+// ends it; load_int tries strtol(s, &end, 0) and accepts it when `end` is at
+// the '\n' or a NUL (a 2-character line of value 0 or 1 is a bool), else
+// falls back to int(s, 0); load_long drops a final 'L' and uses int(s, 0);
+// load_float uses PyOS_string_to_double and accepts `end` at '\n' or NUL;
+// GET/PUT use int(s, 10). int(s, base) = PyLong_FromString: surrounding
+// whitespace, a sign, 0x/0o/0b prefixes (base 0), '_' between digits,
+// no leading zeros for a base-0 decimal.
+
+bool c_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+int digit_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'Z') return c - 'A' + 10;
+  return 99;
+}
+
+// The text up to its first NUL (what a C function sees).
+std::string_view c_string(std::string_view s) {
+  auto z = s.find('\0');
+  return z == std::string_view::npos ? s : s.substr(0, z);
+}
+
+struct TextInt {
+  bool neg = false;
+  std::string dec;  // decimal digits, no leading zeros ("0" for zero)
+};
+
+// Digits in `base` (2..16) -> decimal digits. Callers bound the length.
+std::string to_decimal(std::string_view digits, int base) {
+  std::vector<std::uint32_t> limbs{0};  // little-endian, base 1e9
+  for (char ch : digits) {
+    std::uint64_t carry = static_cast<std::uint64_t>(digit_value(ch));
+    for (auto& l : limbs) {
+      std::uint64_t v = static_cast<std::uint64_t>(l) * static_cast<std::uint64_t>(base) + carry;
+      l = static_cast<std::uint32_t>(v % 1000000000u);
+      carry = v / 1000000000u;
+    }
+    if (carry != 0) limbs.push_back(static_cast<std::uint32_t>(carry));
+  }
+  std::string out = std::to_string(limbs.back());
+  for (std::size_t i = limbs.size() - 1; i-- > 0;) {
+    std::string part = std::to_string(limbs[i]);
+    out += std::string(9 - part.size(), '0') + part;
+  }
+  return out;
+}
+
+// int(s, base) for base 0 or 10, as PyLong_FromString(s, NULL, base) reads
+// the C string `s`; nullopt where Python raises ValueError.
+std::optional<TextInt> python_int(std::string_view s, int base) {
+  s = c_string(s);
+  std::size_t i = 0, n = s.size();
+  while (i < n && c_space(s[i])) ++i;
+  TextInt t;
+  if (i < n && (s[i] == '+' || s[i] == '-')) t.neg = s[i++] == '-';
+  int b = 10;
+  bool prefixed = false;
+  if (base == 0 && i + 1 < n && s[i] == '0') {
+    char p = s[i + 1];
+    if (p == 'x' || p == 'X') b = 16;
+    if (p == 'o' || p == 'O') b = 8;
+    if (p == 'b' || p == 'B') b = 2;
+    prefixed = b != 10;
+    if (prefixed) i += 2;
+  }
+  if (prefixed && i < n && s[i] == '_') ++i;  // "0x_1f"
+  std::string digits;
+  bool need_digit = true;
+  for (; i < n; ++i) {
+    if (s[i] == '_') {
+      if (need_digit) return std::nullopt;
+      need_digit = true;
+      continue;
+    }
+    if (digit_value(s[i]) >= b) break;
+    digits.push_back(s[i]);
+    need_digit = false;
+  }
+  if (digits.empty() || need_digit) return std::nullopt;
+  while (i < n && c_space(s[i])) ++i;
+  if (i != n) return std::nullopt;
+  if (base == 0 && b == 10 && digits[0] == '0' && digits.find_first_not_of('0') != std::string::npos)
+    return std::nullopt;  // "010": leading zeros in a base-0 decimal
+  t.dec = to_decimal(digits, b);
+  return t;
+}
+
+// strtol(s, &end, 0) on the C string `s` (glibc, 64-bit long) followed by
+// load_int's check that `end` is at the line end or a NUL. nullopt: CPython
+// falls back to int(s, 0) (bad end, or overflow).
+std::optional<std::int64_t> c_strtol_line(std::string_view line) {
+  std::string_view s = c_string(line);
+  std::size_t i = 0, n = s.size();
+  while (i < n && c_space(s[i])) ++i;
+  bool neg = false;
+  if (i < n && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+  int b = 10;
+  if (i < n && s[i] == '0') {
+    b = 8;
+    if (i + 2 < n && (s[i + 1] == 'x' || s[i + 1] == 'X') && digit_value(s[i + 2]) < 16) {
+      b = 16;
+      i += 2;
+    }
+  }
+  std::size_t start = i;
+  const std::uint64_t lim = std::uint64_t{1} << 63;  // |INT64_MIN|
+  std::uint64_t v = 0;
+  bool overflow = false;
+  for (; i < n && digit_value(s[i]) < b; ++i) {
+    auto d = static_cast<std::uint64_t>(digit_value(s[i]));
+    if (v > (lim - d) / static_cast<std::uint64_t>(b)) {
+      overflow = true;
+    } else {
+      v = v * static_cast<std::uint64_t>(b) + d;
+    }
+  }
+  if (i == start) return n == 0 ? std::optional<std::int64_t>(0) : std::nullopt;  // no digits: end = s
+  if (i != n) return std::nullopt;
+  if (overflow || (!neg && v == lim)) return std::nullopt;  // ERANGE
+  if (neg) return v == lim ? INT64_MIN : -static_cast<std::int64_t>(v);
+  return static_cast<std::int64_t>(v);
+}
+
+// What Python's pickle writes: -?(0|[1-9][0-9]*).
+bool canonical_decimal(std::string_view s) {
+  if (!s.empty() && s[0] == '-') s.remove_prefix(1);
+  if (s.empty() || (s[0] == '0' && s.size() > 1)) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+// The longest text number operand read CPython's way (int's 4300-digit
+// limit, with room for prefixes, separators and whitespace).
+constexpr std::size_t kMaxCPythonNumberText = 8192;
+
 bool parse_decimal_int(std::string_view s, std::string& digits_out, bool& neg) {
   neg = false;
   std::size_t i = 0;
@@ -423,6 +566,11 @@ class Machine {
   Status do_additems(NodeId target, const std::vector<NodeId>& items);
   Status do_append(NodeId target, const std::vector<NodeId>& items);
   Status push_int_text(std::string_view line, bool is_long);
+  Status push_text_int(const TextInt& t);
+  // GET/PUT text index (canonical: decimal digits).
+  Result<std::uint64_t> memo_index_text(std::string_view line, bool put);
+  // A non-canonical text operand read CPython's way: tell the observer.
+  void note_text(std::string_view text, std::string_view read_as);
   // `s` was charged by the caller (charge_text) before it was built.
   Status push_string(std::string s, Kind k) {
     Node n;
@@ -627,34 +775,98 @@ Status Machine::do_additems(NodeId target, const std::vector<NodeId>& items) {
   return {};
 }
 
-Status Machine::push_int_text(std::string_view line, bool is_long) {
-  if (!is_long && line == "00") {
-    Node n;
-    n.kind = Kind::kBool;
-    n.flag = false;
-    return push_new(std::move(n));
+// Printable form of a text operand for messages and findings.
+std::string shown_text(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 40)) {
+    auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '\\') {
+      out.push_back(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 15]);
+    }
   }
-  if (!is_long && line == "01") {
-    Node n;
-    n.kind = Kind::kBool;
-    n.flag = true;
-    return push_new(std::move(n));
-  }
-  if (is_long && !line.empty() && line.back() == 'L') line.remove_suffix(1);
-  std::string digits;
-  bool neg = false;
-  if (!parse_decimal_int(line, digits, neg))
-    return malformed("invalid literal for int: '" + std::string(line.substr(0, 40)) + "'");
-  if (digits.size() > lim_.max_long_bytes * 3) return fail(ErrorCode::kLimitExceeded, "integer literal too long");
+  if (s.size() > 40) out += "...";
+  return out;
+}
+
+void Machine::note_text(std::string_view text, std::string_view read_as) {
+  if (obs_ != nullptr) obs_->on_text_operand(opcode_name(op_), op_offset_, shown_text(text), read_as);
+}
+
+Status Machine::push_text_int(const TextInt& t) {
+  if (t.dec.size() > lim_.max_long_bytes * 3) return fail(ErrorCode::kLimitExceeded, "integer literal too long");
   std::int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (ec == std::errc() && ptr == digits.data() + digits.size()) return push_int(neg ? -v : v);
-  if (neg && digits == "9223372036854775808") return push_int(INT64_MIN);
+  auto [ptr, ec] = std::from_chars(t.dec.data(), t.dec.data() + t.dec.size(), v);
+  if (ec == std::errc() && ptr == t.dec.data() + t.dec.size()) return push_int(t.neg ? -v : v);
+  if (t.neg && t.dec == "9223372036854775808") return push_int(INT64_MIN);
   Node n;
   n.kind = Kind::kBigInt;
-  SAFECKPT_CHECK(charge_text(digits.size() + 1, "long integer"));
-  n.text = (neg && digits != "0" ? "-" : "") + digits;
+  SAFECKPT_CHECK(charge_text(t.dec.size() + 1, "long integer"));
+  n.text = (t.neg && t.dec != "0" ? "-" : "") + t.dec;
   return push_new(std::move(n), true);
+}
+
+Status Machine::push_int_text(std::string_view line, bool is_long) {
+  if (!is_long && (line == "00" || line == "01")) {
+    Node n;
+    n.kind = Kind::kBool;
+    n.flag = line == "01";
+    return push_new(std::move(n));
+  }
+  std::string_view body = line;
+  if (is_long && !body.empty() && body.back() == 'L') body.remove_suffix(1);
+  // INT "-0" is a 2-character line: CPython reads it as False.
+  if (canonical_decimal(body) && (is_long || body != "-0")) {
+    std::string digits;
+    bool neg = false;
+    if (!parse_decimal_int(body, digits, neg)) return malformed("invalid literal for int: '" + shown_text(line) + "'");
+    return push_text_int(TextInt{neg, digits});
+  }
+  if (!opt_.cpython_text_operands || line.empty())
+    return malformed("invalid literal for int: '" + shown_text(line) +
+                     "' (not the text pickle writes, -?[1-9][0-9]*; refused even where CPython would read it)");
+  if (line.size() > kMaxCPythonNumberText) return fail(ErrorCode::kLimitExceeded, "integer literal too long");
+  std::optional<TextInt> t;
+  if (!is_long) {
+    if (auto x = c_strtol_line(line)) {
+      if (line.size() == 2 && (*x == 0 || *x == 1)) {
+        note_text(line, *x != 0 ? "True" : "False");
+        Node n;
+        n.kind = Kind::kBool;
+        n.flag = *x != 0;
+        return push_new(std::move(n));
+      }
+      note_text(line, std::to_string(*x));
+      return push_int(*x);
+    }
+    t = python_int(line, 0);
+  } else {
+    t = python_int(body, 0);
+  }
+  if (!t) return malformed("invalid literal for int() with base 0: '" + shown_text(line) + "'");
+  note_text(line, (t->neg && t->dec != "0" ? "-" : "") + t->dec);
+  return push_text_int(*t);
+}
+
+Result<std::uint64_t> Machine::memo_index_text(std::string_view line, bool put) {
+  std::uint64_t idx = 0;
+  auto [ptr, ec] = std::from_chars(line.data(), line.data() + line.size(), idx);
+  if (!line.empty() && ec == std::errc() && ptr == line.data() + line.size()) return idx;
+  std::string what = put ? "PUT" : "GET";
+  if (!opt_.cpython_text_operands || line.empty() || line.size() > kMaxCPythonNumberText)
+    return malformed("invalid " + what + " index");
+  auto t = python_int(line, 10);
+  if (!t) return malformed("invalid literal for int() with base 10: '" + shown_text(line) + "'");
+  if (t->neg && t->dec != "0")
+    return malformed(put ? "negative PUT argument" : "GET index is negative: the memo has no such key");
+  auto [p2, ec2] = std::from_chars(t->dec.data(), t->dec.data() + t->dec.size(), idx);
+  if (ec2 != std::errc() || p2 != t->dec.data() + t->dec.size()) return malformed("invalid " + what + " index");
+  note_text(line, t->dec);
+  return idx;
 }
 
 Result<PickleResult> Machine::run() {
@@ -784,17 +996,28 @@ Result<PickleResult> Machine::run() {
       }
       case op::kFloat: {
         SAFECKPT_TRY(auto line, read_line());
-        double v = 0;
-        std::string_view s = line;
-        if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-        auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-        if (s.empty() || ptr != s.data() + s.size() || (ec != std::errc() && ec != std::errc::result_out_of_range))
-          return malformed("could not convert string to float");
-        if (ec == std::errc::result_out_of_range) {
-          // Python's float() gives +-inf on overflow and 0 on underflow.
-          std::string z(s);
-          v = std::strtod(z.c_str(), nullptr);
+        auto parse = [](std::string_view s) -> std::optional<double> {
+          double v = 0;
+          if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+          auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+          if (s.empty() || ptr != s.data() + s.size() || (ec != std::errc() && ec != std::errc::result_out_of_range))
+            return std::nullopt;
+          if (ec == std::errc::result_out_of_range) {
+            // Python's float() gives +-inf on overflow and 0 on underflow.
+            std::string z(s);
+            v = std::strtod(z.c_str(), nullptr);
+          }
+          return v;
+        };
+        auto parsed = parse(line);
+        // CPython stops at a NUL (PyOS_string_to_double's end at '\0' is
+        // accepted); the loader refuses the form.
+        if (!parsed && opt_.cpython_text_operands && c_string(line).size() != line.size()) {
+          parsed = parse(c_string(line));
+          if (parsed) note_text(line, std::string(c_string(line)));
         }
+        if (!parsed) return malformed("could not convert string to float");
+        double v = *parsed;
         Node n;
         n.kind = Kind::kFloat;
         n.re = v;
@@ -959,10 +1182,7 @@ Result<PickleResult> Machine::run() {
       }
       case op::kPut: {
         SAFECKPT_TRY(auto line, read_line());
-        std::uint64_t idx = 0;
-        auto [ptr, ec] = std::from_chars(line.data(), line.data() + line.size(), idx);
-        if (line.empty() || ec != std::errc() || ptr != line.data() + line.size())
-          return malformed("invalid PUT index");
+        SAFECKPT_TRY(std::uint64_t idx, memo_index_text(line, true));
         SAFECKPT_CHECK(memo_put(idx));
         break;
       }
@@ -979,10 +1199,7 @@ Result<PickleResult> Machine::run() {
       case op::kMemoize: SAFECKPT_CHECK(memo_put(memo_.size())); break;
       case op::kGet: {
         SAFECKPT_TRY(auto line, read_line());
-        std::uint64_t idx = 0;
-        auto [ptr, ec] = std::from_chars(line.data(), line.data() + line.size(), idx);
-        if (line.empty() || ec != std::errc() || ptr != line.data() + line.size())
-          return malformed("invalid GET index");
+        SAFECKPT_TRY(std::uint64_t idx, memo_index_text(line, false));
         SAFECKPT_CHECK(memo_get(idx));
         break;
       }

@@ -57,6 +57,165 @@ constexpr Known kKnown[] = {
     {"numpy.dtype", Builtin::kNumpyDtype},
 };
 
+// Exact names first (more specific), then module wildcards; the first match
+// wins. kCritical rows are the hard block (allowlist.hpp). Moved here from
+// scanner/src/catalogue.cpp so the loader and the scanner read one table.
+constexpr DangerousGlobal kDangerous[] = {
+    // --- code execution --------------------------------------------------
+    {"builtins.eval", "exec", Danger::kCritical, "evaluates a Python expression from the file"},
+    {"builtins.exec", "exec", Danger::kCritical, "executes Python source from the file"},
+    {"builtins.compile", "exec", Danger::kCritical, "compiles Python source into a code object"},
+    {"builtins.__import__", "importer", Danger::kCritical, "imports any module by name"},
+    {"builtins.getattr", "gadget", Danger::kCritical, "walks attributes: reaches any function of an object or module"},
+    {"builtins.setattr", "gadget", Danger::kCritical, "overwrites attributes of any object or module"},
+    {"builtins.delattr", "gadget", Danger::kHigh, "deletes attributes of any object or module"},
+    {"builtins.globals", "gadget", Danger::kCritical, "exposes the interpreter's globals"},
+    {"builtins.locals", "gadget", Danger::kHigh, "exposes local variables"},
+    {"builtins.vars", "gadget", Danger::kHigh, "exposes an object's namespace"},
+    {"builtins.open", "file", Danger::kCritical, "opens files for reading or writing"},
+    {"builtins.breakpoint", "exec", Danger::kHigh, "starts a debugger"},
+    {"builtins.input", "exec", Danger::kMedium, "reads from stdin"},
+    {"builtins.type", "gadget", Danger::kHigh, "creates classes at run time"},
+    {"builtins.object.__reduce_ex__", "gadget", Danger::kHigh, "reduction gadget"},
+    {"io.open", "file", Danger::kCritical, "opens files for reading or writing"},
+    {"io.FileIO", "file", Danger::kCritical, "opens files for reading or writing"},
+    {"_io.open", "file", Danger::kCritical, "opens files for reading or writing"},
+    {"_io.FileIO", "file", Danger::kCritical, "opens files for reading or writing"},
+    {"code.*", "exec", Danger::kCritical,
+     "interactive interpreter: runs Python source (InteractiveInterpreter.runcode)"},
+    {"codeop.*", "exec", Danger::kCritical, "compiles Python source"},
+    {"runpy.*", "exec", Danger::kCritical, "runs Python modules or code (runpy._run_code)"},
+    {"cProfile.*", "exec", Danger::kCritical, "cProfile.run executes a source string"},
+    {"profile.*", "exec", Danger::kCritical, "profile.run executes a source string"},
+    {"timeit.*", "exec", Danger::kCritical, "timeit executes a source string"},
+    {"trace.*", "exec", Danger::kCritical, "trace runs code"},
+    {"pdb.*", "exec", Danger::kCritical, "debugger: runs arbitrary statements"},
+    {"bdb.*", "exec", Danger::kCritical, "debugger framework: runs code"},
+    {"doctest.*", "exec", Danger::kCritical, "runs examples as code"},
+    {"idlelib.*", "exec", Danger::kCritical, "IDLE internals run code"},
+    {"lib2to3.*", "exec", Danger::kHigh, "lib2to3 gadgets (refactoring runs code paths)"},
+    {"types.FunctionType", "exec", Danger::kCritical, "builds a function from a code object"},
+    {"types.CodeType", "exec", Danger::kCritical, "builds a code object"},
+    {"types.*", "gadget", Danger::kHigh, "creates functions, modules and classes at run time"},
+    {"functools.partial", "gadget", Danger::kHigh, "binds arguments to any callable (hides the real call)"},
+    {"functools.reduce", "gadget", Danger::kHigh, "calls a function repeatedly"},
+    {"operator.attrgetter", "gadget", Danger::kCritical, "walks attributes: reaches any function"},
+    {"operator.methodcaller", "gadget", Danger::kCritical, "calls any method by name"},
+    {"operator.itemgetter", "gadget", Danger::kMedium, "indexes arbitrary objects"},
+    {"_operator.attrgetter", "gadget", Danger::kCritical, "walks attributes: reaches any function"},
+    {"_operator.methodcaller", "gadget", Danger::kCritical, "calls any method by name"},
+    {"operator.*", "gadget", Danger::kHigh, "operator functions combine into arbitrary calls"},
+    {"_operator.*", "gadget", Danger::kHigh, "operator functions combine into arbitrary calls"},
+    {"copyreg._reconstructor", "gadget", Danger::kHigh, "instantiates any class without calling __init__"},
+    {"copyreg.*", "gadget", Danger::kHigh, "pickle reconstruction helpers"},
+    {"torch.utils.collect_env.run", "process", Danger::kCritical, "runs a shell command"},
+    {"torch._dynamo.*", "exec", Danger::kHigh, "compiler internals can run code"},
+    {"torch.jit.*", "exec", Danger::kHigh, "TorchScript compilation/loading runs code"},
+    {"torch.hub.*", "network", Danger::kCritical, "downloads and runs code from the network"},
+    {"torch.package.*", "loader", Danger::kCritical, "loads packaged Python code"},
+    // --- processes and shells ---------------------------------------------
+    {"os.*", "process", Danger::kCritical,
+     "operating-system access (system, popen, exec*, spawn*, file writes); always blocked"},
+    {"posix.*", "process", Danger::kCritical, "operating-system access; always blocked"},
+    {"nt.*", "process", Danger::kCritical, "operating-system access; always blocked"},
+    {"sys.*", "process", Danger::kCritical, "interpreter internals (modules, settrace); always blocked"},
+    {"subprocess.*", "process", Danger::kCritical, "runs processes"},
+    {"_posixsubprocess.*", "process", Danger::kCritical, "runs processes"},
+    {"pty.*", "process", Danger::kCritical, "spawns processes on a pseudo-terminal"},
+    {"commands.*", "process", Danger::kCritical, "runs shell commands (Python 2)"},
+    {"popen2.*", "process", Danger::kCritical, "runs shell commands (Python 2)"},
+    {"platform.popen", "process", Danger::kCritical, "runs shell commands"},
+    {"multiprocessing.*", "process", Danger::kCritical, "starts processes"},
+    {"asyncio.*", "process", Danger::kCritical, "asyncio subprocess transports start processes (CVE-2025-10157)"},
+    {"signal.*", "process", Danger::kHigh, "signal handling / process control"},
+    {"ctypes.*", "native", Danger::kCritical, "calls native code and reads/writes memory"},
+    {"_ctypes.*", "native", Danger::kCritical, "calls native code and reads/writes memory"},
+    {"cffi.*", "native", Danger::kCritical, "calls native code"},
+    {"pip.*", "process", Danger::kCritical, "installs packages and runs their code (CVE-2025-1716)"},
+    {"pip._internal.*", "process", Danger::kCritical, "installs packages and runs their code"},
+    {"setuptools.*", "process", Danger::kCritical, "builds and runs package code"},
+    {"distutils.*", "process", Danger::kCritical, "builds and runs package code"},
+    {"ensurepip.*", "process", Danger::kCritical, "installs packages"},
+    {"venv.*", "process", Danger::kHigh, "creates environments and runs pip"},
+    {"webbrowser.*", "process", Danger::kCritical, "starts a browser process / opens URLs"},
+    // --- nested loaders --------------------------------------------------
+    {"pickle.*", "loader", Danger::kCritical, "nested unpickler: runs a second-stage pickle"},
+    {"_pickle.*", "loader", Danger::kCritical, "nested unpickler: runs a second-stage pickle"},
+    {"cPickle.*", "loader", Danger::kCritical, "nested unpickler: runs a second-stage pickle"},
+    {"dill.*", "loader", Danger::kCritical, "nested unpickler that also serialises code"},
+    {"cloudpickle.*", "loader", Danger::kCritical, "nested unpickler that also serialises code"},
+    {"joblib.*", "loader", Danger::kCritical, "joblib.load unpickles a second stage"},
+    {"shelve.*", "loader", Danger::kCritical, "shelve unpickles values"},
+    {"marshal.*", "loader", Danger::kCritical, "marshal.loads builds code objects"},
+    {"torch.load", "loader", Danger::kCritical, "nested torch.load: a second-stage checkpoint"},
+    {"torch.serialization.load", "loader", Danger::kCritical, "nested torch.load: a second-stage checkpoint"},
+    {"torch.serialization._load", "loader", Danger::kCritical, "nested torch.load: a second-stage checkpoint"},
+    {"torch.serialization._legacy_load", "loader", Danger::kCritical, "nested torch.load: a second-stage checkpoint"},
+    {"torch.storage._load_from_bytes", "loader", Danger::kCritical,
+     "torch.load of embedded bytes (weights_only=False)"},
+    {"numpy.load", "loader", Danger::kCritical, "numpy.load may unpickle object arrays"},
+    {"numpy.lib.npyio.load", "loader", Danger::kCritical, "numpy.load may unpickle object arrays"},
+    {"numpy.core.numeric.load", "loader", Danger::kCritical, "unpickles data"},
+    {"numpy._core.numeric.load", "loader", Danger::kCritical, "unpickles data"},
+    {"numpy.loads", "loader", Danger::kCritical, "unpickles data"},
+    {"pandas.read_pickle", "loader", Danger::kCritical, "unpickles data"},
+    {"jsonpickle.*", "loader", Danger::kCritical, "jsonpickle decodes to arbitrary objects"},
+    {"yaml.*", "loader", Danger::kHigh, "yaml.load/unsafe_load can construct arbitrary objects"},
+    {"keras.*", "loader", Danger::kHigh, "keras model loading can run Lambda layers"},
+    // --- importers and resolvers -------------------------------------------
+    {"importlib.*", "importer", Danger::kCritical, "imports any module by name"},
+    {"pkgutil.*", "importer", Danger::kCritical, "pkgutil.resolve_name resolves any dotted name"},
+    {"pydoc.*", "importer", Danger::kCritical, "pydoc.locate resolves any dotted name"},
+    {"imp.*", "importer", Danger::kCritical, "imports modules"},
+    {"zipimport.*", "importer", Danger::kCritical, "imports code from zip files"},
+    {"builtins.*", "gadget", Danger::kUnlisted, "Python builtin outside the allowlist"},
+    {"__builtin__.*", "gadget", Danger::kUnlisted, "Python builtin outside the allowlist"},
+    // --- network -----------------------------------------------------------
+    {"socket.*", "network", Danger::kCritical, "opens network connections"},
+    {"_socket.*", "network", Danger::kCritical, "opens network connections"},
+    {"ssl.*", "network", Danger::kHigh, "network connections"},
+    {"urllib.*", "network", Danger::kCritical, "fetches URLs"},
+    {"urllib2.*", "network", Danger::kCritical, "fetches URLs"},
+    {"urllib3.*", "network", Danger::kCritical, "fetches URLs"},
+    {"http.*", "network", Danger::kCritical, "HTTP client/server"},
+    {"httplib.*", "network", Danger::kCritical, "HTTP client"},
+    {"requests.*", "network", Danger::kCritical, "fetches URLs"},
+    {"httpx.*", "network", Danger::kCritical, "fetches URLs"},
+    {"aiohttp.*", "network", Danger::kCritical, "fetches URLs"},
+    {"ftplib.*", "network", Danger::kCritical, "FTP client"},
+    {"smtplib.*", "network", Danger::kCritical, "sends mail"},
+    {"telnetlib.*", "network", Danger::kCritical, "telnet client"},
+    {"xmlrpc.*", "network", Danger::kCritical, "RPC client/server"},
+    {"socketserver.*", "network", Danger::kCritical, "network server"},
+    {"huggingface_hub.*", "network", Danger::kHigh, "downloads files"},
+    // --- file writes -------------------------------------------------------
+    // A path object is inert; its methods (write_text, unlink) are reachable
+    // only through getattr or a dotted name, both refused. Training
+    // checkpoints keep PosixPath hyper-parameters: allowlistable.
+    {"pathlib.PosixPath", "file", Danger::kHigh, "a path object; its methods read, write and delete files"},
+    {"pathlib.WindowsPath", "file", Danger::kHigh, "a path object; its methods read, write and delete files"},
+    {"pathlib.PurePosixPath", "file", Danger::kMedium, "a pure path object (no file access)"},
+    {"pathlib.PureWindowsPath", "file", Danger::kMedium, "a pure path object (no file access)"},
+    {"shutil.*", "file", Danger::kCritical, "copies, moves and deletes files"},
+    {"pathlib.*", "file", Danger::kCritical, "reads, writes and deletes files"},
+    {"tempfile.*", "file", Danger::kHigh, "creates files"},
+    {"glob.*", "file", Danger::kMedium, "lists files"},
+    {"fileinput.*", "file", Danger::kHigh, "reads/rewrites files in place"},
+    {"zipfile.*", "file", Danger::kHigh, "reads and writes archives"},
+    {"tarfile.*", "file", Danger::kHigh, "extracts archives (path traversal)"},
+    {"logging.*", "file", Danger::kMedium, "logging handlers write files"},
+    {"sqlite3.*", "file", Danger::kHigh, "opens databases (files)"},
+    {"mmap.*", "file", Danger::kHigh, "maps files"},
+};
+
+bool pattern_matches(std::string_view pattern, std::string_view name) {
+  if (pattern.size() >= 2 && pattern.substr(pattern.size() - 2) == ".*") {
+    std::string_view mod = pattern.substr(0, pattern.size() - 2);
+    return name.size() > mod.size() && name.substr(0, mod.size()) == mod && name[mod.size()] == '.';
+  }
+  return pattern == name;
+}
+
 bool valid_name(std::string_view s) {
   if (s.empty() || s.size() > 512 || s.front() == '.' || s.back() == '.') return false;
   bool dot = false;
@@ -121,9 +280,34 @@ Status Allowlist::insert(AllowEntry e) {
   return {};
 }
 
+const DangerousGlobal* find_dangerous_global(std::string_view name) noexcept {
+  for (const auto& d : kDangerous)
+    if (pattern_matches(d.pattern, name)) return &d;
+  return nullptr;
+}
+
+bool is_known_dangerous(std::string_view name) noexcept {
+  const DangerousGlobal* d = find_dangerous_global(name);
+  return d != nullptr && d->danger != Danger::kUnlisted;
+}
+
+std::span<const DangerousGlobal> dangerous_globals() noexcept {
+  return kDangerous;
+}
+
+Allowlist::Allowlist() : Allowlist(default_policy()) {}
+
+Allowlist Allowlist::none() {
+  return Allowlist(NoneTag{});
+}
+
 Status Allowlist::add(std::string_view name, std::string_view handled_as, std::string_view source) {
   if (!valid_name(name))
     return make_error(ErrorCode::kInvalidArgument, "not a 'module.qualname' global name: '" + std::string(name) + "'");
+  if (is_blocked(name))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'" + std::string(name) + "' cannot be allowlisted: " + blocked_reason(name) +
+                          ". A file that imports it tries to run code; it is refused whatever the allowlist says");
   AllowEntry e;
   e.name = std::string(name);
   e.source = std::string(source);
@@ -140,8 +324,7 @@ Status Allowlist::add(std::string_view name, std::string_view handled_as, std::s
   return insert(std::move(e));
 }
 
-Result<Allowlist> Allowlist::parse(std::string_view text, std::string_view source) {
-  Allowlist a;
+Status Allowlist::parse_into(Allowlist& a, std::string_view text, std::string_view source) {
   std::size_t line_no = 0;
   while (!text.empty()) {
     std::size_t nl = text.find('\n');
@@ -164,17 +347,30 @@ Result<Allowlist> Allowlist::parse(std::string_view text, std::string_view sourc
     if (!st)
       return make_error(ErrorCode::kInvalidArgument,
                         std::string(source) + ":" + std::to_string(line_no) + ": " + st.error().message());
-    a.entries_.back().comment = comment;
+    a.entries_[a.index_.at(std::string(name))].comment = comment;
   }
+  return {};
+}
+
+Result<Allowlist> Allowlist::parse(std::string_view text, std::string_view source) {
+  Allowlist a;
+  SAFECKPT_CHECK(parse_into(a, text, source));
   return a;
 }
 
-Result<Allowlist> Allowlist::load_file(const std::filesystem::path& path) {
+namespace {
+Result<std::string> read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::kIo, "cannot read allowlist file " + path.string());
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), path.string());
+  return ss.str();
+}
+}  // namespace
+
+Result<Allowlist> Allowlist::load_file(const std::filesystem::path& path) {
+  SAFECKPT_TRY(std::string text, read_text(path));
+  return parse(text, path.string());
 }
 
 void Allowlist::merge(const Allowlist& other) {
@@ -182,32 +378,46 @@ void Allowlist::merge(const Allowlist& other) {
 }
 
 Status Allowlist::add_file(const std::filesystem::path& path) {
-  SAFECKPT_TRY(Allowlist other, load_file(path));
-  merge(other);
+  SAFECKPT_TRY(std::string text, read_text(path));
+  // Parse into a copy so a bad line leaves this policy unchanged.
+  Allowlist copy = *this;
+  SAFECKPT_CHECK(parse_into(copy, text, path.string()));
+  *this = std::move(copy);
   return {};
 }
 
 const AllowEntry* Allowlist::find(std::string_view name) const {
   auto it = index_.find(std::string(name));
-  return it == index_.end() ? nullptr : &entries_[it->second];
+  if (it == index_.end() || is_blocked(name)) return nullptr;
+  return &entries_[it->second];
 }
 
 bool Allowlist::is_blocked(std::string_view name) {
   // torch/_weights_only_unpickler.py: `module in {"sys", "os", "posix", "nt"}`
-  // (the module part of the GLOBAL; submodules like os.path are modules of
-  // their own in Python, but "os.path" as module text is blocked here too:
-  // stricter, and no checkpoint needs it).
+  // (the module part of the GLOBAL; "os.path" as module text is blocked here
+  // too: stricter, and no checkpoint needs it), extended to every kCritical
+  // row of kDangerous (allowlist.hpp, "Hard block").
   for (std::string_view m : {"sys", "os", "posix", "nt"}) {
     if (name.size() > m.size() && name.substr(0, m.size()) == m && name[m.size()] == '.') return true;
   }
-  return false;
+  const DangerousGlobal* d = find_dangerous_global(name);
+  return d != nullptr && d->danger == Danger::kCritical;
+}
+
+std::string Allowlist::blocked_reason(std::string_view name) {
+  if (!is_blocked(name)) return {};
+  const DangerousGlobal* d = find_dangerous_global(name);
+  if (d == nullptr || d->danger != Danger::kCritical)
+    return "its module is blocked by PyTorch's weights-only unpickler (sys, os, posix, nt)";
+  return "known-dangerous (" + std::string(d->category) + "): " + std::string(d->why);
 }
 
 const Allowlist& Allowlist::default_policy() {
   static const Allowlist kDefault = [] {
-    auto a = Allowlist::parse(detail::kDefaultAllowlist, "default");
+    Allowlist a = Allowlist::none();
     // The embedded file is checked by tests; a parse failure is a build bug.
-    return a ? std::move(a).value() : Allowlist();
+    if (!parse_into(a, detail::kDefaultAllowlist, "default")) return Allowlist::none();
+    return a;
   }();
   return kDefault;
 }

@@ -82,12 +82,7 @@ const AllowEntry* TorchHooks::entry_of(NodeId g) const {
 }
 
 Result<NodeId> TorchHooks::resolve_global(std::string_view name, const OpContext&) {
-  if (Allowlist::is_blocked(name)) {
-    auto dot = name.find('.');
-    return make_error(ErrorCode::kDisallowedGlobal, "Trying to load unsupported GLOBAL " + std::string(name) +
-                                                        " whose module " + std::string(name.substr(0, dot)) +
-                                                        " is blocked (always refused, even if allowlisted).");
-  }
+  if (Allowlist::is_blocked(name)) return make_error(ErrorCode::kDisallowedGlobal, allow_hint(name));
   const AllowEntry* e = allow_.find(name);
   if (e == nullptr) return make_error(ErrorCode::kDisallowedGlobal, allow_hint(name));
   Node n;
@@ -422,17 +417,22 @@ Result<NodeId> TorchHooks::rebuild_device_from_cpu(const std::vector<NodeId>& v)
 }
 
 // _rebuild_from_type_v2(func, new_type, args, state): func(*args), then
-// as_subclass(new_type) and attribute state. Only torch.Tensor and
-// nn.Parameter types are modelled; the state is kept as Python attributes.
+// as_subclass(new_type) and attribute state. torch.Tensor and nn.Parameter
+// are modelled; any other new_type must be a user-allowlisted class (torch's
+// add_safe_globals([MyTensor]) case): the tensor keeps its data, the
+// subclass's name (TensorInfo::subclass) and its state (python_state);
+// nothing of the class is run.
 Result<NodeId> TorchHooks::rebuild_from_type_v2(const std::vector<NodeId>& v, const OpContext& ctx) {
   std::string_view fn = "_rebuild_from_type_v2";
   if (v.size() != 4) return bad_args(fn, "expected (func, new_type, args, state)");
   const AllowEntry* type = entry_of(v[1]);
   if (arena_[v[0]].kind != Kind::kGlobal) return bad_args(fn, "func must be a global");
   if (arena_[v[2]].kind != Kind::kTuple) return bad_args(fn, "args must be a tuple");
-  if (type == nullptr || (type->builtin != Builtin::kTensorClass && type->builtin != Builtin::kParameter))
-    return make_error(ErrorCode::kUnsupported,
-                      std::string(fn) + ": tensor subclass " + arena_[v[1]].text + " is not modelled");
+  const bool subclass = type != nullptr && type->user && type->builtin == Builtin::kGeneric;
+  if (type == nullptr || (!subclass && type->builtin != Builtin::kTensorClass && type->builtin != Builtin::kParameter))
+    return make_error(ErrorCode::kUnsupported, std::string(fn) + ": tensor subclass " + arena_[v[1]].text +
+                                                   " is not modelled (allowlist it with --allow FILE / "
+                                                   "Allowlist::add to load it as a tensor with its class name)");
   // func must be a rebuild function that makes the tensor itself: nesting
   // _rebuild_from_type_v2 inside its own args would recurse as deep as the
   // file nests tuples (found by fuzz/regressions/load).
@@ -444,10 +444,11 @@ Result<NodeId> TorchHooks::rebuild_from_type_v2(const std::vector<NodeId>& v, co
   const Node& state = arena_[v[3]];
   bool empty_state = (state.kind == Kind::kDict || state.kind == Kind::kOrderedDict) && state.items.empty();
   bool to_param = type->builtin == Builtin::kParameter;
-  if (empty_state && !to_param) return inner;
+  if (empty_state && !to_param && !subclass) return inner;
   TensorInfo t = t_.tensors[static_cast<std::size_t>(arena_[inner].i)];
   if (state.kind != Kind::kNone && !empty_state) t.python_state = v[3];
   if (to_param) t.is_parameter = true;
+  if (subclass) t.subclass = type->name;
   return add_tensor(std::move(t));
 }
 
@@ -1011,12 +1012,34 @@ Status TorchHooks::numpy_build(NodeId obj, NodeId state_id) {
 }
 
 std::string allow_hint(std::string_view g) {
-  std::string s = "Unsupported global: GLOBAL " + std::string(g) +
-                  " was not an allowed global by default (PyTorch's weights-only set). If you trust this file, "
-                  "allow it with `--allow FILE` (a line `" +
-                  std::string(g) + "`) or Allowlist::add(\"" + std::string(g) +
-                  "\") — the equivalent of torch.serialization.add_safe_globals([" + std::string(g) + "]).";
-  return s;
+  std::string name(g);
+  if (Allowlist::is_blocked(g))
+    return "Unsupported global: GLOBAL " + name + " is " + Allowlist::blocked_reason(g) +
+           ". This file tries to run code when unpickled; safeckpt refuses it always (it cannot be allowlisted). "
+           "Do not load this file with torch.load(weights_only=False).";
+  if (const DangerousGlobal* d = find_dangerous_global(g); d != nullptr && is_known_dangerous(g))
+    return "Unsupported global: GLOBAL " + name + " is a known-dangerous callable (" + std::string(d->category) + ": " +
+           std::string(d->why) +
+           "). This file tries to run code (or build objects the weights-only rules forbid) when unpickled; do "
+           "not allowlist it and do not load it with torch.load(weights_only=False).";
+  // numpy values: the shipped numpy.allow rebuilds arrays as tensors; a plain
+  // line would turn them into opaque objects.
+  bool numpy_value = g.rfind("numpy.dtypes.", 0) == 0;
+  for (std::string_view n :
+       {"numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy._core.multiarray.scalar",
+        "numpy.core.multiarray.scalar", "numpy.ndarray", "numpy.dtype"})
+    numpy_value = numpy_value || g == n;
+  if (numpy_value)
+    return "Unsupported global: GLOBAL " + name +
+           " was not an allowed global by default (PyTorch's weights-only set). The file holds numpy arrays "
+           "or scalars: if you trust it, load it with `--allow allowlist/numpy.allow` (the shipped list, "
+           "which rebuilds arrays as tensors and scalars as numbers) or Allowlist::add_file(\"allowlist/"
+           "numpy.allow\").";
+  return "Unsupported global: GLOBAL " + name +
+         " was not an allowed global by default (PyTorch's weights-only set). If you trust this file, "
+         "allow it with `--allow FILE` (a line `" +
+         name + "`) or Allowlist::add(\"" + name + "\") — the equivalent of torch.serialization.add_safe_globals([" +
+         name + "]).";
 }
 
 }  // namespace safeckpt

@@ -2,6 +2,8 @@
 // legacy tar checkpoints are examined member by member.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+
 #include "test_scan_helpers.hpp"
 
 using namespace scantest;
@@ -17,6 +19,43 @@ TEST_CASE("scan/archive: duplicate names: both copies are scanned, the anomaly n
   CHECK(has(r, Rule::kImportDangerous, "os.system"));
   CHECK(r.verdict == Verdict::kUnsafe);
   CHECK_FALSE(r.loader.ok);
+}
+
+TEST_CASE("scan/archive: duplicate names: findings name each copy and the copy PyTorch 1.13 reads") {
+  // tests/data/zip_duplicates/observed.txt (gen_zip_duplicates.py, torch 1.13):
+  // PyTorch's miniz lookup is not "the first copy".
+  struct Obs {
+    const char* file;
+    int copies;
+    int read_entry;
+  };
+  const auto dir = std::filesystem::path(SAFECKPT_TEST_DATA) / "zip_duplicates";
+  for (const Obs& o : {Obs{"dup2.pt", 2, 0}, Obs{"dup3_extra7.pt", 3, 0}, Obs{"dup5.pt", 5, 3}}) {
+    INFO(o.file);
+    auto r = safeckpt::scan::scan_file(dir / o.file);
+    INFO(dump(r));
+    CHECK(has_text(r, Rule::kArchiveAnomaly,
+                   std::to_string(o.copies) + " entries hold this name: entry #0 at offset 0, entry #1 at offset "));
+    CHECK(has_text(r, Rule::kArchiveAnomaly, "; PyTorch reads entry #" + std::to_string(o.read_entry) + " at offset "));
+    // Copy 1 (central entry #0) calls builtins.len: its findings say which copy.
+    bool named = false;
+    for (const auto& f : r.findings)
+      if (f.global == "builtins.len") named = named || f.member.find("archive/data.pkl [entry #0 at offset 0") == 0;
+    // ... and say so when it is the one PyTorch reads.
+    if (o.read_entry == 0) CHECK(has_text(r, Rule::kImportDangerous, "the copy PyTorch reads]"));
+    CHECK(named);
+    CHECK(r.verdict == Verdict::kUnsafe);
+  }
+}
+
+TEST_CASE("scan/archive: names equal but for case are one name to PyTorch (miniz compares ignoring case)") {
+  auto m = torch_members(state_dict_pickle());
+  m.push_back({"archive/DATA.PKL", os_system_pickle()});
+  auto r = scan(make_zip(m));
+  INFO(dump(r));
+  CHECK(has_text(r, Rule::kArchiveAnomaly, "2 entries hold this name (ignoring case)"));
+  CHECK(has(r, Rule::kImportDangerous, "os.system"));
+  CHECK(r.verdict == Verdict::kUnsafe);
 }
 
 TEST_CASE("scan/archive: entries outside the root folder and trailing data") {
