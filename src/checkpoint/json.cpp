@@ -497,7 +497,16 @@ std::string repr(const ValueArena& a, const Checkpoint& c, NodeId id, std::size_
     case Kind::kInt: return std::to_string(n.i);
     case Kind::kBigInt: return cut(n.text, max);
     case Kind::kFloat: return python_float_repr(n.re);
-    case Kind::kComplex: return "(" + python_float_repr(n.re) + "+" + python_float_repr(n.im) + "j)";
+    case Kind::kComplex: {
+      // As Python prints complex numbers: (1+2j), (1.5-2j).
+      auto part = [](double v) {
+        std::string r = python_float_repr(v);
+        if (r.size() > 2 && r.compare(r.size() - 2, 2, ".0") == 0) r.resize(r.size() - 2);
+        return r;
+      };
+      const std::string im = part(n.im);
+      return "(" + part(n.re) + (im[0] == '-' ? "" : "+") + im + "j)";
+    }
     case Kind::kStr: return "'" + escaped(n.text, max, '\'') + "'";
     case Kind::kBytes: return "b'" + escaped(n.text, max, '\'') + "'";
     case Kind::kByteArray: return "bytearray(b'" + escaped(n.text, max, '\'') + "')";
@@ -628,6 +637,22 @@ Result<std::string> to_text(const Checkpoint& c, const TextOptions& o) {
       if (n.items.empty()) {
         line(v, n.kind == Kind::kList ? "[]" : n.kind == Kind::kTuple ? "()" : "{}");
         return detail::WalkStep::kSkip;
+      }
+      if ((n.kind == Kind::kList || n.kind == Kind::kTuple) && n.items.size() <= 8) {
+        // A short list/tuple of plain values on one line: "betas = (0.9, 0.999)".
+        std::string inl = n.kind == Kind::kList ? "[" : "(";
+        bool flat = true;
+        for (std::size_t i = 0; i < n.items.size() && flat; ++i) {
+          const NodeId e = n.items[i];
+          flat = e < a.size() && !detail::is_named_container(a[e].kind) && a[e].kind != Kind::kTensor;
+          if (flat) inl += (i ? ", " : "") + repr(a, c, e, o.max_repr_bytes);
+        }
+        if (n.kind == Kind::kTuple && n.items.size() == 1) inl += ",";
+        inl += n.kind == Kind::kList ? "]" : ")";
+        if (flat && inl.size() <= o.max_repr_bytes) {
+          line(v, inl);
+          return detail::WalkStep::kSkip;
+        }
       }
       if (v.depth >= o.max_depth) {
         line(v, repr(a, c, v.id, o.max_repr_bytes) + " (nested deeper than " + std::to_string(o.max_depth) +

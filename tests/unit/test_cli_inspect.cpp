@@ -38,7 +38,11 @@ TEST_CASE("inspect: exit codes follow the refusal kind") {
   CHECK(run("inspect").code == 2);  // usage error
   // --allow turns a policy refusal into a load
   auto allow = fs::path(SAFECKPT_SOURCE_DIR) / "allowlist" / "python_values.allow";
-  CHECK(run("inspect --allow " + allow.string() + " " + (c211 / "python_values.pt").string()).code == 0);
+  Run pv = run("inspect --allow " + allow.string() + " " + (c211 / "python_values.pt").string());
+  CHECK(pv.code == 0);
+  // Values as python_values.json records them, printed the way Python does.
+  for (const char* line : {"  complex = (1+2j)\n", "  int_big = 1180591620717411303424\n", "  none = None\n"})
+    CHECK_MESSAGE(pv.out.find(line) != std::string::npos, line);
 }
 
 TEST_CASE("inspect --json prints the library's tree; the table names every tensor") {
@@ -82,7 +86,8 @@ TEST_CASE("inspect text view: non-tensor values by path; the header counts the r
   REQUIRE_MESSAGE(c.has_value(), (c ? "" : c.error().to_string()));
   // Values as tests/data/corpus/torch-2.11/training_checkpoint.json records them.
   for (const char* line : {"  epoch = 3\n", "  global_step = 1200\n", "  optimizer.param_groups.0.lr = 0.001\n",
-                           "  config.name = 'run1'\n"})
+                           "  config.name = 'run1'\n", "  optimizer.param_groups.0.betas = (0.9, 0.95)\n",
+                           "  config.layers = [8, 8, 2]\n"})
     CHECK_MESSAGE(t.out.find(line) != std::string::npos, line);
   const std::size_t rows = c->state_dict().size();
   CHECK_MESSAGE(t.out.find("(" + std::to_string(rows) + " tensors,") != std::string::npos, t.out.substr(0, 200));
