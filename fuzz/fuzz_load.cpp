@@ -5,14 +5,16 @@
 // Option byte: bit 0 verify_storage_crc; bit 1 extended allowlist (default +
 // user entries); bit 2 tiny limits (4 tensors, 4 KiB of storage, 16 zip
 // entries); bit 3 also load_buffer (owned copy) and compare; bit 4 to_json
-// with hashes.
+// with hashes (bit 5 indented, bit 6 with the schema member). to_text (the
+// inspect text view) runs on every input that loads.
 //
 // Invariants: documented error codes only (never kInternal, never kIo for
 // bytes in memory); a successful load describes only views inside their
 // storages, valid indices and node ids (fuzz/check_tables.hpp), storages of
 // stored records borrow the input; contiguous_bytes equals an independent
 // row-major gather; memory within a multiple of the input size; load_bytes
-// and load_buffer agree.
+// and load_buffer agree; to_json / to_text output within a multiple of the
+// input size (or kLimitExceeded), whatever the depth or memo sharing.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,7 +33,8 @@ namespace {
 
 constexpr std::uint64_t kMaxCopyBytes = 1u << 20;  // per harness run, for contiguous/dense copies
 
-void check_loaded(const sc::Checkpoint& ck, sc::Bytes input, const sc::LoadOptions& opt, bool from_input, bool json) {
+void check_loaded(const sc::Checkpoint& ck, sc::Bytes input, const sc::LoadOptions& opt, bool from_input, bool json,
+                  const fz::Input& in) {
   FUZZ_REQUIRE(ck.format() == sc::FileFormat::kTorchZip || ck.format() == sc::FileFormat::kLegacyPickle ||
                    ck.format() == sc::FileFormat::kBarePickle,
                "loaded a checkpoint of format " + std::string(sc::file_format_name(ck.format())));
@@ -84,16 +87,40 @@ void check_loaded(const sc::Checkpoint& ck, sc::Bytes input, const sc::LoadOptio
     }
   }
 
+  // What `safeckpt inspect` prints (issue 11: a deep tree crashed --json and
+  // made the text view grow without bound): both renderers run on every input
+  // that loads, and their output is bounded by a multiple of the input size.
   if (json) {
     sc::JsonOptions jo;
     jo.hashes = true;
-    jo.indent = -1;
+    jo.indent = in.bit(5) ? 1 : -1;
+    jo.schema_version = in.bit(6);
     jo.max_output_nodes = 1u << 14;
+    jo.max_shared_output_bytes = 1u << 16;
     auto j = sc::to_json(ck, jo);
-    if (!j)
+    if (!j) {
       fz::check_error(j.error(), {sc::ErrorCode::kLimitExceeded}, "to_json");
-    else
+    } else {
       FUZZ_REQUIRE(!j->empty(), "to_json returned empty text");
+      // First writings cost at most ~(indentation + separators + escaped text)
+      // per input byte plus a tensor object per tensor; re-writings at most 4x
+      // that plus max_shared_output_bytes.
+      const std::uint64_t first = 128 * input.size() + 2048 * ck.tensors().size() + 4096;
+      FUZZ_REQUIRE(
+          j->size() <= 5 * first + jo.max_shared_output_bytes,
+          "to_json wrote " + std::to_string(j->size()) + " bytes for " + std::to_string(input.size()) + " input bytes");
+    }
+  }
+  sc::TextOptions to;
+  to.title = "fuzz";
+  auto t = sc::to_text(ck, to);
+  if (!t) {
+    fz::check_error(t.error(), {sc::ErrorCode::kLimitExceeded}, "to_text");
+  } else {
+    const std::uint64_t per_line = 3 * (to.max_name_bytes + to.max_repr_bytes) + 400;
+    FUZZ_REQUIRE(t->size() <= per_line * (ck.tensors().size() + to.max_value_lines + 8),
+                 "to_text wrote " + std::to_string(t->size()) + " bytes for " + std::to_string(ck.tensors().size()) +
+                     " tensors");
   }
 }
 
@@ -120,7 +147,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!r)
     fz::check_error(r.error(), allowed, "load_bytes");
   else
-    check_loaded(*r, in.data, opt, true, in.bit(4));
+    check_loaded(*r, in.data, opt, true, in.bit(4), in);
 
   if (in.bit(3)) {
     auto b = sc::load_buffer(std::vector<std::uint8_t>(in.data.begin(), in.data.end()), opt);
@@ -132,7 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_REQUIRE(b->tensors().size() == r->tensors().size() && b->storages().size() == r->storages().size() &&
                        b->values().size() == r->values().size(),
                    "load_buffer and load_bytes built different checkpoints");
-      check_loaded(*b, b->file().bytes(), opt, true, false);
+      check_loaded(*b, b->file().bytes(), opt, true, false, in);
     }
   }
   return 0;

@@ -46,6 +46,11 @@
 
 namespace safeckpt {
 
+// Longest tensor name named_tensors() builds by default: 64 KiB, hundreds of
+// times a real state_dict key (module paths of a few hundred bytes at most);
+// longer names only come from hostile nesting or memo-shared long keys.
+inline constexpr std::uint64_t kMaxTensorNameBytes = 64u << 10;
+
 struct NamedTensor {
   std::string name;      // "layer.0.weight": dict keys joined with '.', list indices as numbers
   std::uint32_t tensor;  // index into Checkpoint::tensors()
@@ -86,6 +91,15 @@ class Checkpoint {
   // name -> tensor for every tensor reachable through dicts (str/int keys),
   // lists and tuples, depth-first in order, each tensor object once (the first
   // path wins for tensors reachable twice). A top-level tensor is named "".
+  // Iterative and linear in the value tree: each container is walked once,
+  // at the first path that reaches it (a memo-shared sub-graph is not
+  // re-expanded; a cycle ends there), and the path is one buffer, so a deep
+  // tree costs O(depth) memory. Errors: kLimitExceeded when a tensor's name
+  // would be longer than `max_name_bytes` (a hostile file nests a tensor a
+  // million lists deep, or under one memo-shared long key at every level).
+  Result<std::vector<NamedTensor>> named_tensors(std::uint64_t max_name_bytes = kMaxTensorNameBytes) const;
+  // named_tensors() with the default cap; EMPTY when that fails (callers that
+  // must tell "no tensors" from "refused" use named_tensors()).
   std::vector<NamedTensor> state_dict() const;
 
   // Row-major (C-contiguous) little-endian copy of a strided tensor's

@@ -106,9 +106,11 @@ struct Limits {
   std::uint64_t max_zip_name_bytes = 4096;
   // Legacy sequential-pickle format: storages in the file.
   std::uint64_t max_legacy_storages = 1u << 20;
-  // Depth of nested value trees when emitting JSON / comparing; iteration is
-  // explicit-stack, this only bounds output size for hostile shared graphs.
-  std::uint64_t max_output_nodes = 64u << 20;
+  // Values written by to_json (safeckpt/json.hpp; `safeckpt inspect --format
+  // json`), counting every use of a memo-shared value: a 1 KB pickle can be a
+  // DAG of 2^40 paths. 16 Mi = max_nodes: a tree without sharing never hits
+  // it. (Writers are iterative; depth is not capped.)
+  std::uint64_t max_output_nodes = 16u << 20;
 };
 
 // The running total of bytes charged against Limits::max_memory_bytes for one

@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
 
 #include "checkpoint/builder.hpp"
+#include "checkpoint/paths.hpp"
 #include "torch/object_model.hpp"
 
 namespace safeckpt {
@@ -56,64 +56,35 @@ Checkpoint LoadBuilder::finish(FileFormat format, NodeId root, TorchTables&& tab
 
 // ---- accessors ---------------------------------------------------------------------
 
-std::vector<NamedTensor> Checkpoint::state_dict() const {
+Result<std::vector<NamedTensor>> Checkpoint::named_tensors(std::uint64_t max_name_bytes) const {
   std::vector<NamedTensor> out;
-  std::unordered_set<NodeId> seen_tensor, on_path;
-  struct Frame {
-    NodeId id;
-    std::string prefix;
-    std::size_t next = 0;
-    bool entered = false;
-  };
-  if (root_ == kNoNode) return out;
-  std::vector<Frame> st{{root_, ""}};
-  auto join = [](const std::string& p, const std::string& k) { return p.empty() ? k : p + "." + k; };
-  while (!st.empty()) {
-    Frame& f = st.back();
-    const Node& n = arena_[f.id];
-    if (n.kind == Kind::kTensor) {
-      if (seen_tensor.insert(f.id).second) out.push_back({f.prefix, static_cast<std::uint32_t>(n.i)});
-      st.pop_back();
-      continue;
+  std::vector<bool> seen(tensors_.size(), false);
+  Status failed;
+  detail::walk_paths(arena_, root_, max_name_bytes, [&](const detail::PathVisit& v) {
+    const Node& n = arena_[v.id];
+    if (n.kind != Kind::kTensor) return detail::WalkStep::kDescend;
+    const auto t = static_cast<std::uint32_t>(n.i);
+    if (t >= seen.size() || seen[t]) return detail::WalkStep::kSkip;
+    seen[t] = true;
+    if (!v.path_complete) {
+      failed = make_error(ErrorCode::kLimitExceeded, "tensor " + std::to_string(t) + " at nesting depth " +
+                                                         std::to_string(v.depth) + " would be named by a path of " +
+                                                         std::to_string(v.path_bytes) + " bytes; the cap is " +
+                                                         std::to_string(max_name_bytes) + " bytes (named \"" +
+                                                         std::string(v.path.substr(0, 64)) + "...\")");
+      return detail::WalkStep::kStop;
     }
-    bool dict = n.kind == Kind::kDict || n.kind == Kind::kOrderedDict || n.kind == Kind::kCounter;
-    bool seq = n.kind == Kind::kList || n.kind == Kind::kTuple;
-    if (!dict && !seq) {
-      st.pop_back();
-      continue;
-    }
-    if (!f.entered) {
-      if (!on_path.insert(f.id).second) {  // cycle
-        st.pop_back();
-        continue;
-      }
-      f.entered = true;
-    }
-    std::size_t step = dict ? 2 : 1;
-    if (f.next >= n.items.size()) {
-      on_path.erase(f.id);
-      st.pop_back();
-      continue;
-    }
-    std::size_t i = f.next;
-    f.next += step;
-    std::string key;
-    if (dict) {
-      const Node& k = arena_[n.items[i]];
-      if (k.kind == Kind::kStr)
-        key = k.text;
-      else if (k.kind == Kind::kInt)
-        key = std::to_string(k.i);
-      else
-        continue;  // other keys do not name tensors
-    } else {
-      key = std::to_string(i);
-    }
-    NodeId child = dict ? n.items[i + 1] : n.items[i];
-    std::string prefix = join(f.prefix, key);
-    st.push_back(Frame{child, std::move(prefix)});
-  }
+    out.push_back({std::string(v.path), t});
+    return detail::WalkStep::kSkip;
+  });
+  if (!failed) return unexpected(std::move(failed).error());
   return out;
+}
+
+std::vector<NamedTensor> Checkpoint::state_dict() const {
+  auto r = named_tensors();
+  if (!r) return {};
+  return std::move(*r);
 }
 
 Result<std::vector<std::uint8_t>> Checkpoint::contiguous_bytes(std::uint32_t index) const {

@@ -7,6 +7,9 @@
 // __metadata__ entry (compact JSON) when it is plain data (None, bool, int,
 // float, str, torch.Size/dtype/device, lists/tuples/str-keyed dicts of
 // those). A state_dict's `_metadata` (module versions) is dropped with a note.
+// Hostile trees: each container is descended once (shared ones are noted),
+// JSON sizes are computed once bottom-up (JsonSizes), and names are capped at
+// kMaxTensorNameBytes (kLimitExceeded), so the work is linear in the tree.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -132,6 +135,110 @@ Encoded encode(const ValueArena& a, NodeId root, std::uint64_t budget) {
   return e;
 }
 
+// What encode() would give for every node reachable from `root`, computed
+// once, bottom-up, iteratively (explicit stack): the exact compact JSON size
+// capped at budget + 1, or kNotJson for a value encode() stops at (a tensor,
+// a value JSON cannot hold, or a container that reaches a cycle). The walk
+// in plan() asks this instead of encoding each container it descends
+// through, which made a deep chain quadratic (every level re-encoded the
+// levels below it up to the budget).
+class JsonSizes {
+ public:
+  static constexpr std::uint64_t kNotJson = ~std::uint64_t{0};
+
+  JsonSizes(const ValueArena& a, std::uint64_t budget) : a_(a), budget_(budget), size_(a.size(), kUnknown) {}
+
+  std::uint64_t size(NodeId root) {
+    if (root >= a_.size()) return kNotJson;
+    if (size_[root] != kUnknown) return size_[root];
+    struct Frame {
+      NodeId id;
+      std::size_t next;
+      std::uint64_t acc;
+      bool key_counted;  // the separator and key of item `next` are in acc
+    };
+    std::vector<Frame> st;
+    auto open = [&](NodeId id) -> bool {  // true if pushed; else size_[id] is set
+      const Node& n = a_[id];
+      const bool is_dict = n.kind == Kind::kDict || n.kind == Kind::kOrderedDict;
+      const bool is_seq = n.kind == Kind::kList || n.kind == Kind::kTuple || n.kind == Kind::kSize;
+      if (!is_dict && !is_seq) {
+        Encoded e = encode(a_, id, budget_);  // a leaf: one node
+        size_[id] = !e.unrepresentable.empty() || e.has_tensor ? kNotJson : std::min(e.text.size(), budget_ + 1);
+        return false;
+      }
+      size_[id] = kInProgress;
+      st.push_back({id, 0, 2, false});
+      return true;
+    };
+    if (!open(root)) return size_[root];
+    while (!st.empty()) {
+      Frame& f = st.back();
+      const Node& n = a_[f.id];
+      const bool is_dict = n.kind == Kind::kDict || n.kind == Kind::kOrderedDict;
+      const std::size_t step = is_dict ? 2 : 1;
+      auto finish = [&](std::uint64_t v) {
+        size_[f.id] = v;
+        st.pop_back();
+      };
+      if (f.acc == kNotJson) {
+        finish(kNotJson);
+        continue;
+      }
+      if (f.next + step > n.items.size()) {
+        finish(std::min(f.acc, budget_ + 1));
+        continue;
+      }
+      if (!f.key_counted && f.next > 0) f.acc += 1;  // ','
+      if (!f.key_counted && is_dict) {
+        const NodeId kid = n.items[f.next];
+        if (kid >= a_.size()) {
+          finish(kNotJson);
+          continue;
+        }
+        const Node& k = a_[kid];
+        if (k.kind == Kind::kStr)
+          f.acc += json_quote(k.text).size() + 1;  // "key":
+        else if (k.kind == Kind::kInt)
+          f.acc += std::to_string(k.i).size() + 3;
+        else {
+          finish(kNotJson);
+          continue;
+        }
+      }
+      f.key_counted = true;
+      const NodeId child = n.items[f.next + step - 1];
+      if (child >= a_.size()) {
+        finish(kNotJson);
+        continue;
+      }
+      const std::uint64_t cs = size_[child];
+      if (cs == kInProgress || cs == kNotJson) {  // a cycle, or a value JSON cannot hold
+        finish(kNotJson);
+        continue;
+      }
+      if (cs == kUnknown) {
+        if (open(child)) continue;  // revisit this frame (same f.next) when the child is done
+      }
+      const std::uint64_t v = size_[child];
+      if (v == kNotJson) {
+        finish(kNotJson);
+        continue;
+      }
+      f.acc = std::min(f.acc + v, budget_ + 1);
+      f.next += step;
+      f.key_counted = false;
+    }
+    return size_[root];
+  }
+
+ private:
+  static constexpr std::uint64_t kUnknown = kNotJson - 1, kInProgress = kNotJson - 2;
+  const ValueArena& a_;
+  std::uint64_t budget_;
+  std::vector<std::uint64_t> size_;
+};
+
 struct Plan {
   std::vector<SafetensorsEntry> entries;
   std::vector<std::pair<std::string, std::string>> metadata;
@@ -199,13 +306,18 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
     return {};
   };
 
-  auto add_value = [&](NodeId id, const std::string& name, const Encoded& enc) -> Status {
-    if (!enc.unrepresentable.empty() || enc.text.size() > opt.max_metadata_value_bytes ||
-        md_bytes + enc.text.size() > opt.max_metadata_bytes) {
+  JsonSizes sizes(a, opt.max_metadata_value_bytes);
+  // Encodes only values that will be kept: a value that is dropped is never
+  // encoded, and kept ones are bounded by max_metadata_bytes in total.
+  auto add_value = [&](NodeId id, const std::string& name) -> Status {
+    const std::uint64_t size = sizes.size(id);
+    if (size == JsonSizes::kNotJson || size > opt.max_metadata_value_bytes ||
+        md_bytes + size > opt.max_metadata_bytes) {
       if (opt.drop_non_tensors) {
         dropped.push_back(name);
         return {};
       }
+      const Encoded enc = encode(a, id, opt.max_metadata_value_bytes);  // once: this ends the plan
       std::string why = !enc.unrepresentable.empty() ? "holds a " + enc.unrepresentable + ", which JSON cannot hold"
                                                      : "is too large for __metadata__";
       return unsupported("non-tensor value \"" + (name.empty() ? std::string("<root>") : name) + "\" (" +
@@ -217,6 +329,7 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
     }
     for (const auto& [k, v] : p.metadata)
       if (k == name) return unsupported("metadata key \"" + name + "\" is used twice");
+    const Encoded enc = encode(a, id, opt.max_metadata_value_bytes);
     md_bytes += enc.text.size();
     p.metadata.emplace_back(name.empty() ? "value" : name, enc.text);
     return {};
@@ -243,10 +356,9 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
     if (is_dict || is_seq) {
       // A container of plain data is one metadata value; one holding a
       // tensor (or something JSON cannot hold, or too much) is descended.
-      Encoded enc = encode(a, f.id, opt.max_metadata_value_bytes);
-      if (!f.name.empty() && !enc.has_tensor && enc.unrepresentable.empty() &&
-          enc.text.size() <= opt.max_metadata_value_bytes) {
-        SAFECKPT_CHECK(add_value(f.id, f.name, enc));
+      const std::uint64_t size = sizes.size(f.id);
+      if (!f.name.empty() && size != JsonSizes::kNotJson && size <= opt.max_metadata_value_bytes) {
+        SAFECKPT_CHECK(add_value(f.id, f.name));
         continue;
       }
       if (!visited.insert(f.id).second) {
@@ -270,13 +382,19 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
         } else {
           key = std::to_string(i);
         }
+        // Names grow with depth: a hostile chain a million levels deep (or a
+        // memo-shared long key at every level) would make them quadratic.
+        if (f.name.size() + 1 + key.size() > kMaxTensorNameBytes)
+          return make_error(ErrorCode::kLimitExceeded,
+                            "safetensors: an entry under \"" + f.name.substr(0, 64) + "...\" would be named by " +
+                                std::to_string(f.name.size() + 1 + key.size()) + " bytes; the cap is " +
+                                std::to_string(kMaxTensorNameBytes) + " (kMaxTensorNameBytes)");
         kids.push_back({n.items[i + step - 1], join(f.name, key)});
       }
       for (auto it = kids.rbegin(); it != kids.rend(); ++it) st.push_back(std::move(*it));
       continue;
     }
-    Encoded enc = encode(a, f.id, opt.max_metadata_value_bytes);
-    SAFECKPT_CHECK(add_value(f.id, f.name, enc));
+    SAFECKPT_CHECK(add_value(f.id, f.name));
   }
   if (dropped_metadata_attr) note("state_dict _metadata (module versions) is not carried over");
   if (!dropped.empty()) {
