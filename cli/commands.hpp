@@ -4,7 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+
 #include "safeckpt/error.hpp"
+#include "safeckpt/limits.hpp"
 
 namespace safeckpt::cli {
 
@@ -17,6 +20,21 @@ inline constexpr const char* kAllowHelp =
 // "cannot open"; anything else the loader refused is "refused".
 inline const char* failure_word(ErrorCode c) {
   return c == ErrorCode::kIo ? "cannot open" : "refused";
+}
+
+// --max-memory MIB (inspect, scan, convert): Limits::max_memory_bytes, the
+// budget one file's parse may allocate. The default refuses hostile bombs
+// early; a real file that needs more (the refusal names max_memory_bytes,
+// e.g. an optimizer state_dict of several hundred thousand tensors) can be
+// read with a larger one. 0 keeps the default.
+inline void add_max_memory_option(CLI::App* cmd, std::uint64_t& mib) {
+  cmd->add_option("--max-memory", mib,
+                  "MiB one file's parse may allocate (default " + std::to_string(Limits{}.max_memory_bytes >> 20) +
+                      "); raise it for a real checkpoint refused by max_memory_bytes")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
+}
+inline void apply_max_memory(std::uint64_t mib, Limits& limits) {
+  if (mib != 0) limits.max_memory_bytes = mib << 20;
 }
 
 void register_inspect(CLI::App& app, int& exit_code);

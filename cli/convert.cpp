@@ -38,6 +38,7 @@ struct ConvertArgs {
   bool cpu = false;
   bool legacy = false;
   bool no_fsync = false;
+  std::uint64_t max_memory_mib = 0;
 };
 
 bool ends_with(const std::string& s, std::string_view suffix) {
@@ -53,6 +54,7 @@ int fail(const std::string& what, const Error& e) {
 Result<Checkpoint> read_input(const ConvertArgs& a, const Allowlist& allow) {
   LoadOptions opt;
   opt.allowlist = &allow;
+  apply_max_memory(a.max_memory_mib, opt.limits);
   return safeckpt::open(a.in, opt);
 }
 
@@ -120,6 +122,7 @@ void register_convert(CLI::App& app, int& exit_code) {
   cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
   cmd->add_flag("--legacy", args->legacy,
                 "to PyTorch: write the pre-1.6 legacy format (torch.save(..., _use_new_zipfile_serialization=False))");
+  add_max_memory_option(cmd, args->max_memory_mib);
   cmd->add_flag("--no-fsync", args->no_fsync, "skip fsync (faster, not crash-safe)");
   cmd->callback([args, &exit_code] { exit_code = run_convert(*args); });
 }

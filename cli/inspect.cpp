@@ -24,6 +24,7 @@ struct InspectArgs {
   std::string format = "text";  // text | json (--json is an alias of --format json)
   bool no_hashes = false;
   bool no_verify_data = false;
+  std::uint64_t max_memory_mib = 0;
 };
 
 int run_inspect(const InspectArgs& a) {
@@ -35,6 +36,7 @@ int run_inspect(const InspectArgs& a) {
   LoadOptions opt;
   opt.allowlist = &allow;
   opt.verify_storage_crc = !a.no_verify_data;
+  apply_max_memory(a.max_memory_mib, opt.limits);
   // Every format by content, one open (safeckpt/open.hpp).
   auto r = safeckpt::open(a.file, opt);
   if (!r) {
@@ -81,6 +83,7 @@ void register_inspect(CLI::App& app, int& exit_code) {
   cmd->add_flag_callback(
       "--json", [args] { args->format = "json"; }, "same as --format json");
   cmd->add_flag("--no-hashes", args->no_hashes, "JSON without sha256 fields (does not read tensor bytes)");
+  add_max_memory_option(cmd, args->max_memory_mib);
   cmd->add_flag("--no-verify-data", args->no_verify_data, "skip CRC-32 checks of storage records");
   cmd->callback([args, &exit_code] { exit_code = run_inspect(*args); });
 }

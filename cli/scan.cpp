@@ -53,6 +53,7 @@ struct ScanArgs {
   bool no_color = false;
   bool progress = false;
   int max_nesting = 3;
+  std::uint64_t max_memory_mib = 0;
 };
 
 scan::Severity parse_severity(const std::string& s) {
@@ -105,6 +106,7 @@ int run_scan(const ScanArgs& a) {
 
   scan::ScanOptions so;
   so.allowlist = &allow;
+  apply_max_memory(a.max_memory_mib, so.limits);
   so.verify_data = a.verify_data;
   so.max_nesting = a.max_nesting;
   so.keep_events = !a.no_events;
@@ -177,6 +179,7 @@ void register_scan(CLI::App& app, int& exit_code) {
   cmd->add_option("--exclude", args->exclude, "glob: skip files found in directories that match (repeatable)")
       ->allow_extra_args(false);
   cmd->add_flag("--follow-symlinks", args->follow_symlinks, "follow symlinks found inside directories");
+  add_max_memory_option(cmd, args->max_memory_mib);
   cmd->add_flag("--verify-data", args->verify_data, "also check the CRC-32 of tensor data records (reads every byte)");
   cmd->add_option("--max-nesting", args->max_nesting, "depth of embedded payloads followed (default 3)")
       ->check(CLI::Range(0, 16));

@@ -98,7 +98,10 @@ class Checkpoint {
   // would be longer than `max_name_bytes` (a hostile file nests a tensor a
   // million lists deep, or under one memo-shared long key at every level).
   Result<std::vector<NamedTensor>> named_tensors(std::uint64_t max_name_bytes = kMaxTensorNameBytes) const;
-  // named_tensors() with the default cap; EMPTY when that fails (callers that
+  // named_tensors() with the default cap. The loaders refuse a file whose
+  // names exceed it (kLimitExceeded from load/open), so on a loaded
+  // checkpoint this is every tensor; only a checkpoint assembled with
+  // CheckpointBuilder can make it fail, and then it is EMPTY (callers that
   // must tell "no tensors" from "refused" use named_tensors()).
   std::vector<NamedTensor> state_dict() const;
 

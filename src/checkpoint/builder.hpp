@@ -22,7 +22,9 @@ class LoadBuilder {
   void keep(std::shared_ptr<std::vector<std::uint8_t>> buf) { ckpt_.owned_.push_back(std::move(buf)); }
   // An owned copy of `in` with every `unit`-byte group reversed (byte order).
   Bytes swapped_copy(Bytes in, std::uint32_t unit);
-  Checkpoint finish(FileFormat format, NodeId root, TorchTables&& tables);
+  // Errors: kLimitExceeded when a tensor's state_dict name would exceed
+  // kMaxTensorNameBytes (named_tensors()).
+  Result<Checkpoint> finish(FileFormat format, NodeId root, TorchTables&& tables);
 
  private:
   Checkpoint ckpt_;

@@ -45,12 +45,17 @@ Bytes LoadBuilder::swapped_copy(Bytes in, std::uint32_t unit) {
   return out;
 }
 
-Checkpoint LoadBuilder::finish(FileFormat format, NodeId root, TorchTables&& tables) {
+Result<Checkpoint> LoadBuilder::finish(FileFormat format, NodeId root, TorchTables&& tables) {
   ckpt_.format_ = format;
   ckpt_.root_ = root;
   ckpt_.tensors_ = std::move(tables.tensors);
   ckpt_.storages_ = std::move(tables.storages);
   for (auto& o : tables.owned) keep(std::move(o));
+  // Verify once, then view: a file whose state_dict cannot be named under the
+  // default cap (a tensor a million lists deep, memo-shared long keys) is
+  // refused here, so state_dict() on a loaded checkpoint never comes back
+  // short.
+  if (auto names = ckpt_.named_tensors(); !names) return unexpected(std::move(names).error());
   return std::move(ckpt_);
 }
 
@@ -83,7 +88,7 @@ Result<std::vector<NamedTensor>> Checkpoint::named_tensors(std::uint64_t max_nam
 
 std::vector<NamedTensor> Checkpoint::state_dict() const {
   auto r = named_tensors();
-  if (!r) return {};
+  if (!r) return {};  // only for checkpoints built by CheckpointBuilder: the loaders refuse such a file
   return std::move(*r);
 }
 

@@ -87,3 +87,26 @@ TEST_CASE("cli: a missing file is 'cannot open', not 'refused'") {
   CHECK(r.code == 2);
   CHECK(r.out.find("safeckpt convert: /nonexistent/model.pt: cannot open\n") == 0);
 }
+
+TEST_CASE("cli: --max-memory sets the parse budget in inspect, scan and convert") {
+  // many_tensors.pt (3,000 tensors) needs about 16 MiB of budget
+  // (limits.hpp survey): refused under 2 MiB, naming the cap; read under 64.
+  const std::string f = corpus("many_tensors.pt");
+  auto r = run_cli("inspect --max-memory 2 " + f, true);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.out.find("max_memory_bytes") != std::string::npos, r.out);
+  r = run_cli("inspect --max-memory 64 " + f, true);
+  CHECK_MESSAGE(r.code == 0, r.out);
+  r = run_cli("scan --max-memory 2 " + f, true);
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(r.out.find("max_memory_bytes") != std::string::npos, r.out);
+  r = run_cli("scan --max-memory 64 " + f, true);
+  CHECK_MESSAGE(r.code == 0, r.out);
+  const std::string out = (fs::temp_directory_path() / "safeckpt_max_memory_test.safetensors").string();
+  r = run_cli("convert --force --max-memory 2 " + f + " " + out, true);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.out.find("max_memory_bytes") != std::string::npos, r.out);
+  CHECK_FALSE(fs::exists(out));
+  r = run_cli("inspect --max-memory 0 " + f, true);  // outside 1..1 Mi MiB: a usage error
+  CHECK(r.code == 2);
+}

@@ -123,6 +123,24 @@ TEST_CASE("deep tree: to_json is iterative, its output linear; to_text caps the 
   CHECK_MESSAGE(dt->find("model.0.0.0.0") != std::string::npos, *dt);
 }
 
+TEST_CASE("deep tree: a loaded file whose state_dict names exceed the cap is refused by the load") {
+  // 40,000 lists: under max_mark_depth (64 Ki) when read back, but the
+  // tensor's name ("model" + ".0" x 40,000) is over kMaxTensorNameBytes.
+  safeckpt::Checkpoint c = deep_tensor_checkpoint(40000);
+  auto bytes = safeckpt::save_to_bytes(c);
+  REQUIRE_MESSAGE(bytes.has_value(), (bytes ? "" : bytes.error().to_string()));
+  auto back = safeckpt::load_buffer(std::move(*bytes));
+  REQUIRE_FALSE(back.has_value());
+  CHECK(back.error().code() == ErrorCode::kLimitExceeded);
+  CHECK_MESSAGE(back.error().to_string().find("nesting depth") != std::string::npos, back.error().to_string());
+  // Just under the cap it loads, and state_dict() names the tensor.
+  auto ok_bytes = safeckpt::save_to_bytes(deep_tensor_checkpoint(30000));
+  REQUIRE_MESSAGE(ok_bytes.has_value(), (ok_bytes ? "" : ok_bytes.error().to_string()));
+  auto ok = safeckpt::load_buffer(std::move(*ok_bytes));
+  REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+  CHECK(ok->state_dict().size() == 1);
+}
+
 TEST_CASE("memo-shared DAG: JSON refused by its output budget, the text view expands each container once") {
   safeckpt::Checkpoint c = load_text(dag_bomb_pickle());
   CHECK(c.values().size() < 200);
