@@ -303,6 +303,15 @@ struct Ctx {
     t.data = std::make_shared<std::vector<std::uint8_t>>(bytes);
     return t;
   }
+  // Double-precision scratch copies a kernel is about to make (n elements):
+  // refused when they would not fit in what max_run_bytes leaves.
+  Status scratch(std::uint64_t n) const {
+    std::uint64_t left = lim.max_run_bytes - std::min(live, lim.max_run_bytes);
+    if (n > left / sizeof(double))
+      return fail(ErrorCode::kLimitExceeded,
+                  "scratch space would exceed GraphLimits::max_run_bytes (" + std::to_string(lim.max_run_bytes) + ")");
+    return {};
+  }
   const Arg& arg(std::string_view name) const {
     const OpSchema* s = node->schema;
     for (std::size_t k = 0; k < s->args.size(); ++k)
@@ -642,6 +651,7 @@ Status matmul_ops(Ctx& c, Outs& outs, const std::string& op) {
     shape = {M, N};
   }
   SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
+  SAFECKPT_CHECK(c.scratch(x->numel() + w->numel() + static_cast<std::uint64_t>(batch * M * N)));
   auto xd = to_double(*x), wd = to_double(*w);
   std::vector<double> cd(static_cast<std::size_t>(batch * M * N));
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -698,6 +708,7 @@ Status conv2d(Ctx& c, Outs& outs) {
   std::int64_t OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
   if (OH < 0 || OW < 0) return c.fail(ErrorCode::kMalformed, "convolution: kernel larger than the padded input");
   SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, {Nb, O, OH, OW}));
+  SAFECKPT_CHECK(c.scratch(x->numel() + w->numel() + out.numel()));
   auto xd = to_double(*x), wd = to_double(*w);
   std::vector<double> od(out.numel());
   std::int64_t Og = O / groups;
@@ -754,6 +765,7 @@ Status layer_norm(Ctx& c, Outs& outs, bool native) {
     SAFECKPT_TRY(mean_t, c.alloc(sd, stat_shape));
     SAFECKPT_TRY(rstd_t, c.alloc(sd, stat_shape));
   }
+  SAFECKPT_CHECK(c.scratch(2 * x->numel() + 2 * inner));
   auto xd = to_double(*x);
   std::vector<double> wd = w ? to_double(*w) : std::vector<double>(), bd = b ? to_double(*b) : std::vector<double>();
   std::vector<double> yd(xd.size());
@@ -836,6 +848,7 @@ Status softmax(Ctx& c, Outs& outs) {
   std::uint64_t len = static_cast<std::uint64_t>(x->shape[du]), inner = 1;
   for (std::size_t k = du + 1; k < x->shape.size(); ++k) inner *= static_cast<std::uint64_t>(x->shape[k]);
   std::uint64_t outer = (len != 0 && inner != 0) ? x->numel() / (len * inner) : 0;
+  SAFECKPT_CHECK(c.scratch(2 * x->numel()));
   auto xd = to_double(*x);
   std::vector<double> yd(xd.size());
   for (std::uint64_t o = 0; o < outer; ++o)
@@ -880,6 +893,7 @@ Status reduce(Ctx& c, Outs& outs, bool any) {
   }
   SAFECKPT_TRY(HostTensor y, c.alloc(any ? DType::kBool : x->dtype, oshape));
   std::uint64_t on = numel_of(kshape);
+  SAFECKPT_CHECK(c.scratch(2 * on));
   std::vector<double> acc(on, 0.0);
   std::vector<std::uint64_t> cnt(on, 0);
   auto ks = contiguous_strides(kshape);
@@ -973,6 +987,7 @@ Status sdpa(Ctx& c, Outs& outs) {
     if (bs != ls) return c.fail(ErrorCode::kMalformed, "attention: attn_mask does not broadcast to [..., L, S]");
     mst = broadcast_strides(mask->shape, ls);
   }
+  SAFECKPT_CHECK(c.scratch(q->numel() + k->numel() + v->numel() + out.numel() + static_cast<std::uint64_t>(S)));
   auto qd = to_double(*q), kd = to_double(*k), vd = to_double(*v);
   std::vector<double> od(out.numel()), sc(static_cast<std::size_t>(S));
   std::vector<std::int64_t> bidx(r - 2, 0);

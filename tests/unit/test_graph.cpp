@@ -409,6 +409,20 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
   }
 }
 
+TEST_CASE("graph: the run's memory budget covers tensors and kernel scratch") {
+  Loaded l = load_program("mlp.core.pt2");
+  auto w = archive_weights(l.archive);
+  REQUIRE(w.has_value());
+  auto io = SafetensorsFile::open(data_dir() + "mlp.io.safetensors");
+  REQUIRE(io.has_value());
+  GraphLimits small;
+  small.max_run_bytes = 4096;  // the first addmm alone needs (2*128 + 128*256 + 2*256) doubles of scratch
+  auto r = run_cpu(l.program, *w, Inputs{{"x", tensor_of(*io, "input.x")}}, small);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kLimitExceeded);
+  CHECK_MESSAGE(r.error().message().find("max_run_bytes") != std::string::npos, r.error().message());
+}
+
 TEST_CASE("graph: binding checks inputs; an out-of-range token id is refused, never read") {
   Loaded l = load_program("gpt2_dynbatch.core.pt2");
   auto w = archive_weights(l.archive);
