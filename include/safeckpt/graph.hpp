@@ -105,6 +105,9 @@ struct SymInt {
 struct SymValue {
   std::string name;  // sym_int_values key, or "" for anonymous size expressions
   std::string expr;  // srepr, e.g. "Mul(Integer(4), Symbol('s95', ...))"
+  // The example value PyTorch recorded (SymExprHint as_int), if any: the
+  // shape pass of check_shapes() runs the program at these sizes.
+  std::optional<std::int64_t> hint;
 };
 
 // TensorMeta (schema.yaml): dtype, sizes, strides, storage_offset. Layout is
@@ -289,6 +292,16 @@ Result<std::vector<OpSchema>> parse_op_allowlist(std::string_view text);
 // other strings unchanged.
 std::string schema_name_for_target(std::string_view target);
 
+// Shape pass (no values computed): runs the program at its example sizes
+// (every symbol at its recorded hint; weights from their recorded meta),
+// propagating dtypes and shapes through every kernel's shape logic and
+// comparing each output with its recorded tensor_meta; also checks the live
+// tensors fit GraphLimits::max_run_bytes at that size. run_cpu() does the same
+// pass at the bound input sizes before computing anything.
+// Errors: kMalformed (disagreement, naming node and value; a symbolic input
+// size without a hint), kLimitExceeded, kUnsupported.
+Status check_shapes(const Program& program, const GraphLimits& limits = {});
+
 // Binds every node's arguments to its schema (defaults filled in), and
 // refuses — kDisallowedOperation, naming the node, the op and what to do —
 // any op not in the allowlist (other ATen ops, higher-order ops, custom
@@ -296,10 +309,13 @@ std::string schema_name_for_target(std::string_view target);
 // training-mode batch_norm/dropout, dropout_p != 0, unbacked symbols, and
 // signature entries other than parameter/buffer/constant/user input and
 // user output. kMalformed for arguments of the wrong type or count.
+// When nothing else is wrong, the shape pass (check_shapes) runs too, so a
+// program whose tensor_meta the engine cannot reproduce is refused
+// (kMalformed) before anything runs.
 // Every reason is collected; the error carries the first and the count.
-Status validate(Program& program);
+Status validate(Program& program, const GraphLimits& limits = {});
 // Every reason validate() would give, one per line (empty when accepted).
-std::vector<std::string> refusal_reasons(Program& program);
+std::vector<std::string> refusal_reasons(Program& program, const GraphLimits& limits = {});
 
 // ------------------------------------------------------------- running
 

@@ -26,6 +26,9 @@ Result<TensorMeta> parse_tensor_meta(const nlohmann::json& j, std::string_view w
                                      std::unordered_map<std::string, std::int32_t>* expr_ids,
                                      const GraphLimits& limits);
 
+// SymExpr's recorded example value (hint.as_int), if any.
+std::optional<std::int64_t> hint_of(const nlohmann::json& as_expr);
+
 // Evaluates a SymPy srepr expression over bound symbols: Symbol('name', ...),
 // Integer(n), Mul(...), Add(...), FloorDiv(a, b) (sympy's torch
 // FloorDiv), Mod, Max, Min. Iterative (explicit stack). Overflow and

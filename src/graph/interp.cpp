@@ -279,6 +279,9 @@ struct Ctx {
   std::unordered_map<std::string, std::int64_t> symbols;
   std::uint64_t live = 0;
   const Node* node = nullptr;
+  // Shape pass: kernels compute output dtypes and shapes (and every shape
+  // check) but no values; tensors carry no bytes.
+  bool meta = false;
 
   Unexpected fail(ErrorCode c, const std::string& what) const {
     return make_error(c, "node '" + node->name + "' (" + node->target + "): " + what);
@@ -300,7 +303,7 @@ struct Ctx {
     HostTensor t;
     t.dtype = d;
     t.shape = std::move(shape);
-    t.data = std::make_shared<std::vector<std::uint8_t>>(bytes);
+    t.data = std::make_shared<std::vector<std::uint8_t>>(meta ? 0 : bytes);
     return t;
   }
   // Double-precision scratch copies a kernel is about to make (n elements):
@@ -405,6 +408,7 @@ void from_double(HostTensor& t, const std::vector<double>& v) {
 Result<HostTensor> gather_view(Ctx& c, const HostTensor& src, std::vector<std::int64_t> shape,
                                const std::vector<std::int64_t>& strides, std::int64_t offset) {
   SAFECKPT_TRY(HostTensor out, c.alloc(src.dtype, shape));
+  if (c.meta) return out;
   std::uint64_t item = dtype_size(src.dtype), n = out.numel();
   std::vector<std::int64_t> idx(shape.size(), 0);
   std::int64_t off = offset;
@@ -480,6 +484,10 @@ Status binary(Ctx& c, Outs& outs, int op) {  // 0 add, 1 sub, 2 logical_and
   DType d = op == 2 ? DType::kBool : rt.result();
   if (op == 1 && d == DType::kBool) return c.fail(ErrorCode::kMalformed, "subtraction of bool tensors");
   SAFECKPT_TRY(HostTensor out, c.alloc(d, shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
   std::array<std::vector<std::int64_t>, 2> st{broadcast_strides(a->shape, shape), broadcast_strides(b->shape, shape)};
   double alpha = op == 2 ? 1 : c.scalar("alpha");
   if (op == 2) {
@@ -517,6 +525,10 @@ Status unary(Ctx& c, Outs& outs, const std::string& op) {
   }
   if ((op == "gelu") && !is_float(d)) return c.fail(ErrorCode::kUnsupported, "gelu of a non-floating tensor");
   SAFECKPT_TRY(HostTensor out, c.alloc(d, a->shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
   std::uint64_t n = a->numel();
   std::string approx = op == "gelu" ? c.arg("approximate").s : "";
   const Arg& other = c.arg("other");
@@ -573,6 +585,10 @@ Status where(Ctx& c, Outs& outs) {
   rt.tensor(*a);
   rt.tensor(*b);
   SAFECKPT_TRY(HostTensor out, c.alloc(rt.result(), shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
   std::array<std::vector<std::int64_t>, 3> st{broadcast_strides(cond->shape, shape), broadcast_strides(a->shape, shape),
                                               broadcast_strides(b->shape, shape)};
   bool fl = is_float(out.dtype);
@@ -651,6 +667,17 @@ Status matmul_ops(Ctx& c, Outs& outs, const std::string& op) {
     shape = {M, N};
   }
   SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
+  const HostTensor* bias = op == "linear" ? c.opt_tensor("bias") : op == "addmm" ? c.opt_tensor("self") : nullptr;
+  double beta = op == "addmm" ? c.scalar("beta") : 1, alpha = op == "addmm" ? c.scalar("alpha") : 1;
+  std::vector<std::int64_t> mn = {M, N};
+  if (bias != nullptr) {
+    SAFECKPT_TRY(auto bs, broadcast_shape(c, {&bias->shape, &mn}));
+    if (bs != mn) return c.fail(ErrorCode::kMalformed, "bias does not broadcast to the product");
+  }
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
   SAFECKPT_CHECK(c.scratch(x->numel() + w->numel() + static_cast<std::uint64_t>(batch * M * N)));
   auto xd = to_double(*x), wd = to_double(*w);
   std::vector<double> cd(static_cast<std::size_t>(batch * M * N));
@@ -660,12 +687,7 @@ Status matmul_ops(Ctx& c, Outs& outs, const std::string& op) {
     else
       gemm(M, N, K, xd.data() + b * M * K, K, 1, wd.data() + b * K * N, N, 1, cd.data() + b * M * N);
   }
-  const HostTensor* bias = op == "linear" ? c.opt_tensor("bias") : op == "addmm" ? c.opt_tensor("self") : nullptr;
-  double beta = op == "addmm" ? c.scalar("beta") : 1, alpha = op == "addmm" ? c.scalar("alpha") : 1;
   if (bias != nullptr) {
-    std::vector<std::int64_t> mn = {M, N};
-    SAFECKPT_TRY(auto bs, broadcast_shape(c, {&bias->shape, &mn}));
-    if (bs != mn) return c.fail(ErrorCode::kMalformed, "bias does not broadcast to the product");
     auto st = broadcast_strides(bias->shape, mn);
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) {
@@ -708,6 +730,10 @@ Status conv2d(Ctx& c, Outs& outs) {
   std::int64_t OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
   if (OH < 0 || OW < 0) return c.fail(ErrorCode::kMalformed, "convolution: kernel larger than the padded input");
   SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, {Nb, O, OH, OW}));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
   SAFECKPT_CHECK(c.scratch(x->numel() + w->numel() + out.numel()));
   auto xd = to_double(*x), wd = to_double(*w);
   std::vector<double> od(out.numel());
@@ -765,6 +791,14 @@ Status layer_norm(Ctx& c, Outs& outs, bool native) {
     SAFECKPT_TRY(mean_t, c.alloc(sd, stat_shape));
     SAFECKPT_TRY(rstd_t, c.alloc(sd, stat_shape));
   }
+  if (c.meta) {
+    outs.push_back(std::move(y));
+    if (native) {
+      outs.push_back(std::move(mean_t));
+      outs.push_back(std::move(rstd_t));
+    }
+    return {};
+  }
   SAFECKPT_CHECK(c.scratch(2 * x->numel() + 2 * inner));
   auto xd = to_double(*x);
   std::vector<double> wd = w ? to_double(*w) : std::vector<double>(), bd = b ? to_double(*b) : std::vector<double>();
@@ -813,7 +847,7 @@ Status batch_norm(Ctx& c, Outs& outs, bool native) {
   SAFECKPT_TRY(HostTensor y, c.alloc(x->dtype, x->shape));
   std::uint64_t inner = 1;
   for (std::size_t d = 2; d < x->shape.size(); ++d) inner *= static_cast<std::uint64_t>(x->shape[d]);
-  std::uint64_t n = x->numel();
+  std::uint64_t n = c.meta ? 0 : x->numel();  // the shape pass computes no values
   for (std::uint64_t i = 0; i < n; ++i) {
     auto ch = static_cast<std::uint64_t>((i / inner) % static_cast<std::uint64_t>(C));
     double v = (get_d(*x, i) - get_d(*rm, ch)) / std::sqrt(get_d(*rv, ch) + eps);
@@ -839,6 +873,10 @@ Status softmax(Ctx& c, Outs& outs) {
   if (!is_float(x->dtype)) return c.fail(ErrorCode::kUnsupported, "softmax of a non-floating tensor");
   DType od = c.arg("half_to_float").b ? DType::kFloat32 : x->dtype;
   SAFECKPT_TRY(HostTensor y, c.alloc(od, x->shape));
+  if (c.meta) {
+    outs.push_back(std::move(y));
+    return {};
+  }
   if (x->shape.empty()) {
     put_d(y, 0, 1.0);
     outs.push_back(std::move(y));
@@ -892,6 +930,10 @@ Status reduce(Ctx& c, Outs& outs, bool any) {
     if (!red[k] || keep) oshape.push_back(red[k] ? 1 : x->shape[k]);
   }
   SAFECKPT_TRY(HostTensor y, c.alloc(any ? DType::kBool : x->dtype, oshape));
+  if (c.meta) {
+    outs.push_back(std::move(y));
+    return {};
+  }
   std::uint64_t on = numel_of(kshape);
   SAFECKPT_CHECK(c.scratch(2 * on));
   std::vector<double> acc(on, 0.0);
@@ -936,6 +978,10 @@ Status adaptive_avg_pool2d(Ctx& c, Outs& outs) {
   shape.push_back(os[0]);
   shape.push_back(os[1]);
   SAFECKPT_TRY(HostTensor y, c.alloc(x->dtype, shape));
+  if (c.meta) {
+    outs.push_back(std::move(y));
+    return {};
+  }
   // aten/src/ATen/native/AdaptiveAveragePooling.cpp start_index/end_index.
   for (std::uint64_t pl = 0; pl < planes; ++pl)
     for (std::int64_t oh = 0; oh < os[0]; ++oh)
@@ -986,6 +1032,10 @@ Status sdpa(Ctx& c, Outs& outs) {
     SAFECKPT_TRY(auto bs, broadcast_shape(c, {&mask->shape, &ls}));
     if (bs != ls) return c.fail(ErrorCode::kMalformed, "attention: attn_mask does not broadcast to [..., L, S]");
     mst = broadcast_strides(mask->shape, ls);
+  }
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
   }
   SAFECKPT_CHECK(c.scratch(q->numel() + k->numel() + v->numel() + out.numel() + static_cast<std::uint64_t>(S)));
   auto qd = to_double(*q), kd = to_double(*k), vd = to_double(*v);
@@ -1081,7 +1131,7 @@ Status view_ops(Ctx& c, Outs& outs, const std::string& op) {
       return c.fail(ErrorCode::kMalformed,
                     "view: " + std::to_string(n) + " elements, input has " + std::to_string(x->numel()));
     SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
-    std::memcpy(out.data->data(), x->data->data(), x->data->size());
+    if (!c.meta) std::memcpy(out.data->data(), x->data->data(), x->data->size());
     outs.push_back(std::move(out));
     return {};
   }
@@ -1117,7 +1167,7 @@ Status view_ops(Ctx& c, Outs& outs, const std::string& op) {
     std::vector<std::int64_t> shape = x->shape;
     shape.insert(shape.begin() + d, 1);
     SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
-    std::memcpy(out.data->data(), x->data->data(), x->data->size());
+    if (!c.meta) std::memcpy(out.data->data(), x->data->data(), x->data->size());
     outs.push_back(std::move(out));
     return {};
   }
@@ -1215,6 +1265,10 @@ Status creation(Ctx& c, Outs& outs, const std::string& op) {
       return c.fail(ErrorCode::kLimitExceeded, "arange: more elements than GraphLimits::max_tensor_elements");
     auto n = static_cast<std::int64_t>(nd);
     SAFECKPT_TRY(HostTensor out, c.alloc(d, {n}));
+    if (c.meta) {
+      outs.push_back(std::move(out));
+      return {};
+    }
     for (std::int64_t i = 0; i < n; ++i) {
       if (!fl)
         put_i(out, static_cast<std::uint64_t>(i), is + i * ist);
@@ -1242,7 +1296,7 @@ Status creation(Ctx& c, Outs& outs, const std::string& op) {
   }
   if (!supported(d)) return c.fail(ErrorCode::kUnsupported, "dtype " + std::string(dtype_name(d)));
   SAFECKPT_TRY(HostTensor out, c.alloc(d, shape));
-  std::uint64_t n = out.numel();
+  std::uint64_t n = c.meta ? 0 : out.numel();
   for (std::uint64_t i = 0; i < n; ++i) {
     if (fill->kind == Arg::Kind::kInt && !is_float(d)) {
       SAFECKPT_TRY(std::int64_t v, c.sym(fill->ints[0]));
@@ -1268,6 +1322,10 @@ Status embedding(Ctx& c, Outs& outs) {
   std::vector<std::int64_t> shape = idx->shape;
   shape.push_back(D);
   SAFECKPT_TRY(HostTensor out, c.alloc(w->dtype, shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
   std::uint64_t n = idx->numel(), row = static_cast<std::uint64_t>(D) * dtype_size(w->dtype);
   for (std::uint64_t i = 0; i < n; ++i) {
     std::int64_t k = get_i(*idx, i);
@@ -1384,7 +1442,7 @@ Status bind_input(Ctx& c, const GraphInput& in, const HostTensor& t,
                   std::vector<std::pair<std::size_t, std::size_t>>& deferred) {
   const TensorMeta& m = c.p.values[static_cast<std::size_t>(in.value)];
   std::string w = (in.kind == InputKind::kUserInput ? "input '" : "weight '") + in.fqn + "'";
-  if (!t.data || t.data->size() != t.numel() * dtype_size(t.dtype))
+  if (!t.data || (!c.meta && t.data->size() != t.numel() * dtype_size(t.dtype)))
     return make_error(ErrorCode::kInvalidArgument, w + ": tensor bytes do not match its shape");
   if (t.dtype != m.dtype)
     return make_error(ErrorCode::kInvalidArgument, w + " is " + std::string(dtype_name(t.dtype)) +
@@ -1426,17 +1484,15 @@ Status bind_input(Ctx& c, const GraphInput& in, const HostTensor& t,
   return {};
 }
 
-}  // namespace
-
-Result<std::vector<HostTensor>> run_cpu(const Program& program, const WeightMap& weights,
-                                        const std::map<std::string, HostTensor, std::less<>>& inputs,
-                                        const GraphLimits& limits) {
+Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap& weights,
+                                         const std::map<std::string, HostTensor, std::less<>>& inputs,
+                                         const GraphLimits& limits, bool meta) {
   try {
     for (const auto& n : program.nodes)
       if (n.schema == nullptr)
         return make_error(ErrorCode::kInvalidArgument,
                           "program not validated (node '" + n.name + "'): call validate() first");
-    Ctx c{program, limits, {}, {}, {}, 0, nullptr};
+    Ctx c{program, limits, {}, {}, {}, 0, nullptr, meta};
     c.vals.resize(program.values.size());
     c.syms.resize(program.sym_values.size());
     std::vector<std::pair<std::size_t, std::size_t>> deferred;
@@ -1525,6 +1581,48 @@ Result<std::vector<HostTensor>> run_cpu(const Program& program, const WeightMap&
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::kLimitExceeded, "out of memory while running the program");
   }
+}
+
+}  // namespace
+
+Result<std::vector<HostTensor>> run_cpu(const Program& program, const WeightMap& weights,
+                                        const std::map<std::string, HostTensor, std::less<>>& inputs,
+                                        const GraphLimits& limits) {
+  // Shapes first (no values): a program whose recorded tensor_meta disagrees
+  // with the propagated shapes, or that would not fit the memory budget, is
+  // refused before any kernel runs.
+  SAFECKPT_TRY(auto shapes, run_impl(program, weights, inputs, limits, true));
+  (void)shapes;
+  return run_impl(program, weights, inputs, limits, false);
+}
+
+Status check_shapes(const Program& program, const GraphLimits& limits) {
+  WeightMap weights;
+  std::map<std::string, HostTensor, std::less<>> inputs;
+  for (const auto& in : program.inputs) {
+    const TensorMeta& m = program.values[static_cast<std::size_t>(in.value)];
+    HostTensor t;
+    t.dtype = m.dtype;
+    t.data = std::make_shared<std::vector<std::uint8_t>>();
+    for (const auto& s : m.sizes) {
+      if (!s.is_symbolic()) {
+        t.shape.push_back(s.value);
+        continue;
+      }
+      const SymValue& sv = program.sym_values[static_cast<std::size_t>(s.sym)];
+      if (!sv.hint)
+        return make_error(ErrorCode::kMalformed, "input '" + in.fqn + "': symbolic size '" + sv.expr +
+                                                     "' has no example value (hint) to check shapes with");
+      t.shape.push_back(*sv.hint);
+    }
+    if (in.kind == InputKind::kUserInput)
+      inputs[in.fqn] = std::move(t);
+    else
+      weights[in.fqn] = std::move(t);
+  }
+  auto r = run_impl(program, weights, inputs, limits, true);
+  if (!r) return unexpected(std::move(r).error());
+  return {};
 }
 
 }  // namespace safeckpt::graph

@@ -114,6 +114,16 @@ Result<std::pair<std::string, const json*>> union_member(const json& j, std::str
 
 }  // namespace
 
+// SymExpr.hint = SymExprHint{as_int}: the example value; absent or another
+// member -> none (a hint is only used by the shape pass).
+std::optional<std::int64_t> hint_of(const json& as_expr) {
+  auto h = as_expr.find("hint");
+  if (h == as_expr.end() || !h->is_object() || h->size() != 1) return std::nullopt;
+  auto i = h->find("as_int");
+  if (i == h->end() || !i->is_number_integer()) return std::nullopt;
+  return i->get<std::int64_t>();
+}
+
 Result<TensorMeta> parse_tensor_meta(const json& j, std::string_view where, Program* program,
                                      std::unordered_map<std::string, std::int32_t>* expr_ids,
                                      const GraphLimits& limits) {
@@ -150,7 +160,7 @@ Result<TensorMeta> parse_tensor_meta(const json& j, std::string_view where, Prog
     if (fresh) {
       if (program->sym_values.size() >= limits.max_values)
         return make_error(ErrorCode::kLimitExceeded, sw + ": more symbolic values than GraphLimits::max_values");
-      program->sym_values.push_back(SymValue{"", expr});
+      program->sym_values.push_back(SymValue{"", expr, hint_of(*um.second)});
     }
     return SymInt{0, it->second};
   };
@@ -404,6 +414,7 @@ class Parser {
       if (um.first == "as_expr") {
         SAFECKPT_TRY(const json* e, field(*um.second, "expr_str", w));
         SAFECKPT_TRY(s.expr, get_string(*e, w + ".expr_str"));
+        s.hint = detail::hint_of(*um.second);
         if (s.expr.size() > lim_.max_expr_bytes)
           return make_error(ErrorCode::kLimitExceeded, w + ": expression longer than GraphLimits::max_expr_bytes");
       } else if (um.first == "as_int") {

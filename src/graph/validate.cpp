@@ -224,18 +224,24 @@ void collect(Program& p, Checker& c) {
 }
 }  // namespace
 
-std::vector<std::string> refusal_reasons(Program& p) {
+std::vector<std::string> refusal_reasons(Program& p, const GraphLimits& limits) {
   Checker c{p, {}, {}};
   collect(p, c);
+  if (c.broken.empty() && c.policy.empty()) {
+    auto st = check_shapes(p, limits);
+    if (!st) c.broken.push_back(st.error().message());
+  }
   std::vector<std::string> all = std::move(c.broken);
   for (auto& s : c.policy) all.push_back(std::move(s));
   return all;
 }
 
-Status validate(Program& p) {
-  // Structure first (kMalformed), then policy (kDisallowedOperation).
+Status validate(Program& p, const GraphLimits& limits) {
+  // Structure first (kMalformed), then policy (kDisallowedOperation), then
+  // the shape pass (its own code) when everything else passed.
   Checker c{p, {}, {}};
   collect(p, c);
+  if (c.broken.empty() && c.policy.empty()) return check_shapes(p, limits);
   const bool structural = !c.broken.empty();
   const auto& first = structural ? c.broken : c.policy;
   if (first.empty()) return {};

@@ -372,12 +372,16 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     REQUIRE_FALSE(q.has_value());
     CHECK(q.error().code() == ErrorCode::kLimitExceeded);
   }
-  SUBCASE("mismatched tensor_meta: refused when run") {
+  SUBCASE("mismatched tensor_meta: refused by the shape pass, before running") {
     json j = mlp;
     j["graph_module"]["graph"]["tensor_values"]["gelu"]["sizes"][1]["as_int"] = 255;
     auto p = parse_program_json(j.dump(), "model");
     REQUIRE(p.has_value());
-    REQUIRE(validate(*p).has_value());
+    auto st = validate(*p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().code() == ErrorCode::kMalformed);
+    CHECK_MESSAGE(st.error().message().find("tensor_meta") != std::string::npos, st.error().message());
+    // run_cpu's own shape pass (at the bound input sizes) refuses it too.
     auto a = Pt2Archive::open_file(data_dir() + "mlp.core.pt2");
     REQUIRE(a.has_value());
     auto w = archive_weights(*a);
@@ -389,6 +393,16 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     CHECK(r.error().code() == ErrorCode::kMalformed);
     CHECK_MESSAGE(r.error().message().find("tensor_meta") != std::string::npos, r.error().message());
   }
+  SUBCASE("mismatched symbolic tensor_meta (dynamic program)") {
+    json j = gpt2;
+    auto& sizes = j["graph_module"]["graph"]["tensor_values"]["view_1"]["sizes"];
+    sizes[1] = {{"as_int", 31}};  // was 32
+    auto p = parse_program_json(j.dump(), "model");
+    REQUIRE(p.has_value());
+    auto st = validate(*p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().code() == ErrorCode::kMalformed);
+  }
   SUBCASE("huge sizes: limit, before allocating") {
     json j = gpt2;
     // full(size=[2^31, 2^31]) in the causal mask.
@@ -396,7 +410,9 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     n["inputs"][0]["arg"] = {{"as_ints", {2147483648LL, 2147483648LL}}};
     auto p = parse_program_json(j.dump(), "model");
     REQUIRE(p.has_value());
-    REQUIRE(validate(*p).has_value());
+    auto st = validate(*p);  // the shape pass sizes it before anything is allocated
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().code() == ErrorCode::kLimitExceeded);
     auto a = Pt2Archive::open_file(data_dir() + "gpt2_dynbatch.core.pt2");
     REQUIRE(a.has_value());
     auto w = archive_weights(*a);
