@@ -323,6 +323,20 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     n["inputs"].push_back({{"name", "true_fn"}, {"arg", {{"as_graph", {{"name", "x"}}}}}});
     CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
   }
+  SUBCASE("in-place op on a graph input or on a value read again; training-mode batch_norm: policy") {
+    const json cnn = json::parse(program_text("cnn.train.pt2"));
+    CHECK(program_code(cnn) == ErrorCode::kOk);
+    json j = cnn;
+    node_named(j, "relu_")["inputs"][0]["arg"]["as_tensor"]["name"] = "x";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    j = cnn;
+    node_named(j, "conv2d_1")["inputs"][0]["arg"]["as_tensor"]["name"] = "batch_norm";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    j = cnn;
+    for (auto& in : node_named(j, "batch_norm")["inputs"])
+      if (in["name"] == "training") in["arg"]["as_bool"] = true;
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
   SUBCASE("wrong schema major version: unsupported") {
     json j = mlp;
     j["schema_version"]["major"] = 9;
