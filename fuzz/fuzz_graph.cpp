@@ -29,11 +29,14 @@ namespace {
 using sc::ErrorCode;
 
 void exercise(sg::Program& p, const sg::WeightMap* archive_weights, const sg::GraphLimits& lim, bool run) {
-  auto st = sg::validate(p);
-  auto reasons = sg::refusal_reasons(p);
+  auto st = sg::validate(p, lim);
+  auto reasons = sg::refusal_reasons(p, lim);
   FUZZ_REQUIRE(st.has_value() == reasons.empty(), "validate() and refusal_reasons() disagree");
   if (!st) {
-    fz::check_error(st.error(), {ErrorCode::kMalformed, ErrorCode::kDisallowedOperation}, "validate");
+    fz::check_error(
+        st.error(),
+        {ErrorCode::kMalformed, ErrorCode::kDisallowedOperation, ErrorCode::kLimitExceeded, ErrorCode::kUnsupported},
+        "validate");
     return;
   }
   for (const auto& n : p.nodes) {

@@ -311,7 +311,9 @@ Status check_shapes(const Program& program, const GraphLimits& limits = {});
 // user output. kMalformed for arguments of the wrong type or count.
 // When nothing else is wrong, the shape pass (check_shapes) runs too, so a
 // program whose tensor_meta the engine cannot reproduce is refused
-// (kMalformed) before anything runs.
+// (kMalformed) before anything runs; it may also return kLimitExceeded
+// (tensors beyond GraphLimits at the example sizes) and kUnsupported (an
+// argument combination no kernel implements).
 // Every reason is collected; the error carries the first and the count.
 Status validate(Program& program, const GraphLimits& limits = {});
 // Every reason validate() would give, one per line (empty when accepted).
