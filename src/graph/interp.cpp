@@ -501,6 +501,7 @@ Status binary(Ctx& c, Outs& outs, int op) {  // 0 add, 1 sub, 2 logical_and
       put_d(out, i, op == 0 ? x + alpha * y : x - alpha * y);
     });
   } else {
+    if (!(alpha >= -9.2e18 && alpha <= 9.2e18)) return c.fail(ErrorCode::kMalformed, "alpha out of the int64 range");
     auto al = static_cast<std::int64_t>(alpha);
     broadcast_each<2>(shape, st, [&](std::uint64_t i, const std::array<std::int64_t, 2>& o) {
       // Two's complement wrap, as PyTorch's integer arithmetic.
@@ -534,6 +535,11 @@ Status unary(Ctx& c, Outs& outs, const std::string& op) {
   const Arg& other = c.arg("other");
   double s = c.scalar("other");
   bool int_compare = !is_float(a->dtype) && other.kind != Arg::Kind::kFloat;
+  // The integer scalar itself (a double round trip of INT64_MAX would not fit back).
+  std::int64_t s_int = other.kind == Arg::Kind::kBool ? (other.b ? 1 : 0) : 0;
+  if (other.kind == Arg::Kind::kInt && !other.ints.empty()) {
+    SAFECKPT_TRY(s_int, c.sym(other.ints[0]));
+  }
   for (std::uint64_t i = 0; i < n; ++i) {
     if (op == "clone") {
       put_d(out, i, 0);  // replaced by memcpy below
@@ -556,7 +562,7 @@ Status unary(Ctx& c, Outs& outs, const std::string& op) {
     } else if (op == "eq" || op == "le") {
       bool r;
       if (int_compare) {
-        std::int64_t xi = get_i(*a, i), si = static_cast<std::int64_t>(s);
+        std::int64_t xi = get_i(*a, i), si = s_int;
         r = op == "eq" ? xi == si : xi <= si;
       } else {
         r = op == "eq" ? x == s : x <= s;
@@ -567,8 +573,7 @@ Status unary(Ctx& c, Outs& outs, const std::string& op) {
         put_d(out, i, x * s);
       else
         put_i(out, i,
-              static_cast<std::int64_t>(static_cast<std::uint64_t>(get_i(*a, i)) *
-                                        static_cast<std::uint64_t>(static_cast<std::int64_t>(s))));
+              static_cast<std::int64_t>(static_cast<std::uint64_t>(get_i(*a, i)) * static_cast<std::uint64_t>(s_int)));
     }
   }
   if (op == "clone") std::memcpy(out.data->data(), a->data->data(), a->data->size());
@@ -717,6 +722,11 @@ Status conv2d(Ctx& c, Outs& outs) {
   two(stride);
   two(pad);
   two(dil);
+  constexpr std::int64_t kBig = std::int64_t{1} << 31;  // keeps (H + 2*pad - dil*(K-1)) far from overflow
+  for (const auto* v : {&stride, &pad, &dil})
+    for (auto x0 : *v)
+      if (x0 >= kBig || x0 <= -kBig)
+        return c.fail(ErrorCode::kUnsupported, "convolution: stride/padding/dilation above 2^31");
   if (x->shape.size() != 4 || w->shape.size() != 4 || stride.size() != 2 || pad.size() != 2 || dil.size() != 2 ||
       groups < 1 || stride[0] < 1 || stride[1] < 1 || dil[0] < 1 || dil[1] < 1 || pad[0] < 0 || pad[1] < 0)
     return c.fail(ErrorCode::kUnsupported, "convolution: only 4-D input/weight with positive stride/dilation run");
@@ -973,6 +983,9 @@ Status adaptive_avg_pool2d(Ctx& c, Outs& outs) {
     return c.fail(ErrorCode::kUnsupported, "adaptive_avg_pool2d: 3-D/4-D floating input, output size >= 1");
   std::size_t r = x->shape.size();
   std::int64_t H = x->shape[r - 2], W = x->shape[r - 1];
+  constexpr std::int64_t kBig = std::int64_t{1} << 31;  // (o + 1) * H stays below 2^62
+  if (H >= kBig || W >= kBig || os[0] >= kBig || os[1] >= kBig)
+    return c.fail(ErrorCode::kUnsupported, "adaptive_avg_pool2d: sizes above 2^31");
   std::vector<std::int64_t> shape(x->shape.begin(), x->shape.end() - 2);
   std::uint64_t planes = numel_of(shape);
   shape.push_back(os[0]);
@@ -1270,8 +1283,11 @@ Status creation(Ctx& c, Outs& outs, const std::string& op) {
       return {};
     }
     for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t v = 0;
+      if (!fl && (__builtin_mul_overflow(i, ist, &v) || __builtin_add_overflow(is, v, &v)))
+        return c.fail(ErrorCode::kMalformed, "arange: value overflows int64");
       if (!fl)
-        put_i(out, static_cast<std::uint64_t>(i), is + i * ist);
+        put_i(out, static_cast<std::uint64_t>(i), v);
       else
         put_d(out, static_cast<std::uint64_t>(i), start + static_cast<double>(i) * step);
     }
@@ -1302,10 +1318,14 @@ Status creation(Ctx& c, Outs& outs, const std::string& op) {
       SAFECKPT_TRY(std::int64_t v, c.sym(fill->ints[0]));
       put_i(out, i, v);
     } else {
+      std::int64_t iv = 0;
+      if (fill->kind == Arg::Kind::kInt && !fill->ints.empty()) {
+        SAFECKPT_TRY(iv, c.sym(fill->ints[0]));
+      }
       put_d(out, i,
             fill->kind == Arg::Kind::kFloat  ? fill->f
             : fill->kind == Arg::Kind::kBool ? (fill->b ? 1 : 0)
-                                             : static_cast<double>(fill->ints.empty() ? 0 : fill->ints[0].value));
+                                             : static_cast<double>(iv));
     }
   }
   outs.push_back(std::move(out));
