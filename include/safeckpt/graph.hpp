@@ -19,7 +19,9 @@
 //  4. `data/weights/<name>_weights_config.json` and
 //     `data/constants/<name>_constants_config.json`: {"config": {FQN: {
 //     "path_name": str, "is_param": bool, "use_pickle": bool,
-//     "tensor_meta": TensorMeta|null}}}; the record is
+//     "tensor_meta": TensorMeta|null}}} (legacy names `<name>_model_param_config.json`
+//     and `<name>_model_constants_config.json` are read when the current ones are
+//     absent, as the 2.11 header still lists them); the record is
 //     `data/weights/<path_name>` / `data/constants/<path_name>`; path_name
 //     must be `weight_<n>` / `tensor_<n>` (no '/', no '..').
 //     use_pickle:false: the record holds the raw little-endian storage; its

@@ -201,8 +201,19 @@ Result<Pt2Archive> Pt2Archive::open(Bytes file, const GraphLimits& limits) {
       SAFECKPT_TRY(std::string text, read_text(zip, "models/" + name + ".json", limits.max_json_bytes));
       SAFECKPT_TRY(Program p, parse_program_json(text, name, limits));
       std::vector<ArchiveTensor> w;
-      SAFECKPT_CHECK(read_config(zip, "data/weights/", name + "_weights_config.json", "weight_", false, w, limits));
-      SAFECKPT_CHECK(read_config(zip, "data/constants/", name + "_constants_config.json", "tensor_", true, w, limits));
+      // Config names of 2.11 (pt2_archive_constants.h WEIGHTS_CONFIG_FILENAME_FORMAT /
+      // CONSTANTS_CONFIG_FILENAME_FORMAT), else the legacy ones the same header keeps
+      // (`{}_model_param_config.json`, `{}_model_constants_config.json`).
+      auto pick = [&](const std::string& dir, const std::string& now, const std::string& legacy) {
+        return zip.find(dir + now) == nullptr && zip.find(dir + legacy) != nullptr ? legacy : now;
+      };
+      SAFECKPT_CHECK(read_config(
+          zip, "data/weights/", pick("data/weights/", name + "_weights_config.json", name + "_model_param_config.json"),
+          "weight_", false, w, limits));
+      SAFECKPT_CHECK(
+          read_config(zip, "data/constants/",
+                      pick("data/constants/", name + "_constants_config.json", name + "_model_constants_config.json"),
+                      "tensor_", true, w, limits));
       a.programs_.push_back(std::make_unique<Program>(std::move(p)));
       a.weights_.push_back(std::move(w));
     }

@@ -86,6 +86,20 @@ TEST_CASE("graph archive: the re-zipped real archive opens (the crafting itself 
   CHECK(open_code(bytes) == ErrorCode::kOk);
 }
 
+TEST_CASE("graph archive: the legacy weights-config name (model_model_param_config.json) is read") {
+  std::string cfg;
+  for (auto& [name, data] : records("mlp.core.pt2"))
+    if (name == "data/weights/model_weights_config.json") cfg = data;
+  auto b = crafted({{"data/weights/model_weights_config.json", std::nullopt}},
+                   {{"data/weights/model_model_param_config.json", cfg}});
+  auto a = Pt2Archive::open(Bytes(b.data(), b.size()));
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto w = archive_weights(*a);
+  REQUIRE(w.has_value());
+  CHECK(w->size() == 6);
+  CHECK(w->count("fc1.weight") == 1);
+}
+
 TEST_CASE("graph archive: each rule of the archive grammar with its ErrorCode") {
   SUBCASE("no archive_format: not a PT2 archive") {
     auto b = crafted({{"archive_format", std::nullopt}});
