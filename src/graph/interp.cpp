@@ -1641,7 +1641,13 @@ Status check_shapes(const Program& program, const GraphLimits& limits) {
       weights[in.fqn] = std::move(t);
   }
   auto r = run_impl(program, weights, inputs, limits, true);
-  if (!r) return unexpected(std::move(r).error());
+  if (!r) {
+    Error e = std::move(r).error();
+    // Inputs made from the program's own metadata that do not bind: the
+    // program contradicts itself.
+    if (e.code() == ErrorCode::kInvalidArgument) e = Error(ErrorCode::kMalformed, "program inconsistent: " + e.message());
+    return unexpected(std::move(e));
+  }
   return {};
 }
 

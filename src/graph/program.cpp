@@ -678,6 +678,9 @@ class Parser {
       } else {
         return malformed(w, "unknown InputSpec member '" + um.first + "'");
       }
+      for (const auto& prev : p_.inputs)
+        if (prev.fqn == in.fqn && (prev.kind == InputKind::kUserInput) == (in.kind == InputKind::kUserInput))
+          return malformed(w, "input '" + in.fqn + "' appears twice in the signature");
       p_.inputs.push_back(std::move(in));
     }
     SAFECKPT_TRY(const json* os, field(sig, "output_specs", "signature"));
