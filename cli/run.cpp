@@ -3,7 +3,7 @@
 // (issue 13; src/graph/, include/safeckpt/graph.hpp).
 //
 // run: reads the PT2 archive as data, validates it against
-// allowlist/ops.allow, binds weights (the archive's own, or --weights
+// allowlist/ops.schema, binds weights (the archive's own, or --weights
 // CHECKPOINT by state_dict key: .pt/.pth/.bin via the weights-only loader,
 // .safetensors, *.safetensors.index.json; constants and non-persistent buffers
 // that a state_dict does not hold come from the archive), binds the inputs

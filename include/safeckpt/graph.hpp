@@ -154,7 +154,7 @@ struct Arg {
   std::int64_t code = 0;
 };
 
-struct OpSchema;  // an entry of allowlist/ops.allow (below)
+struct OpSchema;  // an entry of allowlist/ops.schema (below)
 
 struct Node {
   std::string name;                  // Node.name (FX node name)
@@ -251,7 +251,7 @@ Result<Program> parse_program_json(std::string_view json, std::string_view model
 // ------------------------------------------------- op schemas and validation
 
 // One allowlisted op: its PyTorch schema (argument names, types, defaults)
-// from allowlist/ops.allow.
+// from allowlist/ops.schema.
 struct OpArgSchema {
   enum class Type : std::uint8_t {
     kTensor,
@@ -285,9 +285,9 @@ struct OpSchema {
   std::string note;               // restriction text from the allowlist
 };
 
-// The embedded allowlist (allowlist/ops.allow), parsed once.
+// The embedded allowlist (allowlist/ops.schema), parsed once.
 const std::vector<OpSchema>& op_allowlist();
-// Parses an ops file (same grammar as allowlist/ops.allow). Errors: kMalformed.
+// Parses an ops file (same grammar as allowlist/ops.schema). Errors: kMalformed.
 Result<std::vector<OpSchema>> parse_op_allowlist(std::string_view text);
 // Maps a JSON target to its schema name: "torch.ops.aten.add.Tensor" ->
 // "aten::add.Tensor", "torch.ops.aten.addmm.default" -> "aten::addmm";

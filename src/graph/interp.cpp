@@ -1645,7 +1645,8 @@ Status check_shapes(const Program& program, const GraphLimits& limits) {
     Error e = std::move(r).error();
     // Inputs made from the program's own metadata that do not bind: the
     // program contradicts itself.
-    if (e.code() == ErrorCode::kInvalidArgument) e = Error(ErrorCode::kMalformed, "program inconsistent: " + e.message());
+    if (e.code() == ErrorCode::kInvalidArgument)
+      e = Error(ErrorCode::kMalformed, "program inconsistent: " + e.message());
     return unexpected(std::move(e));
   }
   return {};

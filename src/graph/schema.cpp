@@ -1,4 +1,4 @@
-// Op schemas: the grammar of allowlist/ops.allow (a subset of PyTorch's
+// Op schemas: the grammar of allowlist/ops.schema (a subset of PyTorch's
 // FunctionSchema text, torchgen/model.py / c10 schema parser) and the
 // embedded table.
 //

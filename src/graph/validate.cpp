@@ -1,4 +1,4 @@
-// Validation: every node's target must be in allowlist/ops.allow; its
+// Validation: every node's target must be in allowlist/ops.schema; its
 // arguments are bound by name to the op's schema (torch 2.11 serialize.py
 // `deserialize_inputs` re-binds by name; omitted arguments take the schema
 // default) and type-checked; the graph must be in topological order (each
@@ -62,13 +62,13 @@ struct Checker {
       return;
     }
     if (n.target.rfind("torch.ops.", 0) == 0 && n.target.rfind("torch.ops.aten.", 0) != 0) {
-      policy.push_back(w + ": op of a custom namespace is not run: only ATen ops from allowlist/ops.allow are");
+      policy.push_back(w + ": op of a custom namespace is not run: only ATen ops from allowlist/ops.schema are");
       return;
     }
     const OpSchema* s = find_schema(n.op);
     if (s == nullptr) {
       policy.push_back(w + ": op '" + n.op +
-                       "' is not in the engine's op allowlist (allowlist/ops.allow): "
+                       "' is not in the engine's op allowlist (allowlist/ops.schema): "
                        "decompose it at export (ep.run_decompositions) or ask for it to be added");
       return;
     }
@@ -119,7 +119,7 @@ struct Checker {
         if (s->args[k].name == name) return n.args[k];
       return n.args[0];
     };
-    // Op restrictions (ops.allow notes).
+    // Op restrictions (ops.schema notes).
     if (s->name == "aten::batch_norm" && arg("training").b)
       policy.push_back(w +
                        ": batch_norm with training=True updates running statistics: export the model in eval() mode");
