@@ -12,8 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "safeckpt/builder.hpp"
 #include "safeckpt/graph.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "safeckpt/save.hpp"
 #include "safeckpt/zip.hpp"
 
 using namespace safeckpt;
@@ -248,6 +250,40 @@ TEST_CASE("graph: weights bound from a .safetensors checkpoint give the same out
     REQUIRE_MESSAGE(b.has_value(), (b ? "" : b.error().to_string()));
     REQUIRE(a->size() == b->size());
     for (std::size_t i = 0; i < a->size(); ++i) CHECK(*(*a)[i].data == *(*b)[i].data);
+  }
+}
+
+TEST_CASE("graph: weights bound from a .pt checkpoint (torch.save layout, our writer) give the same outputs") {
+  for (const char* m : {"cnn", "gpt2"}) {
+    CAPTURE(m);
+    Loaded l = load_program(std::string(m) + ".train.pt2");
+    auto aw = archive_weights(l.archive);
+    REQUIRE(aw.has_value());
+    CheckpointBuilder b;
+    for (const auto& [name, t] : *aw) {
+      auto st = b.add_state_dict_tensor(name, t.dtype, t.shape,
+                                        std::vector<std::uint8_t>(t.bytes().begin(), t.bytes().end()));
+      REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+    }
+    auto built = std::move(b).finish();
+    REQUIRE_MESSAGE(built.has_value(), (built ? "" : built.error().to_string()));
+    auto file = save_to_bytes(*built);
+    REQUIRE_MESSAGE(file.has_value(), (file ? "" : file.error().to_string()));
+    auto ck = load_bytes(Bytes(file->data(), file->size()));  // the weights-only loader
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    auto cw = checkpoint_weights(l.program, *ck);
+    REQUIRE_MESSAGE(cw.has_value(), (cw ? "" : cw.error().to_string()));
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    Inputs in;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input." + gi.fqn);
+    auto a = run_cpu(l.program, *aw, in);
+    auto r = run_cpu(l.program, *cw, in);
+    REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+    REQUIRE(a->size() == r->size());
+    for (std::size_t i = 0; i < a->size(); ++i) CHECK(*(*a)[i].data == *(*r)[i].data);
   }
 }
 
