@@ -342,9 +342,10 @@ Result<WeightMap> checkpoint_weights(const Program& program, const Checkpoint& c
 // Runs a validated program on the CPU reference interpreter. `inputs` maps
 // user input names to tensors; each is checked (dtype, rank, static dims,
 // dynamic dims within range_constraints, one value per symbol) before
-// anything runs. After every node its outputs are compared with the recorded
-// tensor_meta (dtype and sizes, symbolic sizes evaluated) — a disagreement
-// refuses the program (kMalformed naming the node). Index-taking ops check
+// anything runs. A shape pass at the bound sizes (see check_shapes) runs
+// first, then the values; after every node its outputs are compared with the
+// recorded tensor_meta (dtype and sizes, symbolic sizes evaluated) — a
+// disagreement refuses the program (kMalformed naming the node). Index-taking ops check
 // every index (kMalformed naming the node and the index).
 // Returns the user outputs in signature order.
 // Errors: kInvalidArgument (inputs/weights missing or wrong), kMalformed,
