@@ -538,3 +538,58 @@ TEST_CASE("graph: binding checks inputs; an out-of-range token id is refused, ne
     CHECK(r.error().code() == ErrorCode::kInvalidArgument);
   }
 }
+
+TEST_CASE(
+    "graph: bfloat16 path — mlp.core re-typed to bfloat16 stays within bfloat16 error of the float32 eager output") {
+  // A crafted variant (every tensor_values dtype 7 -> 13, weights and input
+  // rounded to bfloat16): exercises the bf16 storage/rounding path of every
+  // kernel mlp uses. The bound is bfloat16's own error (8 significant bits
+  // through three layers), not a value PyTorch produced.
+  json j = json::parse(program_text("mlp.core.pt2"));
+  for (auto& [name, meta] : j["graph_module"]["graph"]["tensor_values"].items()) meta["dtype"] = 13;
+  auto p = parse_program_json(j.dump(), "model");
+  REQUIRE(p.has_value());
+  auto st = validate(*p);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  auto to_bf16 = [](const HostTensor& t) {
+    std::vector<std::uint8_t> out(t.numel() * 2);
+    for (std::size_t i = 0; i < t.numel(); ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, t.data->data() + 4 * i, 4);
+      u += 0x7FFFu + ((u >> 16) & 1u);
+      auto h = static_cast<std::uint16_t>(u >> 16);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+    auto r = make_host_tensor(DType::kBFloat16, t.shape, Bytes(out.data(), out.size()));
+    REQUIRE(r.has_value());
+    return *r;
+  };
+  auto a = Pt2Archive::open_file(data_dir() + "mlp.core.pt2");
+  REQUIRE(a.has_value());
+  auto w = archive_weights(*a);
+  REQUIRE(w.has_value());
+  WeightMap bw;
+  for (const auto& [name, t] : *w) bw[name] = to_bf16(t);
+  auto io = SafetensorsFile::open(data_dir() + "mlp.io.safetensors");
+  REQUIRE(io.has_value());
+  auto out = run_cpu(*p, bw, Inputs{{"x", to_bf16(tensor_of(*io, "input.x"))}});
+  REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+  REQUIRE(out->size() == 1);
+  const HostTensor& o = (*out)[0];
+  CHECK(o.dtype == DType::kBFloat16);
+  std::vector<float> of(o.numel());
+  for (std::size_t i = 0; i < of.size(); ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, o.data->data() + 2 * i, 2);
+    std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+    std::memcpy(&of[i], &u, 4);
+  }
+  auto ref = floats(tensor_of(*io, "output.0.cpu"));
+  double maxdiff = 0, maxref = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(of[i]) - ref[i]));
+    maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+  }
+  MESSAGE("bf16 mlp: max|out-ref| = " << maxdiff << " (max|ref| " << maxref << ")");
+  CHECK(maxdiff <= 3 * std::ldexp(1.0, -8) * maxref + 1e-3);
+}
