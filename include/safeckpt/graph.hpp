@@ -27,7 +27,8 @@
 //     use_pickle:false: the record holds the raw little-endian storage; its
 //     size is a multiple of the element size and the view (sizes, strides,
 //     storage_offset; all static, >= 0) lies inside it, like checkpoint views
-//     (safeckpt/checkpoint.hpp). Entries naming one record share one storage.
+//     (safeckpt/checkpoint.hpp). Entries naming one record share one storage
+//     (ArchiveTensor::storage is equal for them).
 //     use_pickle:true: the record is loaded with safeckpt::load_bytes (the
 //     restricted loader, default allowlist) and must be a single tensor.
 //  5. The JSON (below) is parsed with GraphLimits caps.
@@ -214,7 +215,7 @@ struct ArchiveTensor {
   bool is_constant = false;  // from data/constants
   std::string record;        // full record name
   TensorMeta meta;
-  HostTensor tensor;          // dense copy of the view
+  HostTensor tensor;          // dense row-major copy of the view (the CPU interpreter's input; one per FQN)
   std::int32_t storage = -1;  // index of the shared record (tied weights share it)
 };
 
