@@ -939,7 +939,8 @@ Status reduce(Ctx& c, Outs& outs, bool any) {
     kshape.push_back(red[k] ? 1 : x->shape[k]);
     if (!red[k] || keep) oshape.push_back(red[k] ? 1 : x->shape[k]);
   }
-  SAFECKPT_TRY(HostTensor y, c.alloc(any ? DType::kBool : x->dtype, oshape));
+  SAFECKPT_TRY(HostTensor y,
+               c.alloc(any ? (x->dtype == DType::kUInt8 ? DType::kUInt8 : DType::kBool) : x->dtype, oshape));
   if (c.meta) {
     outs.push_back(std::move(y));
     return {};
