@@ -187,6 +187,16 @@ void collect(Program& p, Checker& c) {
   for (auto o : p.outputs)
     if (!produced[static_cast<std::size_t>(o)])
       c.broken.push_back("user output '" + p.value_names[static_cast<std::size_t>(o)] + "' is never produced");
+  // Unbacked symbols (data-dependent sizes, torch's u<n>) in any expression.
+  for (const auto& sv : p.sym_values) {
+    auto at = sv.expr.find("Symbol('u");
+    if (at == std::string::npos) continue;
+    auto end = sv.expr.find('\'', at + 8);
+    c.policy.push_back("unbacked symbol '" + sv.expr.substr(at + 8, end == std::string::npos ? 8 : end - at - 8) +
+                       "' (a size that depends on tensor data) is not supported: export with static or input-bound "
+                       "sizes");
+    break;
+  }
   // Unbacked symbols in range_constraints.
   for (const auto& [sym, range] : p.range_constraints)
     if (!sym.empty() && sym[0] == 'u')

@@ -373,6 +373,12 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
       if (in["name"] == "training") in["arg"]["as_bool"] = true;
     CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
   }
+  SUBCASE("unbacked (data-dependent) symbol: policy") {
+    json j = gpt2;
+    auto& sizes = j["graph_module"]["graph"]["tensor_values"]["view_1"]["sizes"];
+    sizes[0]["as_expr"]["expr_str"] = "Symbol('u0', integer=True)";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
   SUBCASE("wrong schema major version: unsupported") {
     json j = mlp;
     j["schema_version"]["major"] = 9;
