@@ -40,5 +40,7 @@ void register_inspect(CLI::App& app, int& exit_code);
 void register_scan(CLI::App& app, int& exit_code);
 void register_convert(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
+// `run` and `inspect-program` (cli/run.cpp): torch.export programs.
+void register_run(CLI::App& app, int& exit_code);
 
 }  // namespace safeckpt::cli

@@ -17,7 +17,7 @@ corpus=$here/../tests/data/corpus
 
 # Every target gets a directory, even one with no seeds from the corpus
 # (safetensors: hand-made seeds in fuzz/corpus/safetensors only).
-for t in zip pickle pickle_torch load scan differential safetensors roundtrip; do
+for t in zip pickle pickle_torch load scan differential safetensors roundtrip graph; do
   mkdir -p "$out/$t"
 done
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/safeckpt-seeds.XXXXXX")
@@ -86,5 +86,18 @@ for dir in "$corpus"/torch-*; do
     fi
     n=$((n + 1))
   done
+done
+# graph: torch.export programs (tests/data/pt2-2.11): 001 = the program JSON
+# (models/model.json), 005 = JSON + run on the CPU interpreter; 000/004 =
+# the whole archive (the small ones; 004 = + run).
+pt2=$here/../tests/data/pt2-2.11
+for f in "$pt2"/*.pt2; do
+  [ -f "$f" ] || continue
+  stem=pt2-2.11_$(basename "$f" .pt2)
+  if command -v unzip >/dev/null 2>&1 && unzip -p "$f" '*/models/model.json' >"$tmp/model.json" 2>/dev/null; then
+    seed graph "$stem.json" "$tmp/model.json" 001 005
+  fi
+  case $stem in *mlp* | *cnn*) seed graph "$stem" "$f" 000 004 ;; esac
+  n=$((n + 1))
 done
 echo "make_seeds: $n corpus files -> $out ($(ls "$out" | tr '\n' ' '))"

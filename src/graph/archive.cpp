@@ -1,0 +1,333 @@
+// PT2 archive reader (torch 2.11 torch/export/pt2_archive/_package.py
+// `load_pt2`, `_load_state_dict`, `_load_constants`, `_build_file_map`;
+// pt2-format.md §1). The accepted grammar is listed in safeckpt/graph.hpp.
+#include <cstring>
+#include <unordered_map>
+
+#include "graph/internal.hpp"
+#include "safeckpt/zip.hpp"
+
+namespace safeckpt::graph {
+namespace {
+
+using nlohmann::json;
+
+bool ends_with(std::string_view s, std::string_view suf) {
+  return s.size() >= suf.size() && s.substr(s.size() - suf.size()) == suf;
+}
+
+Result<std::string> read_text(const ZipArchive& zip, std::string_view name, std::uint64_t cap) {
+  const ZipEntry* e = zip.find(name);
+  if (e == nullptr)
+    return make_error(ErrorCode::kMalformed, "record '" + zip.root() + "/" + std::string(name) + "' is missing");
+  if (e->uncompressed_size > cap)
+    return make_error(ErrorCode::kLimitExceeded, "record '" + e->name + "' is larger than GraphLimits::max_json_bytes");
+  SAFECKPT_TRY(RecordBytes rb, zip.read(*e, true));
+  return std::string(reinterpret_cast<const char*>(rb.bytes.data()), rb.bytes.size());
+}
+
+// Dense row-major copy of a strided view (sizes/strides/offset in elements)
+// of `storage`, after checking the view lies inside it (like checkpoint views,
+// safeckpt/checkpoint.hpp).
+Result<HostTensor> dense_view(Bytes storage, const TensorMeta& m, std::string_view where, const GraphLimits& limits) {
+  std::uint64_t item = dtype_size(m.dtype);
+  std::vector<std::int64_t> shape;
+  std::uint64_t numel = 1, last = 0;
+  for (std::size_t d = 0; d < m.sizes.size(); ++d) {
+    if (m.sizes[d].is_symbolic() || m.strides[d].is_symbolic())
+      return make_error(ErrorCode::kMalformed, std::string(where) + ": weight with a symbolic size or stride");
+    auto sz = static_cast<std::uint64_t>(m.sizes[d].value);
+    shape.push_back(m.sizes[d].value);
+    if (__builtin_mul_overflow(numel, sz, &numel) || numel > limits.max_tensor_elements)
+      return make_error(ErrorCode::kLimitExceeded,
+                        std::string(where) + ": more elements than GraphLimits::max_tensor_elements");
+  }
+  if (m.storage_offset.is_symbolic())
+    return make_error(ErrorCode::kMalformed, std::string(where) + ": symbolic storage_offset");
+  if (numel != 0) {
+    last = static_cast<std::uint64_t>(m.storage_offset.value);
+    for (std::size_t d = 0; d < m.sizes.size(); ++d) {
+      std::uint64_t span = 0;
+      if (__builtin_mul_overflow(static_cast<std::uint64_t>(m.sizes[d].value - 1),
+                                 static_cast<std::uint64_t>(m.strides[d].value), &span) ||
+          __builtin_add_overflow(last, span, &last))
+        return make_error(ErrorCode::kMalformed, std::string(where) + ": view extent overflows");
+    }
+    std::uint64_t need = 0;
+    if (__builtin_add_overflow(last, 1, &need) || __builtin_mul_overflow(need, item, &need) || need > storage.size())
+      return make_error(ErrorCode::kMalformed,
+                        std::string(where) + ": view (storage_offset " + std::to_string(m.storage_offset.value) +
+                            ", sizes and strides) reaches past its " + std::to_string(storage.size()) + "-byte record");
+  }
+  HostTensor t;
+  t.dtype = m.dtype;
+  t.shape = shape;
+  t.data = std::make_shared<std::vector<std::uint8_t>>(numel * item);
+  // Iterate the view with an index counter (no recursion).
+  std::vector<std::int64_t> idx(shape.size(), 0);
+  for (std::uint64_t i = 0; i < numel; ++i) {
+    std::uint64_t off = static_cast<std::uint64_t>(m.storage_offset.value);
+    for (std::size_t d = 0; d < idx.size(); ++d) off += static_cast<std::uint64_t>(idx[d] * m.strides[d].value);
+    std::memcpy(t.data->data() + i * item, storage.data() + off * item, item);
+    for (std::size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return t;
+}
+
+// Reads one weights/constants config and its records.
+Status read_config(const ZipArchive& zip, std::string_view dir, std::string_view config_name, std::string_view prefix,
+                   bool constants, std::vector<ArchiveTensor>& out, const GraphLimits& limits) {
+  std::string cfg_path = std::string(dir) + std::string(config_name);
+  if (zip.find(cfg_path) == nullptr) return {};  // absent: no weights (torch writes it always; tolerate)
+  SAFECKPT_TRY(std::string text, read_text(zip, cfg_path, limits.max_json_bytes));
+  SAFECKPT_TRY(json j, detail::parse_json(text, cfg_path, limits));
+  auto bad = [&](std::string what) {
+    return make_error(ErrorCode::kMalformed, cfg_path + ": " + what, Location{zip.root() + "/" + cfg_path});
+  };
+  if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return bad("expected {\"config\": {...}}");
+  const json& cfg = j["config"];
+  if (cfg.size() > limits.max_inputs)
+    return make_error(ErrorCode::kLimitExceeded, cfg_path + ": more entries than GraphLimits::max_inputs");
+  std::unordered_map<std::string, std::int32_t> storages;  // record -> first tensor index owning it
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+    const json& e = it.value();
+    std::string w = cfg_path + " entry '" + it.key() + "'";
+    if (!e.is_object() || !e.contains("path_name") || !e["path_name"].is_string() || !e.contains("use_pickle") ||
+        !e["use_pickle"].is_boolean())
+      return bad("entry '" + it.key() + "' needs path_name (string) and use_pickle (bool)");
+    std::string path = e["path_name"].get<std::string>();
+    if (path.substr(0, prefix.size()) != prefix || path.size() == prefix.size() ||
+        path.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      return bad("entry '" + it.key() + "': path_name '" + path + "' is not " + std::string(prefix) + "<n>");
+    ArchiveTensor t;
+    t.fqn = it.key();
+    t.is_constant = constants;
+    if (auto p = e.find("is_param"); p != e.end() && p->is_boolean()) t.is_param = p->get<bool>();
+    std::string rec = std::string(dir) + path;
+    const ZipEntry* ze = zip.find(rec);
+    if (ze == nullptr) return bad("entry '" + it.key() + "': record '" + rec + "' is missing");
+    t.record = ze->name;
+    SAFECKPT_TRY(RecordBytes rb, zip.read(*ze, true));
+    if (e["use_pickle"].get<bool>()) {
+      // Pickled tensor (tensor subclass): only our restricted loader reads it.
+      LoadOptions lo;
+      lo.limits = limits.container;
+      SAFECKPT_TRY(Checkpoint ck, load_bytes(rb.bytes, lo));
+      auto sd = ck.state_dict();
+      if (sd.size() != 1 || !sd[0].name.empty())
+        return bad("entry '" + it.key() + "': pickled payload is not a single tensor");
+      const TensorInfo& ti = ck.tensors()[sd[0].tensor];
+      if (ti.layout != Layout::kStrided || ti.is_meta || ti.storage == kNoStorage || dtype_is_quantized(ti.dtype))
+        return make_error(ErrorCode::kUnsupported, w + ": pickled payload is not a dense tensor");
+      SAFECKPT_TRY(auto bytes, ck.contiguous_bytes(sd[0].tensor));
+      t.meta.dtype = ti.dtype;
+      for (auto s : ti.shape) t.meta.sizes.push_back(SymInt{s, -1});
+      SAFECKPT_TRY(t.tensor, make_host_tensor(ti.dtype, ti.shape, bytes));
+      t.storage = static_cast<std::int32_t>(out.size());
+      out.push_back(std::move(t));
+      continue;
+    }
+    if (!e.contains("tensor_meta") || e["tensor_meta"].is_null())
+      return bad("entry '" + it.key() + "': no tensor_meta");
+    SAFECKPT_TRY(t.meta, detail::parse_tensor_meta(e["tensor_meta"], w + ".tensor_meta", nullptr, nullptr, limits));
+    std::uint64_t item = dtype_size(t.meta.dtype);
+    if (item == 0 || rb.bytes.size() % item != 0)
+      return bad("entry '" + it.key() + "': record '" + rec + "' has " + std::to_string(rb.bytes.size()) +
+                 " bytes, not a multiple of the element size " + std::to_string(item));
+    SAFECKPT_TRY(t.tensor, dense_view(rb.bytes, t.meta, w, limits));
+    auto [sit, fresh] = storages.try_emplace(rec, static_cast<std::int32_t>(out.size()));
+    t.storage = sit->second;
+    (void)fresh;
+    out.push_back(std::move(t));
+  }
+  return {};
+}
+
+}  // namespace
+
+bool is_pt2_archive(Bytes file, const GraphLimits& limits) {
+  if (file.size() < 4 || std::memcmp(file.data(), "PK\3\4", 4) != 0) return false;
+  auto zip = ZipArchive::open(file, limits.container);
+  return zip && zip->find("archive_format") != nullptr;
+}
+
+Result<Pt2Archive> Pt2Archive::open(Bytes file, const GraphLimits& limits) {
+  try {
+    SAFECKPT_TRY(ZipArchive zip, ZipArchive::open(file, limits.container));
+    SAFECKPT_CHECK(zip.require_no_anomalies());
+    if (zip.find("serialized_exported_program.json") != nullptr)
+      return make_error(ErrorCode::kUnsupported,
+                        "a torch 2.6/2.7 flat export (serialized_exported_program.json): not read yet; re-save it with "
+                        "torch >= 2.8 (torch.export.save writes the PT2 archive)");
+    if (zip.find("archive_format") == nullptr)
+      return make_error(ErrorCode::kUnsupported, "not a PT2 archive (no " + zip.root() + "/archive_format record)");
+    SAFECKPT_TRY(std::string fmt, read_text(zip, "archive_format", 64));
+    if (fmt != "pt2")
+      return make_error(ErrorCode::kUnsupported, "archive_format is '" + fmt.substr(0, 16) + "', not 'pt2'");
+    SAFECKPT_TRY(std::string ver, read_text(zip, "archive_version", 64));
+    if (ver != "0")
+      return make_error(ErrorCode::kUnsupported,
+                        "archive_version is '" + ver.substr(0, 16) + "'; torch 2.11 reads version \"0\" only");
+    if (zip.find("byteorder") != nullptr) {
+      SAFECKPT_TRY(std::string bo, read_text(zip, "byteorder", 64));
+      if (bo != "little")
+        return make_error(ErrorCode::kUnsupported, "byteorder '" + bo.substr(0, 16) + "' (only little)");
+    }
+    Pt2Archive a;
+    std::string models_dir = zip.root() + "/models/";
+    for (const auto& e : zip.entries()) {
+      std::string_view n = e.name;
+      std::string_view rel = n.size() > zip.root().size() + 1 ? n.substr(zip.root().size() + 1) : std::string_view();
+      if (rel.substr(0, 17) == "data/aotinductor/" || ends_with(n, ".so") || ends_with(n, ".cubin") ||
+          ends_with(n, ".cpp") || ends_with(n, ".py") || ends_with(n, ".hsaco"))
+        return make_error(ErrorCode::kUnsupported,
+                          "record '" + e.name +
+                              "' is compiled or source code (an AOTInductor package): the engine "
+                              "runs graphs as data only; export with torch.export.save instead",
+                          Location{e.name});
+      if (n.substr(0, models_dir.size()) == models_dir && ends_with(n, ".json")) {
+        std::string name(n.substr(models_dir.size(), n.size() - models_dir.size() - 5));
+        if (name.empty() || name.find('/') != std::string::npos)
+          return make_error(ErrorCode::kMalformed, "model record '" + e.name + "' has no plain name");
+        a.model_names_.push_back(name);
+      }
+    }
+    if (a.model_names_.empty())
+      return make_error(ErrorCode::kMalformed, "PT2 archive without models/<name>.json (an AOTInductor-only package?)");
+    for (const auto& name : a.model_names_) {
+      SAFECKPT_TRY(std::string text, read_text(zip, "models/" + name + ".json", limits.max_json_bytes));
+      SAFECKPT_TRY(Program p, parse_program_json(text, name, limits));
+      std::vector<ArchiveTensor> w;
+      // Config names of 2.11 (pt2_archive_constants.h WEIGHTS_CONFIG_FILENAME_FORMAT /
+      // CONSTANTS_CONFIG_FILENAME_FORMAT), else the legacy ones the same header keeps
+      // (`{}_model_param_config.json`, `{}_model_constants_config.json`).
+      auto pick = [&](const std::string& dir, const std::string& now, const std::string& legacy) {
+        return zip.find(dir + now) == nullptr && zip.find(dir + legacy) != nullptr ? legacy : now;
+      };
+      SAFECKPT_CHECK(read_config(
+          zip, "data/weights/", pick("data/weights/", name + "_weights_config.json", name + "_model_param_config.json"),
+          "weight_", false, w, limits));
+      SAFECKPT_CHECK(
+          read_config(zip, "data/constants/",
+                      pick("data/constants/", name + "_constants_config.json", name + "_model_constants_config.json"),
+                      "tensor_", true, w, limits));
+      a.programs_.push_back(std::make_unique<Program>(std::move(p)));
+      a.weights_.push_back(std::move(w));
+    }
+    return a;
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kLimitExceeded, "out of memory reading the PT2 archive");
+  }
+}
+
+Result<Pt2Archive> Pt2Archive::open_file(const std::filesystem::path& path, const GraphLimits& limits) {
+  SAFECKPT_TRY(MappedFile f, MappedFile::open(path));
+  auto file = std::make_shared<MappedFile>(std::move(f));
+  SAFECKPT_TRY(Pt2Archive a, open(file->bytes(), limits));
+  a.file_ = std::move(file);
+  return a;
+}
+
+Result<const Program*> Pt2Archive::program(std::string_view model) const {
+  for (std::size_t i = 0; i < model_names_.size(); ++i)
+    if (model_names_[i] == model) return programs_[i].get();
+  return make_error(ErrorCode::kInvalidArgument, "no model '" + std::string(model) + "' in the archive");
+}
+
+Result<const std::vector<ArchiveTensor>*> Pt2Archive::weights(std::string_view model) const {
+  for (std::size_t i = 0; i < model_names_.size(); ++i)
+    if (model_names_[i] == model) return &weights_[i];
+  return make_error(ErrorCode::kInvalidArgument, "no model '" + std::string(model) + "' in the archive");
+}
+
+Result<WeightMap> archive_weights(const Pt2Archive& archive, std::string_view model) {
+  SAFECKPT_TRY(const std::vector<ArchiveTensor>* w, archive.weights(model));
+  WeightMap m;
+  for (const auto& t : *w) m[t.fqn] = t.tensor;
+  return m;
+}
+
+std::uint64_t HostTensor::numel() const noexcept {
+  std::uint64_t n = 1;
+  for (auto s : shape) n *= static_cast<std::uint64_t>(s);
+  return n;
+}
+
+Result<HostTensor> make_host_tensor(DType dtype, std::vector<std::int64_t> shape, Bytes bytes) {
+  std::uint64_t n = 1;
+  for (auto s : shape) {
+    if (s < 0 || __builtin_mul_overflow(n, static_cast<std::uint64_t>(s), &n))
+      return make_error(ErrorCode::kLimitExceeded, "tensor shape overflows");
+  }
+  std::uint64_t need = 0;
+  if (__builtin_mul_overflow(n, dtype_size(dtype), &need) || need != bytes.size())
+    return make_error(ErrorCode::kInvalidArgument, "tensor of " + std::to_string(n) + " " +
+                                                       std::string(dtype_name(dtype)) + " elements given " +
+                                                       std::to_string(bytes.size()) + " bytes");
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data = std::make_shared<std::vector<std::uint8_t>>(bytes.begin(), bytes.end());
+  return t;
+}
+
+Result<WeightMap> checkpoint_weights(const Program& program, const Checkpoint& ckpt, const WeightMap* fallback,
+                                     const GraphLimits& limits) {
+  (void)limits;
+  WeightMap out;
+  std::map<std::string, std::uint32_t> named;
+  for (const auto& nt : ckpt.state_dict()) named.emplace(nt.name, nt.tensor);
+  std::vector<std::string> missing, unexpected, misshapen;
+  std::map<std::string, bool> wanted;
+  for (const auto& in : program.inputs) {
+    if (in.kind == InputKind::kUserInput) continue;
+    wanted[in.fqn] = true;
+    const TensorMeta& m = program.values[static_cast<std::size_t>(in.value)];
+    auto it = named.find(in.fqn);
+    if (it == named.end()) {
+      bool stateless = in.kind == InputKind::kConstant || (in.kind == InputKind::kBuffer && !in.persistent);
+      if (stateless && fallback != nullptr) {
+        if (auto f = fallback->find(in.fqn); f != fallback->end()) {
+          out[in.fqn] = f->second;
+          continue;
+        }
+      }
+      missing.push_back(in.fqn);
+      continue;
+    }
+    const TensorInfo& ti = ckpt.tensors()[it->second];
+    bool ok = ti.layout == Layout::kStrided && !ti.is_meta && ti.dtype == m.dtype && ti.shape.size() == m.sizes.size();
+    for (std::size_t d = 0; ok && d < ti.shape.size(); ++d)
+      ok = !m.sizes[d].is_symbolic() && m.sizes[d].value == ti.shape[d];
+    if (!ok) {
+      std::string want = std::string(dtype_name(m.dtype)) + "[";
+      for (std::size_t d = 0; d < m.sizes.size(); ++d)
+        want += (d ? "," : "") + (m.sizes[d].is_symbolic() ? std::string("?") : std::to_string(m.sizes[d].value));
+      std::string got = std::string(dtype_name(ti.dtype)) + "[";
+      for (std::size_t d = 0; d < ti.shape.size(); ++d) got += (d ? "," : "") + std::to_string(ti.shape[d]);
+      misshapen.push_back(in.fqn + " (program " + want + "], checkpoint " + got + "])");
+      continue;
+    }
+    SAFECKPT_TRY(auto bytes, ckpt.contiguous_bytes(it->second));
+    SAFECKPT_TRY(out[in.fqn], make_host_tensor(ti.dtype, ti.shape, bytes));
+  }
+  for (const auto& [name, idx] : named)
+    if (!wanted.count(name)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty() && misshapen.empty()) return out;
+  std::string msg = "checkpoint does not match the program (load_state_dict strict=True):";
+  auto add = [&](const char* what, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    msg += std::string(" ") + what + ":";
+    for (std::size_t i = 0; i < v.size(); ++i) msg += (i ? ", " : " ") + v[i];
+    msg += ";";
+  };
+  add("missing", missing);
+  add("unexpected", unexpected);
+  add("wrong dtype or shape", misshapen);
+  return make_error(ErrorCode::kInvalidArgument, msg);
+}
+
+}  // namespace safeckpt::graph

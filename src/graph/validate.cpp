@@ -1,0 +1,264 @@
+// Validation: every node's target must be in allowlist/ops.schema; its
+// arguments are bound by name to the op's schema (torch 2.11 serialize.py
+// `deserialize_inputs` re-binds by name; omitted arguments take the schema
+// default) and type-checked; the graph must be in topological order (each
+// value produced once, before its uses: this also rules out cycles); the
+// engine's restrictions (pt2-format.md §5.1 "Reject with a named reason")
+// are checked. Policy refusals are kDisallowedOperation; broken structure is
+// kMalformed.
+#include <unordered_map>
+
+#include "graph/internal.hpp"
+
+namespace safeckpt::graph {
+namespace {
+
+using T = OpArgSchema::Type;
+
+bool arg_matches(const OpArgSchema& s, const Arg& a) {
+  using K = Arg::Kind;
+  if (a.kind == K::kNone) return s.optional || s.type == T::kOptTensorList;
+  switch (s.type) {
+    case T::kTensor: return a.kind == K::kTensor;
+    case T::kTensorList: return a.kind == K::kTensors;
+    case T::kOptTensorList: return a.kind == K::kTensors;
+    case T::kInt: return a.kind == K::kInt;
+    case T::kIntList: return a.kind == K::kInts || a.kind == K::kInt;
+    case T::kFloat: return a.kind == K::kFloat || a.kind == K::kInt;
+    case T::kBool: return a.kind == K::kBool;
+    case T::kScalar: return a.kind == K::kInt || a.kind == K::kFloat || a.kind == K::kBool;
+    case T::kScalarType: return a.kind == K::kScalarType;
+    case T::kLayout: return a.kind == K::kLayout;
+    case T::kDevice: return a.kind == K::kDevice;
+    case T::kMemoryFormat: return a.kind == K::kMemoryFormat;
+    case T::kString: return a.kind == K::kString;
+  }
+  return false;
+}
+
+const OpSchema* find_schema(std::string_view name) {
+  for (const auto& s : op_allowlist())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+bool is_view_op(std::string_view op) {
+  for (std::string_view v : {"aten::view", "aten::permute", "aten::transpose.int", "aten::unsqueeze", "aten::expand",
+                             "aten::flatten.using_ints", "aten::split.Tensor", "aten::split_with_sizes"})
+    if (op == v) return true;
+  return false;
+}
+
+struct Checker {
+  Program& p;
+  std::vector<std::string> policy, broken;
+
+  void node_policy(Node& n, std::size_t index) {
+    std::string w = "node '" + n.name + "' (" + n.target + ")";
+    if (n.target.rfind("torch.ops.higher_order.", 0) == 0) {
+      policy.push_back(w +
+                       ": higher-order op (control flow, subgraphs, kernels) is not run: export without it "
+                       "(torch.cond/while_loop/wrap) or inline it");
+      return;
+    }
+    if (n.target.rfind("torch.ops.", 0) == 0 && n.target.rfind("torch.ops.aten.", 0) != 0) {
+      policy.push_back(w + ": op of a custom namespace is not run: only ATen ops from allowlist/ops.schema are");
+      return;
+    }
+    const OpSchema* s = find_schema(n.op);
+    if (s == nullptr) {
+      policy.push_back(w + ": op '" + n.op +
+                       "' is not in the engine's op allowlist (allowlist/ops.schema): "
+                       "decompose it at export (ep.run_decompositions) or ask for it to be added");
+      return;
+    }
+    // Bind by name; fill defaults.
+    std::vector<Arg> bound(s->args.size());
+    std::vector<bool> set(s->args.size(), false);
+    for (std::size_t i = 0; i < n.args.size(); ++i) {
+      std::size_t k = 0;
+      while (k < s->args.size() && s->args[k].name != n.arg_names[i]) ++k;
+      if (k == s->args.size()) {
+        broken.push_back(w + ": argument '" + n.arg_names[i] + "' is not in the schema of " + s->name);
+        return;
+      }
+      if (set[k]) {
+        broken.push_back(w + ": argument '" + n.arg_names[i] + "' given twice");
+        return;
+      }
+      if (!arg_matches(s->args[k], n.args[i])) {
+        broken.push_back(w + ": argument '" + n.arg_names[i] + "' has the wrong type for " + s->name);
+        return;
+      }
+      bound[k] = n.args[i];
+      set[k] = true;
+    }
+    for (std::size_t k = 0; k < s->args.size(); ++k) {
+      if (set[k]) continue;
+      if (!s->args[k].has_default) {
+        broken.push_back(w + ": required argument '" + s->args[k].name + "' is missing");
+        return;
+      }
+      bound[k] = s->args[k].default_value;
+    }
+    // Outputs.
+    if (s->returns_symint) {
+      if (n.sym_output < 0 || !n.outputs.empty()) broken.push_back(w + ": must have one SymInt output");
+    } else if (s->returns_list) {
+      if (!n.outputs_as_list && !(n.outputs.size() == 1)) broken.push_back(w + ": must output a tensor list");
+    } else if (n.outputs.size() != s->num_outputs || n.sym_output >= 0 || n.outputs_as_list) {
+      broken.push_back(w + ": has " + std::to_string(n.outputs.size()) + " outputs; " + s->name + " returns " +
+                       std::to_string(s->num_outputs));
+    }
+    n.schema = s;
+    n.args = std::move(bound);
+    n.arg_names.clear();
+    for (const auto& a : s->args) n.arg_names.push_back(a.name);
+    auto arg = [&](std::string_view name) -> const Arg& {
+      for (std::size_t k = 0; k < s->args.size(); ++k)
+        if (s->args[k].name == name) return n.args[k];
+      return n.args[0];
+    };
+    // Op restrictions (ops.schema notes).
+    if (s->name == "aten::batch_norm" && arg("training").b)
+      policy.push_back(w +
+                       ": batch_norm with training=True updates running statistics: export the model in eval() mode");
+    if (s->name == "aten::batch_norm" &&
+        (arg("running_mean").kind == Arg::Kind::kNone || arg("running_var").kind == Arg::Kind::kNone))
+      policy.push_back(w + ": batch_norm without running statistics (batch statistics) is not supported");
+    if (s->name == "aten::scaled_dot_product_attention" && arg("dropout_p").f != 0.0)
+      policy.push_back(w + ": attention dropout_p != 0 is random: export in eval() mode");
+    if (s->name == "aten::convolution" && (arg("transposed").b || arg("stride").ints.size() != 2))
+      policy.push_back(w + ": only 2-D, non-transposed convolution runs");
+    if (s->name == "aten::gelu" && arg("approximate").s != "none" && arg("approximate").s != "tanh")
+      broken.push_back(w + ": gelu approximate='" + arg("approximate").s + "' (none or tanh)");
+    (void)index;
+  }
+};
+
+}  // namespace
+
+namespace {
+void collect(Program& p, Checker& c) {
+  for (auto& r : p.refusals) c.policy.push_back(r);
+  std::vector<char> produced(p.values.size(), 0);
+  std::vector<char> sym_produced(p.sym_values.size(), 0);
+  std::vector<std::uint32_t> uses(p.values.size(), 0);
+  std::vector<std::int32_t> producer(p.values.size(), -1);
+  for (const auto& in : p.inputs) {
+    if (in.value >= 0) produced[static_cast<std::size_t>(in.value)] = 1;
+  }
+  // Symbols that an input dim or a sym node defines; anything else is unbacked.
+  for (std::size_t i = 0; i < p.nodes.size(); ++i) {
+    Node& n = p.nodes[i];
+    std::string w = "node '" + n.name + "' (" + n.target + ")";
+    for (const auto& a : n.args) {
+      std::vector<std::int32_t> ts = a.tensors;
+      if (a.kind == Arg::Kind::kTensor) ts.push_back(a.tensor);
+      for (auto t : ts) {
+        if (t < 0) continue;
+        if (!produced[static_cast<std::size_t>(t)])
+          c.broken.push_back(w + ": uses '" + p.value_names[static_cast<std::size_t>(t)] +
+                             "' before any node produces it (graph not in order, or cyclic)");
+        ++uses[static_cast<std::size_t>(t)];
+      }
+      for (const auto& s : a.ints)
+        if (s.is_symbolic() && !sym_produced[static_cast<std::size_t>(s.sym)])
+          c.broken.push_back(w + ": uses SymInt '" + p.sym_values[static_cast<std::size_t>(s.sym)].name +
+                             "' before any node produces it");
+    }
+    for (auto o : n.outputs) {
+      if (o < 0) continue;
+      if (produced[static_cast<std::size_t>(o)])
+        c.broken.push_back(w + ": produces '" + p.value_names[static_cast<std::size_t>(o)] + "' a second time");
+      produced[static_cast<std::size_t>(o)] = 1;
+      producer[static_cast<std::size_t>(o)] = static_cast<std::int32_t>(i);
+    }
+    if (n.sym_output >= 0) {
+      if (sym_produced[static_cast<std::size_t>(n.sym_output)])
+        c.broken.push_back(w + ": produces a SymInt a second time");
+      sym_produced[static_cast<std::size_t>(n.sym_output)] = 1;
+      const std::string& nm = p.sym_values[static_cast<std::size_t>(n.sym_output)].name;
+      if (!nm.empty() && nm[0] == 'u')
+        c.policy.push_back(w + ": unbacked symbol '" + nm + "' (a data-dependent size) is not supported");
+    }
+    c.node_policy(n, i);
+  }
+  for (auto o : p.outputs)
+    if (!produced[static_cast<std::size_t>(o)])
+      c.broken.push_back("user output '" + p.value_names[static_cast<std::size_t>(o)] + "' is never produced");
+  // Unbacked symbols (data-dependent sizes, torch's u<n>) in any expression.
+  for (const auto& sv : p.sym_values) {
+    auto at = sv.expr.find("Symbol('u");
+    if (at == std::string::npos) continue;
+    auto end = sv.expr.find('\'', at + 8);
+    c.policy.push_back("unbacked symbol '" + sv.expr.substr(at + 8, end == std::string::npos ? 8 : end - at - 8) +
+                       "' (a size that depends on tensor data) is not supported: export with static or input-bound "
+                       "sizes");
+    break;
+  }
+  // Unbacked symbols in range_constraints.
+  for (const auto& [sym, range] : p.range_constraints)
+    if (!sym.empty() && sym[0] == 'u')
+      c.policy.push_back("range_constraints: unbacked symbol '" + sym + "' (data-dependent size) is not supported");
+  // In-place ops: the mutated value (and the bases it views) must have no
+  // other use and must not be a graph input, so running them out of place is
+  // exact (the interpreter copies views).
+  std::vector<char> is_input(p.values.size(), 0);
+  for (const auto& in : p.inputs)
+    if (in.value >= 0) is_input[static_cast<std::size_t>(in.value)] = 1;
+  for (const auto& n : p.nodes) {
+    if (n.schema == nullptr || !n.schema->inplace || n.args.empty() || n.args[0].kind != Arg::Kind::kTensor) continue;
+    std::string w = "node '" + n.name + "' (" + n.target + ")";
+    std::int32_t t = n.args[0].tensor;
+    for (int hops = 0; t >= 0 && hops < 1 << 20; ++hops) {
+      auto ut = static_cast<std::size_t>(t);
+      if (is_input[ut]) {
+        c.policy.push_back(w + ": mutates graph input '" + p.value_names[ut] +
+                           "' in place (buffer/input mutation): export without in-place updates of inputs");
+        break;
+      }
+      if (uses[ut] > 1) {
+        c.policy.push_back(w + ": mutates '" + p.value_names[ut] +
+                           "' in place while another node reads it: not supported (run_decompositions() makes the "
+                           "program functional)");
+        break;
+      }
+      std::int32_t prod = producer[ut];
+      if (prod < 0) break;
+      const Node& pn = p.nodes[static_cast<std::size_t>(prod)];
+      if (!is_view_op(pn.op) || pn.args.empty() || pn.args[0].kind != Arg::Kind::kTensor) break;
+      t = pn.args[0].tensor;
+    }
+  }
+}
+}  // namespace
+
+std::vector<std::string> refusal_reasons(Program& p, const GraphLimits& limits) {
+  Checker c{p, {}, {}};
+  collect(p, c);
+  if (c.broken.empty() && c.policy.empty()) {
+    auto st = check_shapes(p, limits);
+    if (!st) c.broken.push_back(st.error().message());
+  }
+  std::vector<std::string> all = std::move(c.broken);
+  for (auto& s : c.policy) all.push_back(std::move(s));
+  return all;
+}
+
+Status validate(Program& p, const GraphLimits& limits) {
+  // Structure first (kMalformed), then policy (kDisallowedOperation), then
+  // the shape pass (its own code) when everything else passed.
+  Checker c{p, {}, {}};
+  collect(p, c);
+  if (c.broken.empty() && c.policy.empty()) return check_shapes(p, limits);
+  const bool structural = !c.broken.empty();
+  const auto& first = structural ? c.broken : c.policy;
+  if (first.empty()) return {};
+  std::size_t more = c.broken.size() + c.policy.size() - 1;
+  std::string msg = first[0];
+  if (more > 0) msg += " (and " + std::to_string(more) + " more reason" + (more > 1 ? "s" : "") + ")";
+  return make_error(structural ? ErrorCode::kMalformed : ErrorCode::kDisallowedOperation, msg);
+}
+
+}  // namespace safeckpt::graph

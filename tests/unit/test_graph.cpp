@@ -1,0 +1,601 @@
+// The engine's program layer (safeckpt/graph.hpp) on real torch.export
+// programs from PyTorch 2.11 (tests/data/pt2-2.11, see its PROVENANCE.md):
+// reading, validation, CPU reference runs against PyTorch's eager outputs,
+// weights from a checkpoint, and a catalogue of malformed programs, each
+// mapped to its exact ErrorCode.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "safeckpt/builder.hpp"
+#include "safeckpt/graph.hpp"
+#include "safeckpt/safetensors.hpp"
+#include "safeckpt/save.hpp"
+#include "safeckpt/zip.hpp"
+
+using namespace safeckpt;
+using namespace safeckpt::graph;
+using nlohmann::json;
+
+namespace {
+
+std::string data_dir() {
+  return std::string(SAFECKPT_TEST_DATA) + "/pt2-2.11/";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The models/model.json text of an archive.
+std::string program_text(const std::string& file) {
+  auto mf = MappedFile::open(data_dir() + file);
+  REQUIRE(mf.has_value());
+  auto zip = ZipArchive::open(mf->bytes(), Limits{});
+  REQUIRE(zip.has_value());
+  const ZipEntry* e = zip->find("models/model.json");
+  REQUIRE(e != nullptr);
+  auto rb = zip->read(*e, true);
+  REQUIRE(rb.has_value());
+  return std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size());
+}
+
+HostTensor tensor_of(const SafetensorsFile& f, const std::string& name) {
+  const SafetensorsTensor* t = f.find(name);
+  REQUIRE_MESSAGE(t != nullptr, name);
+  auto dt = dtype_from_safetensors(t->dtype);
+  REQUIRE(dt.has_value());
+  std::vector<std::int64_t> shape(t->shape.begin(), t->shape.end());
+  auto h = make_host_tensor(*dt, shape, t->data);
+  REQUIRE_MESSAGE(h.has_value(), (h ? "" : h.error().to_string()));
+  return *h;
+}
+
+std::vector<float> floats(const HostTensor& t) {
+  REQUIRE(t.dtype == DType::kFloat32);
+  std::vector<float> v(t.numel());
+  std::memcpy(v.data(), t.data->data(), v.size() * 4);
+  return v;
+}
+
+// max|out-ref| <= atol + rtol*max|ref| (the corpus README's rule).
+void check_close(const HostTensor& out, const HostTensor& ref, double atol, double rtol, const std::string& what) {
+  REQUIRE_MESSAGE(out.shape == ref.shape, what);
+  auto o = floats(out), r = floats(ref);
+  double maxdiff = 0, maxref = 0;
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(o[i]) - r[i]));
+    maxref = std::max(maxref, std::fabs(static_cast<double>(r[i])));
+  }
+  CHECK_MESSAGE(maxdiff <= atol + rtol * maxref,
+                what << ": max|out-ref| " << maxdiff << " > " << atol << " + " << rtol << " * " << maxref);
+  MESSAGE(what << ": max|out-ref| = " << maxdiff << " (max|ref| " << maxref << ")");
+}
+
+struct Loaded {
+  Pt2Archive archive;
+  Program program;
+};
+
+Loaded load_program(const std::string& file) {
+  auto a = Pt2Archive::open_file(data_dir() + file);
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto p = a->program("model");
+  REQUIRE(p.has_value());
+  Program prog = **p;
+  auto st = validate(prog);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  return Loaded{std::move(a).value(), std::move(prog)};
+}
+
+using Inputs = std::map<std::string, HostTensor, std::less<>>;
+
+// Runs `file` on every case of its io.safetensors and compares with the CPU reference.
+void run_corpus_program(const std::string& model, const std::string& ir) {
+  Loaded l = load_program(model + "." + ir + ".pt2");
+  auto io = SafetensorsFile::open(data_dir() + model + ".io.safetensors");
+  REQUIRE(io.has_value());
+  json meta = json::parse(read_text(data_dir() + model + ".json"));
+  double atol = std::max(meta["tolerance"]["program_vs_eager_cpu"]["atol"].get<double>(), 1e-4);
+  double rtol = std::max(meta["tolerance"]["program_vs_eager_cpu"]["rtol"].get<double>(), 1e-4);
+  auto weights = archive_weights(l.archive);
+  REQUIRE(weights.has_value());
+  std::vector<std::string> cases = {""};
+  for (const auto& t : io->tensors()) {
+    const std::string& n = t.name;
+    if (n.rfind("extra.", 0) == 0 && n.find(".input.") != std::string::npos)
+      cases.push_back(n.substr(0, n.find(".input.") + 1));
+  }
+  for (const auto& prefix : cases) {
+    Inputs in;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, prefix + "input." + gi.fqn);
+    auto out = run_cpu(l.program, *weights, in);
+    REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+    REQUIRE(out->size() == l.program.outputs.size());
+    for (std::size_t i = 0; i < out->size(); ++i)
+      check_close((*out)[i], tensor_of(*io, prefix + "output." + std::to_string(i) + ".cpu"), atol, rtol,
+                  model + "." + ir + " " + (prefix.empty() ? "example" : prefix) + " output " + std::to_string(i));
+  }
+}
+
+// Parses a (modified) program JSON and validates it; returns the first error code.
+ErrorCode program_code(const json& j) {
+  auto p = parse_program_json(j.dump(), "model");
+  if (!p) return p.error().code();
+  auto st = validate(*p);
+  return st ? ErrorCode::kOk : st.error().code();
+}
+
+json& node_named(json& j, const std::string& name) {
+  for (auto& n : j["graph_module"]["graph"]["nodes"])
+    if (n["name"] == name) return n;
+  FAIL("no node " << name);
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("graph: the embedded op allowlist parses and carries schemas with defaults") {
+  const auto& ops = op_allowlist();
+  REQUIRE(ops.size() >= 40);
+  const OpSchema* addmm = nullptr;
+  for (const auto& s : ops)
+    if (s.name == "aten::addmm") addmm = &s;
+  REQUIRE(addmm != nullptr);
+  REQUIRE(addmm->args.size() == 5);
+  CHECK(addmm->args[3].name == "beta");
+  CHECK(addmm->args[3].kwarg_only);
+  CHECK(addmm->args[3].has_default);
+  CHECK(addmm->args[3].default_value.kind == Arg::Kind::kInt);
+  CHECK(schema_name_for_target("torch.ops.aten.add.Tensor") == "aten::add.Tensor");
+  CHECK(schema_name_for_target("torch.ops.aten.addmm.default") == "aten::addmm");
+  CHECK(schema_name_for_target("_operator.mul") == "_operator.mul");
+  auto bad = parse_op_allowlist("aten::x(Tensor self, Frob y) -> Tensor\n");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code() == ErrorCode::kMalformed);
+}
+
+TEST_CASE("graph: every corpus program reads, validates and lists its ops and weights") {
+  for (const char* m : {"mlp", "cnn", "gpt2", "gpt2_dynbatch", "gpt2_dynbatchseq"})
+    for (const char* ir : {"train", "core"}) {
+      std::string f = std::string(m) + "." + ir + ".pt2";
+      CAPTURE(f);
+      auto bytes = read_text(data_dir() + f);
+      CHECK(is_pt2_archive(Bytes(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size())));
+      Loaded l = load_program(f);
+      CHECK(l.archive.models() == std::vector<std::string>{"model"});
+      CHECK(l.program.schema_major == 8);
+      CHECK(l.program.schema_minor == 17);
+      // The op histogram equals the one the generator recorded (ops_json).
+      json meta = json::parse(read_text(data_dir() + m + ".json"));
+      std::map<std::string, std::uint32_t> want;
+      for (auto& [k, v] : meta["programs"][ir]["ops_json"].items()) want[k] = v.get<std::uint32_t>();
+      CHECK(l.program.op_histogram() == want);
+      CHECK(refusal_reasons(l.program).empty());
+    }
+}
+
+TEST_CASE("graph: tied weights share one record (gpt2 wte / lm_head)") {
+  auto a = Pt2Archive::open_file(data_dir() + "gpt2.core.pt2");
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto w = a->weights();
+  REQUIRE(w.has_value());
+  const ArchiveTensor *wte = nullptr, *head = nullptr;
+  for (const auto& t : **w) {
+    if (t.fqn == "transformer.wte.weight") wte = &t;
+    if (t.fqn == "lm_head.weight") head = &t;
+  }
+  REQUIRE(wte != nullptr);
+  REQUIRE(head != nullptr);
+  CHECK(wte->record == head->record);
+  CHECK(wte->storage == head->storage);
+  CHECK(*wte->tensor.data == *head->tensor.data);
+}
+
+TEST_CASE("graph: mlp runs on the CPU interpreter and matches eager PyTorch") {
+  run_corpus_program("mlp", "train");
+  run_corpus_program("mlp", "core");
+}
+
+TEST_CASE("graph: cnn runs on the CPU interpreter and matches eager PyTorch") {
+  run_corpus_program("cnn", "train");
+  run_corpus_program("cnn", "core");
+}
+
+TEST_CASE("graph: gpt2 runs on the CPU interpreter and matches eager PyTorch") {
+  run_corpus_program("gpt2", "train");
+  run_corpus_program("gpt2", "core");
+}
+
+TEST_CASE("graph: dynamic-shape gpt2 runs every recorded shape") {
+  run_corpus_program("gpt2_dynbatch", "train");
+  run_corpus_program("gpt2_dynbatch", "core");
+  run_corpus_program("gpt2_dynbatchseq", "train");
+  run_corpus_program("gpt2_dynbatchseq", "core");
+}
+
+TEST_CASE("graph: weights bound from a .safetensors checkpoint give the same outputs") {
+  for (const char* m : {"mlp", "gpt2"}) {
+    CAPTURE(m);
+    Loaded l = load_program(std::string(m) + ".core.pt2");
+    auto aw = archive_weights(l.archive);
+    REQUIRE(aw.has_value());
+    // A safetensors file made from the archive's weights with our writer.
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& [name, t] : *aw) {
+      std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
+      entries.push_back(SafetensorsEntry{name, std::string(safetensors_dtype_name(t.dtype)), shape, t.bytes()});
+    }
+    auto file = serialize_safetensors(entries);
+    REQUIRE_MESSAGE(file.has_value(), (file ? "" : file.error().to_string()));
+    auto ck = load_safetensors_bytes(Bytes(file->data(), file->size()));
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    auto cw = checkpoint_weights(l.program, *ck);
+    REQUIRE_MESSAGE(cw.has_value(), (cw ? "" : cw.error().to_string()));
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    Inputs in;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input." + gi.fqn);
+    auto a = run_cpu(l.program, *aw, in);
+    auto b = run_cpu(l.program, *cw, in);
+    REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+    REQUIRE_MESSAGE(b.has_value(), (b ? "" : b.error().to_string()));
+    REQUIRE(a->size() == b->size());
+    for (std::size_t i = 0; i < a->size(); ++i) CHECK(*(*a)[i].data == *(*b)[i].data);
+  }
+}
+
+TEST_CASE("graph: weights bound from a .pt checkpoint (torch.save layout, our writer) give the same outputs") {
+  for (const char* m : {"cnn", "gpt2"}) {
+    CAPTURE(m);
+    Loaded l = load_program(std::string(m) + ".train.pt2");
+    auto aw = archive_weights(l.archive);
+    REQUIRE(aw.has_value());
+    CheckpointBuilder b;
+    for (const auto& [name, t] : *aw) {
+      auto st = b.add_state_dict_tensor(name, t.dtype, t.shape,
+                                        std::vector<std::uint8_t>(t.bytes().begin(), t.bytes().end()));
+      REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+    }
+    auto built = std::move(b).finish();
+    REQUIRE_MESSAGE(built.has_value(), (built ? "" : built.error().to_string()));
+    auto file = save_to_bytes(*built);
+    REQUIRE_MESSAGE(file.has_value(), (file ? "" : file.error().to_string()));
+    auto ck = load_bytes(Bytes(file->data(), file->size()));  // the weights-only loader
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    auto cw = checkpoint_weights(l.program, *ck);
+    REQUIRE_MESSAGE(cw.has_value(), (cw ? "" : cw.error().to_string()));
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    Inputs in;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input." + gi.fqn);
+    auto a = run_cpu(l.program, *aw, in);
+    auto r = run_cpu(l.program, *cw, in);
+    REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+    REQUIRE(a->size() == r->size());
+    for (std::size_t i = 0; i < a->size(); ++i) CHECK(*(*a)[i].data == *(*r)[i].data);
+  }
+}
+
+TEST_CASE("graph: a checkpoint with a missing, extra or misshapen weight is refused naming it") {
+  Loaded l = load_program("mlp.core.pt2");
+  auto aw = archive_weights(l.archive);
+  REQUIRE(aw.has_value());
+  auto make = [&](auto edit) {
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& [name, t] : *aw) {
+      std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
+      entries.push_back(SafetensorsEntry{name, "F32", shape, t.bytes()});
+    }
+    edit(entries);
+    auto file = serialize_safetensors(entries);
+    REQUIRE(file.has_value());
+    return std::move(file).value();
+  };
+  static const std::uint8_t kFour[16] = {};
+  struct Case {
+    const char* what;
+    std::function<void(std::vector<SafetensorsEntry>&)> edit;
+    const char* needle;
+  };
+  std::vector<Case> cases = {
+      {"missing", [](auto& e) { std::erase_if(e, [](auto& x) { return x.name == "fc2.bias"; }); }, "missing: fc2.bias"},
+      {"extra",
+       [](auto& e) {
+         e.push_back(SafetensorsEntry{"fc9.weight", "F32", {4}, Bytes(kFour, 16)});
+       },
+       "unexpected: fc9.weight"},
+      {"misshapen",
+       [](auto& e) {
+         for (auto& x : e)
+           if (x.name == "fc3.bias") x = SafetensorsEntry{"fc3.bias", "F32", {4}, Bytes(kFour, 16)};
+       },
+       "fc3.bias (program float32[10], checkpoint float32[4])"},
+  };
+  for (auto& c : cases) {
+    CAPTURE(c.what);
+    auto file = make(c.edit);
+    auto ck = load_safetensors_bytes(Bytes(file.data(), file.size()));
+    REQUIRE(ck.has_value());
+    auto cw = checkpoint_weights(l.program, *ck);
+    REQUIRE_FALSE(cw.has_value());
+    CHECK(cw.error().code() == ErrorCode::kInvalidArgument);
+    CHECK_MESSAGE(cw.error().message().find(c.needle) != std::string::npos, cw.error().message());
+  }
+}
+
+TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode") {
+  const json mlp = json::parse(program_text("mlp.core.pt2"));
+  const json gpt2 = json::parse(program_text("gpt2_dynbatch.core.pt2"));
+  CHECK(program_code(mlp) == ErrorCode::kOk);
+  CHECK(program_code(gpt2) == ErrorCode::kOk);
+  SUBCASE("unknown ATen op: policy") {
+    json j = mlp;
+    node_named(j, "gelu")["target"] = "torch.ops.aten.erfinv.default";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("custom namespace and higher-order op: policy") {
+    json j = mlp;
+    node_named(j, "gelu")["target"] = "torch.ops.mylib.evil.default";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    j = mlp;
+    node_named(j, "gelu")["target"] = "torch.ops.higher_order.cond";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("subgraph argument (as_graph): policy") {
+    json j = mlp;
+    json& n = node_named(j, "gelu");
+    n["target"] = "torch.ops.higher_order.cond";
+    n["inputs"].push_back({{"name", "true_fn"}, {"arg", {{"as_graph", {{"name", "x"}}}}}});
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("in-place op on a graph input or on a value read again; training-mode batch_norm: policy") {
+    const json cnn = json::parse(program_text("cnn.train.pt2"));
+    CHECK(program_code(cnn) == ErrorCode::kOk);
+    json j = cnn;
+    node_named(j, "relu_")["inputs"][0]["arg"]["as_tensor"]["name"] = "x";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    j = cnn;
+    node_named(j, "conv2d_1")["inputs"][0]["arg"]["as_tensor"]["name"] = "batch_norm";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    j = cnn;
+    for (auto& in : node_named(j, "batch_norm")["inputs"])
+      if (in["name"] == "training") in["arg"]["as_bool"] = true;
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("unbacked (data-dependent) symbol: policy") {
+    json j = gpt2;
+    auto& sizes = j["graph_module"]["graph"]["tensor_values"]["view_1"]["sizes"];
+    sizes[0]["as_expr"]["expr_str"] = "Symbol('u0', integer=True)";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("wrong schema major version: unsupported") {
+    json j = mlp;
+    j["schema_version"]["major"] = 9;
+    CHECK(program_code(j) == ErrorCode::kUnsupported);
+  }
+  SUBCASE("union with two keys, unknown union member: malformed") {
+    json j = mlp;
+    node_named(j, "gelu")["inputs"][0]["arg"]["as_none"] = true;
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+    j = mlp;
+    node_named(j, "gelu")["inputs"][0]["arg"] = {{"as_frobnicate", 1}};
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+  }
+  SUBCASE("argument not in the op's schema, wrong type: malformed") {
+    json j = mlp;
+    node_named(j, "gelu")["inputs"][0]["name"] = "input";
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+    j = mlp;
+    node_named(j, "permute")["inputs"][1]["arg"] = {{"as_float", 1.0}};
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+  }
+  SUBCASE("cyclic / out-of-order references: malformed") {
+    json j = mlp;
+    // addmm reads gelu_1, which a later node produces.
+    node_named(j, "addmm")["inputs"][1]["arg"]["as_tensor"]["name"] = "gelu_1";
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+  }
+  SUBCASE("reference to a value with no tensor_values entry: malformed") {
+    json j = mlp;
+    node_named(j, "addmm")["inputs"][1]["arg"]["as_tensor"]["name"] = "nowhere";
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+  }
+  SUBCASE("buffer mutation output spec: policy") {
+    json j = mlp;
+    j["graph_module"]["signature"]["output_specs"].push_back(
+        {{"buffer_mutation", {{"arg", {{"name", "addmm"}}}, {"buffer_name", "b"}}}});
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("nesting bomb and oversized JSON: limit") {
+    std::string deep(1000, '[');
+    auto p = parse_program_json(deep, "model");
+    REQUIRE_FALSE(p.has_value());
+    CHECK(p.error().code() == ErrorCode::kLimitExceeded);
+    GraphLimits small;
+    small.max_json_bytes = 1000;
+    auto q = parse_program_json(mlp.dump(), "model", small);
+    REQUIRE_FALSE(q.has_value());
+    CHECK(q.error().code() == ErrorCode::kLimitExceeded);
+  }
+  SUBCASE("mismatched tensor_meta: refused by the shape pass, before running") {
+    json j = mlp;
+    j["graph_module"]["graph"]["tensor_values"]["gelu"]["sizes"][1]["as_int"] = 255;
+    auto p = parse_program_json(j.dump(), "model");
+    REQUIRE(p.has_value());
+    auto st = validate(*p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().code() == ErrorCode::kMalformed);
+    CHECK_MESSAGE(st.error().message().find("tensor_meta") != std::string::npos, st.error().message());
+    // run_cpu's own shape pass (at the bound input sizes) refuses it too.
+    auto a = Pt2Archive::open_file(data_dir() + "mlp.core.pt2");
+    REQUIRE(a.has_value());
+    auto w = archive_weights(*a);
+    REQUIRE(w.has_value());
+    auto io = SafetensorsFile::open(data_dir() + "mlp.io.safetensors");
+    REQUIRE(io.has_value());
+    auto r = run_cpu(*p, *w, Inputs{{"x", tensor_of(*io, "input.x")}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK_MESSAGE(r.error().message().find("tensor_meta") != std::string::npos, r.error().message());
+  }
+  SUBCASE("mismatched symbolic tensor_meta (dynamic program)") {
+    json j = gpt2;
+    auto& sizes = j["graph_module"]["graph"]["tensor_values"]["view_1"]["sizes"];
+    sizes[1] = {{"as_int", 31}};  // was 32
+    auto p = parse_program_json(j.dump(), "model");
+    REQUIRE(p.has_value());
+    auto st = validate(*p);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().code() == ErrorCode::kMalformed);
+  }
+  SUBCASE("huge sizes: limit, before allocating") {
+    json j = gpt2;
+    // full(size=[2^31, 2^31]) in the causal mask.
+    json& n = node_named(j, "full");
+    n["inputs"][0]["arg"] = {{"as_ints", {2147483648LL, 2147483648LL}}};
+    auto p = parse_program_json(j.dump(), "model");
+    REQUIRE(p.has_value());
+    auto st = validate(*p);  // the shape pass sizes it before anything is allocated
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().code() == ErrorCode::kLimitExceeded);
+    auto a = Pt2Archive::open_file(data_dir() + "gpt2_dynbatch.core.pt2");
+    REQUIRE(a.has_value());
+    auto w = archive_weights(*a);
+    REQUIRE(w.has_value());
+    auto io = SafetensorsFile::open(data_dir() + "gpt2_dynbatch.io.safetensors");
+    REQUIRE(io.has_value());
+    auto r = run_cpu(*p, *w, Inputs{{"idx", tensor_of(*io, "input.idx")}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kLimitExceeded);
+  }
+}
+
+TEST_CASE("graph: the run's memory budget covers tensors and kernel scratch") {
+  Loaded l = load_program("mlp.core.pt2");
+  auto w = archive_weights(l.archive);
+  REQUIRE(w.has_value());
+  auto io = SafetensorsFile::open(data_dir() + "mlp.io.safetensors");
+  REQUIRE(io.has_value());
+  GraphLimits small;
+  small.max_run_bytes = 4096;  // the first addmm alone needs (2*128 + 128*256 + 2*256) doubles of scratch
+  auto r = run_cpu(l.program, *w, Inputs{{"x", tensor_of(*io, "input.x")}}, small);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kLimitExceeded);
+  CHECK_MESSAGE(r.error().message().find("max_run_bytes") != std::string::npos, r.error().message());
+}
+
+TEST_CASE("graph: binding checks inputs; an out-of-range token id is refused, never read") {
+  Loaded l = load_program("gpt2_dynbatch.core.pt2");
+  auto w = archive_weights(l.archive);
+  REQUIRE(w.has_value());
+  auto io = SafetensorsFile::open(data_dir() + "gpt2_dynbatch.io.safetensors");
+  REQUIRE(io.has_value());
+  HostTensor idx = tensor_of(*io, "input.idx");
+  SUBCASE("index out of range: malformed, naming the index") {
+    HostTensor bad = idx;
+    bad.data = std::make_shared<std::vector<std::uint8_t>>(*idx.data);
+    std::int64_t v = 512;  // vocab is 512
+    std::memcpy(bad.data->data() + 8 * 5, &v, 8);
+    auto r = run_cpu(l.program, *w, Inputs{{"idx", bad}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK_MESSAGE(r.error().message().find("index 512") != std::string::npos, r.error().message());
+  }
+  SUBCASE("negative index") {
+    HostTensor bad = idx;
+    bad.data = std::make_shared<std::vector<std::uint8_t>>(*idx.data);
+    std::int64_t v = -1;
+    std::memcpy(bad.data->data(), &v, 8);
+    auto r = run_cpu(l.program, *w, Inputs{{"idx", bad}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+  }
+  SUBCASE("dynamic dim outside range_constraints, static dim wrong, dtype wrong, unknown input") {
+    std::vector<std::uint8_t> zeros(65 * 32 * 8, 0);
+    auto big = make_host_tensor(DType::kInt64, {65, 32}, Bytes(zeros.data(), zeros.size()));
+    REQUIRE(big.has_value());
+    auto r = run_cpu(l.program, *w, Inputs{{"idx", *big}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+    CHECK_MESSAGE(r.error().message().find("outside the range") != std::string::npos, r.error().message());
+    auto seq = make_host_tensor(DType::kInt64, {2, 31}, Bytes(zeros.data(), 2 * 31 * 8));
+    REQUIRE(seq.has_value());
+    r = run_cpu(l.program, *w, Inputs{{"idx", *seq}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+    auto f = make_host_tensor(DType::kFloat64, {2, 32}, Bytes(zeros.data(), 2 * 32 * 8));
+    REQUIRE(f.has_value());
+    r = run_cpu(l.program, *w, Inputs{{"idx", *f}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+    r = run_cpu(l.program, *w, Inputs{{"idx", idx}, {"other", idx}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE(
+    "graph: bfloat16 path — mlp.core re-typed to bfloat16 stays within bfloat16 error of the float32 eager output") {
+  // A crafted variant (every tensor_values dtype 7 -> 13, weights and input
+  // rounded to bfloat16): exercises the bf16 storage/rounding path of every
+  // kernel mlp uses. The bound is bfloat16's own error (8 significant bits
+  // through three layers), not a value PyTorch produced.
+  json j = json::parse(program_text("mlp.core.pt2"));
+  for (auto& [name, meta] : j["graph_module"]["graph"]["tensor_values"].items()) meta["dtype"] = 13;
+  auto p = parse_program_json(j.dump(), "model");
+  REQUIRE(p.has_value());
+  auto st = validate(*p);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  auto to_bf16 = [](const HostTensor& t) {
+    std::vector<std::uint8_t> out(t.numel() * 2);
+    for (std::size_t i = 0; i < t.numel(); ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, t.data->data() + 4 * i, 4);
+      u += 0x7FFFu + ((u >> 16) & 1u);
+      auto h = static_cast<std::uint16_t>(u >> 16);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+    auto r = make_host_tensor(DType::kBFloat16, t.shape, Bytes(out.data(), out.size()));
+    REQUIRE(r.has_value());
+    return *r;
+  };
+  auto a = Pt2Archive::open_file(data_dir() + "mlp.core.pt2");
+  REQUIRE(a.has_value());
+  auto w = archive_weights(*a);
+  REQUIRE(w.has_value());
+  WeightMap bw;
+  for (const auto& [name, t] : *w) bw[name] = to_bf16(t);
+  auto io = SafetensorsFile::open(data_dir() + "mlp.io.safetensors");
+  REQUIRE(io.has_value());
+  auto out = run_cpu(*p, bw, Inputs{{"x", to_bf16(tensor_of(*io, "input.x"))}});
+  REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+  REQUIRE(out->size() == 1);
+  const HostTensor& o = (*out)[0];
+  CHECK(o.dtype == DType::kBFloat16);
+  std::vector<float> of(o.numel());
+  for (std::size_t i = 0; i < of.size(); ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, o.data->data() + 2 * i, 2);
+    std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+    std::memcpy(&of[i], &u, 4);
+  }
+  auto ref = floats(tensor_of(*io, "output.0.cpu"));
+  double maxdiff = 0, maxref = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(of[i]) - ref[i]));
+    maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+  }
+  MESSAGE("bf16 mlp: max|out-ref| = " << maxdiff << " (max|ref| " << maxref << ")");
+  CHECK(maxdiff <= 3 * std::ldexp(1.0, -8) * maxref + 1e-3);
+}

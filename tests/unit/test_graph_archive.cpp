@@ -1,0 +1,279 @@
+// PT2 archives crafted from a real one (tests/data/pt2-2.11/mlp.core.pt2,
+// records re-zipped with tests/support/zip_builder.hpp, one change each):
+// the archive grammar of safeckpt/graph.hpp, each rule with its ErrorCode;
+// and the `safeckpt run` / `inspect-program` commands as a user runs them.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "safeckpt/graph.hpp"
+#include "safeckpt/safetensors.hpp"
+#include "safeckpt/zip.hpp"
+#include "support/run_cli.hpp"
+#include "support/zip_builder.hpp"
+
+using namespace safeckpt;
+using namespace safeckpt::graph;
+using nlohmann::json;
+
+namespace {
+
+std::string pt2_dir() {
+  return std::string(SAFECKPT_TEST_DATA) + "/pt2-2.11/";
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Records of a real archive: name under the root -> bytes, in file order.
+std::vector<std::pair<std::string, std::string>> records(const std::string& file) {
+  auto mf = MappedFile::open(pt2_dir() + file);
+  REQUIRE(mf.has_value());
+  auto zip = ZipArchive::open(mf->bytes(), Limits{});
+  REQUIRE(zip.has_value());
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : zip->entries()) {
+    auto rb = zip->read(e, true);
+    REQUIRE(rb.has_value());
+    out.emplace_back(e.name.substr(zip->root().size() + 1),
+                     std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size()));
+  }
+  return out;
+}
+
+// mlp.core.pt2 re-zipped with `edits` (record -> new bytes, or nullopt to drop) and `extra` records.
+std::vector<std::uint8_t> crafted(const std::map<std::string, std::optional<std::string>>& edits,
+                                  const std::vector<std::pair<std::string, std::string>>& extra = {}) {
+  test_support::ZipBuilder zb("mlp.core");
+  for (auto& [name, data] : records("mlp.core.pt2")) {
+    auto it = edits.find(name);
+    if (it == edits.end())
+      zb.add(name, data);
+    else if (it->second)
+      zb.add(name, *it->second);
+  }
+  for (auto& [name, data] : extra) zb.add(name, data);
+  return zb.finish();
+}
+
+ErrorCode open_code(const std::vector<std::uint8_t>& bytes) {
+  auto a = Pt2Archive::open(Bytes(bytes.data(), bytes.size()));
+  return a ? ErrorCode::kOk : a.error().code();
+}
+
+json weights_config() {
+  for (auto& [name, data] : records("mlp.core.pt2"))
+    if (name == "data/weights/model_weights_config.json") return json::parse(data);
+  FAIL("no weights config");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("graph archive: the re-zipped real archive opens (the crafting itself changes nothing)") {
+  auto bytes = crafted({});
+  CHECK(is_pt2_archive(Bytes(bytes.data(), bytes.size())));
+  CHECK(open_code(bytes) == ErrorCode::kOk);
+}
+
+TEST_CASE("graph archive: the legacy weights-config name (model_model_param_config.json) is read") {
+  std::string cfg;
+  for (auto& [name, data] : records("mlp.core.pt2"))
+    if (name == "data/weights/model_weights_config.json") cfg = data;
+  auto b = crafted({{"data/weights/model_weights_config.json", std::nullopt}},
+                   {{"data/weights/model_model_param_config.json", cfg}});
+  auto a = Pt2Archive::open(Bytes(b.data(), b.size()));
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto w = archive_weights(*a);
+  REQUIRE(w.has_value());
+  CHECK(w->size() == 6);
+  CHECK(w->count("fc1.weight") == 1);
+}
+
+TEST_CASE("graph archive: each rule of the archive grammar with its ErrorCode") {
+  SUBCASE("no archive_format: not a PT2 archive") {
+    auto b = crafted({{"archive_format", std::nullopt}});
+    CHECK_FALSE(is_pt2_archive(Bytes(b.data(), b.size())));
+    CHECK(open_code(b) == ErrorCode::kUnsupported);
+  }
+  SUBCASE("archive_format other than pt2, archive_version other than 0, big-endian") {
+    CHECK(open_code(crafted({{"archive_format", "pt3"}})) == ErrorCode::kUnsupported);
+    CHECK(open_code(crafted({{"archive_version", "1"}})) == ErrorCode::kUnsupported);
+    CHECK(open_code(crafted({{"byteorder", "big"}})) == ErrorCode::kUnsupported);
+  }
+  SUBCASE("AOTInductor code records are refused") {
+    CHECK(open_code(crafted({}, {{"data/aotinductor/model/x.wrapper.so",
+                                  "\x7f"
+                                  "ELF"}})) == ErrorCode::kUnsupported);
+    CHECK(open_code(crafted({}, {{"extra/kernel.cubin", "x"}})) == ErrorCode::kUnsupported);
+  }
+  SUBCASE("the 2.6/2.7 flat layout is named and refused") {
+    CHECK(open_code(crafted({}, {{"serialized_exported_program.json", "{}"}})) == ErrorCode::kUnsupported);
+  }
+  SUBCASE("no models/*.json") {
+    CHECK(open_code(crafted({{"models/model.json", std::nullopt}})) == ErrorCode::kMalformed);
+  }
+  SUBCASE("a weight record missing, too short for its view, not a multiple of the element size") {
+    CHECK(open_code(crafted({{"data/weights/weight_0", std::nullopt}})) == ErrorCode::kMalformed);
+    CHECK(open_code(crafted({{"data/weights/weight_1", std::string(1020, '\0')}})) == ErrorCode::kMalformed);
+    CHECK(open_code(crafted({{"data/weights/weight_1", std::string(1026, '\0')}})) == ErrorCode::kMalformed);
+  }
+  SUBCASE("a view whose storage_offset reaches past the record") {
+    json c = weights_config();
+    c["config"]["fc1.bias"]["tensor_meta"]["storage_offset"]["as_int"] = 1;
+    CHECK(open_code(crafted({{"data/weights/model_weights_config.json", c.dump()}})) == ErrorCode::kMalformed);
+  }
+  SUBCASE("path_name escaping the weights folder") {
+    json c = weights_config();
+    c["config"]["fc1.bias"]["path_name"] = "../models/model.json";
+    CHECK(open_code(crafted({{"data/weights/model_weights_config.json", c.dump()}})) == ErrorCode::kMalformed);
+  }
+  SUBCASE("use_pickle payloads go through the restricted loader only") {
+    json c = weights_config();
+    c["config"]["fc3.bias"]["use_pickle"] = true;
+    std::string corpus = std::string(SAFECKPT_TEST_DATA) + "/corpus/torch-2.11/";
+    auto evil = crafted({{"data/weights/model_weights_config.json", c.dump()},
+                         {"data/weights/weight_5", file_text(corpus + "mal_os_system.pt")}});
+    CHECK(open_code(evil) == ErrorCode::kDisallowedGlobal);
+    auto fine = crafted({{"data/weights/model_weights_config.json", c.dump()},
+                         {"data/weights/weight_5", file_text(corpus + "single_tensor.pt")}});
+    auto a = Pt2Archive::open(Bytes(fine.data(), fine.size()));
+    REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+    auto w = archive_weights(*a);
+    REQUIRE(w.has_value());
+    CHECK(w->at("fc3.bias").dtype == DType::kFloat64);  // single_tensor.pt holds a float64 tensor
+    // ... which the program (float32[10]) then refuses at bind time.
+    auto p = a->program();
+    REQUIRE(p.has_value());
+    Program prog = **p;
+    REQUIRE(validate(prog).has_value());
+    std::vector<std::uint8_t> x(2 * 128 * 4, 0);
+    auto xt = make_host_tensor(DType::kFloat32, {2, 128}, Bytes(x.data(), x.size()));
+    REQUIRE(xt.has_value());
+    auto r = run_cpu(prog, *w, {{"x", *xt}});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+  }
+  SUBCASE("a CRC mismatch in a record") {
+    auto b = crafted({});
+    // Flip one byte of weight_0's data (after its local header and name).
+    std::string name = "mlp.core/data/weights/weight_0";
+    auto it = std::search(b.begin(), b.end(), name.begin(), name.end());
+    REQUIRE(it != b.end());
+    *(it + static_cast<std::ptrdiff_t>(name.size()) + 8) ^= 0x55;
+    CHECK(open_code(b) == ErrorCode::kMalformed);
+  }
+}
+
+TEST_CASE("graph cli: safeckpt run writes the outputs a user asked for, matching eager PyTorch") {
+  namespace fs = std::filesystem;
+  fs::path tmp = fs::temp_directory_path() / ("safeckpt_graph_cli_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  std::string out = (tmp / "out.safetensors").string();
+  auto r = test_support::run_cli(
+      "run " + pt2_dir() + "gpt2.train.pt2 --inputs " + pt2_dir() + "gpt2.io.safetensors --outputs " + out, true);
+  CHECK_MESSAGE(r.code == 0, r.out);
+  auto got = SafetensorsFile::open(out);
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.error().to_string()));
+  auto ref = SafetensorsFile::open(pt2_dir() + "gpt2.io.safetensors");
+  REQUIRE(ref.has_value());
+  const SafetensorsTensor* o = got->find("output.0");
+  const SafetensorsTensor* e = ref->find("output.0.cpu");
+  REQUIRE(o != nullptr);
+  REQUIRE(e != nullptr);
+  CHECK(o->shape == e->shape);
+  REQUIRE(o->data.size() == e->data.size());
+  double maxdiff = 0, maxref = 0;
+  for (std::size_t i = 0; i < o->data.size() / 4; ++i) {
+    float a, b;
+    std::memcpy(&a, o->data.data() + 4 * i, 4);
+    std::memcpy(&b, e->data.data() + 4 * i, 4);
+    maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(a - b)));
+    maxref = std::max(maxref, static_cast<double>(std::fabs(b)));
+  }
+  CHECK(maxdiff <= 1e-4 + 1e-4 * maxref);
+  // An existing output is not replaced without --force.
+  r = test_support::run_cli("run " + pt2_dir() + "gpt2.train.pt2 --inputs " + pt2_dir() +
+                            "gpt2.io.safetensors --outputs " + out);
+  CHECK(r.code == 2);
+  // --weights from a checkpoint (a .safetensors made from the archive's weights).
+  auto a = Pt2Archive::open_file(pt2_dir() + "mlp.core.pt2");
+  REQUIRE(a.has_value());
+  auto w = archive_weights(*a);
+  REQUIRE(w.has_value());
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : *w)
+    entries.push_back(
+        SafetensorsEntry{name, "F32", std::vector<std::uint64_t>(t.shape.begin(), t.shape.end()), t.bytes()});
+  std::string wfile = (tmp / "w.safetensors").string();
+  REQUIRE(save_safetensors(wfile, entries, {}, false).has_value());
+  std::string out2 = (tmp / "out2.safetensors").string();
+  r = test_support::run_cli("run " + pt2_dir() + "mlp.core.pt2 --inputs " + pt2_dir() +
+                                "mlp.io.safetensors --outputs " + out2 + " --weights " + wfile,
+                            true);
+  CHECK_MESSAGE(r.code == 0, r.out);
+  // A checkpoint missing a weight: exit 2, naming it.
+  entries.pop_back();
+  std::string wbad = (tmp / "wbad.safetensors").string();
+  REQUIRE(save_safetensors(wbad, entries, {}, false).has_value());
+  r = test_support::run_cli("run " + pt2_dir() + "mlp.core.pt2 --inputs " + pt2_dir() +
+                                "mlp.io.safetensors --outputs " + (tmp / "out3.safetensors").string() + " --weights " +
+                                wbad,
+                            true);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.out.find("missing") != std::string::npos, r.out);
+  // A program with an op outside the allowlist: exit 1 (policy).
+  std::string text;
+  for (auto& [name, data] : records("mlp.core.pt2"))
+    if (name == "models/model.json") text = data;
+  json j = json::parse(text);
+  for (auto& n : j["graph_module"]["graph"]["nodes"])
+    if (n["name"] == "gelu") n["target"] = "torch.ops.aten.erfinv.default";
+  auto bad = crafted({{"models/model.json", j.dump()}});
+  std::string badfile = (tmp / "bad.pt2").string();
+  std::ofstream(badfile, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bad.data()), static_cast<std::streamsize>(bad.size()));
+  r = test_support::run_cli("run " + badfile + " --inputs " + pt2_dir() + "mlp.io.safetensors --outputs " +
+                                (tmp / "out4.safetensors").string(),
+                            true);
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(r.out.find("aten::erfinv") != std::string::npos, r.out);
+  r = test_support::run_cli("inspect-program " + badfile, true);
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(r.out.find("refused by the engine") != std::string::npos, r.out);
+  // --device cuda is the next issue: it says so (exit 2).
+  r = test_support::run_cli("run " + pt2_dir() + "mlp.core.pt2 --inputs " + pt2_dir() +
+                                "mlp.io.safetensors --outputs " + (tmp / "out5.safetensors").string() +
+                                " --device cuda",
+                            true);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.out.find("CUDA engine is not built yet") != std::string::npos, r.out);
+  fs::remove_all(tmp);
+}
+
+TEST_CASE("graph cli: inspect-program lists inputs with symbolic dims, ops, tied weights (--json)") {
+  auto r = test_support::run_cli("inspect-program " + pt2_dir() + "gpt2_dynbatchseq.core.pt2 --json");
+  REQUIRE(r.code == 0);
+  json j = json::parse(r.out);
+  const json& m = j["models"][0];
+  CHECK(m["name"] == "model");
+  CHECK(m["accepted"] == true);
+  CHECK(m["inputs"][0]["name"] == "idx");
+  CHECK(m["inputs"][0]["shape"] == json::array({"s95", "s75"}));
+  CHECK(m["ranges"]["s95"] == json::array({1, 64}));
+  CHECK(m["ops"]["torch.ops.aten.bmm.default"] == 6);
+  bool tied = false;
+  for (const auto& w : m["weights"])
+    if (w["name"] == "lm_head.weight") tied = w["tied_with"] == json::array({"transformer.wte.weight"});
+  CHECK(tied);
+}
