@@ -4,9 +4,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <string>
 
 #include "safeckpt/error.hpp"
 #include "safeckpt/limits.hpp"
+#include "safeckpt/mapped_file.hpp"
 
 namespace safeckpt::cli {
 
@@ -42,5 +44,8 @@ void register_convert(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
 // `run` and `inspect-program` (cli/run.cpp): torch.export programs.
 void register_run(CLI::App& app, int& exit_code);
+// `safeckpt inspect` on a PT2 archive: what `inspect-program` prints for the
+// mapped bytes `file` (borrowed), text or JSON; its exit code.
+int inspect_pt2(const std::string& path, Bytes file, bool json);
 
 }  // namespace safeckpt::cli

@@ -11,7 +11,9 @@
 #include "allow_arg.hpp"
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
+#include "safeckpt/detect.hpp"
 #include "safeckpt/json.hpp"
+#include "safeckpt/mapped_file.hpp"
 #include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
 
@@ -37,8 +39,17 @@ int run_inspect(const InspectArgs& a) {
   opt.allowlist = &allow;
   opt.verify_storage_crc = !a.no_verify_data;
   apply_max_memory(a.max_memory_mib, opt.limits);
-  // Every format by content, one open (safeckpt/open.hpp).
-  auto r = safeckpt::open(a.file, opt);
+  // Every format by content, one open (safeckpt/open.hpp); a PT2 program is
+  // described by the engine's reader over the same mapping.
+  auto mf = MappedFile::open(a.file);
+  if (!mf) {
+    std::fprintf(stderr, "safeckpt: %s: %s\n  %s\n", a.file.c_str(), failure_word(mf.error().code()),
+                 mf.error().to_string().c_str());
+    return 2;
+  }
+  if (detect_format(mf->bytes(), opt.limits) == FileFormat::kPt2Archive)
+    return inspect_pt2(a.file, mf->bytes(), a.format == "json");
+  auto r = safeckpt::open_file(std::move(*mf), opt);
   if (!r) {
     const Error& e = r.error();
     std::fprintf(stderr, "safeckpt: %s: %s\n  %s\n", a.file.c_str(), failure_word(e.code()), e.to_string().c_str());

@@ -148,8 +148,7 @@ int run_program(const RunArgs& a) {
   return 0;
 }
 
-int inspect_program(const InspectProgramArgs& a) {
-  auto archive = graph::Pt2Archive::open_file(a.program);
+int describe_program(const InspectProgramArgs& a, const Result<graph::Pt2Archive>& archive) {
   if (!archive) return fail("inspect-program", a.program + ": not read", archive.error());
   nlohmann::json doc = {{"file", a.program}, {"models", nlohmann::json::array()}};
   bool all_ok = true;
@@ -243,7 +242,18 @@ int inspect_program(const InspectProgramArgs& a) {
   return all_ok ? 0 : 1;
 }
 
+int inspect_program(const InspectProgramArgs& a) {
+  return describe_program(a, graph::Pt2Archive::open_file(a.program));
+}
+
 }  // namespace
+
+int inspect_pt2(const std::string& path, Bytes file, bool json) {
+  InspectProgramArgs a;
+  a.program = path;
+  a.json = json;
+  return describe_program(a, graph::Pt2Archive::open(file));
+}
 
 void register_run(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();

@@ -12,8 +12,9 @@
 //       file names in the index's directory, each opened once, tensor names
 //       unique across shards and equal to the weight_map;
 //       safeckpt/safetensors.hpp);
-//   PT2 program (torch.export / AOTInductor zip) -> kUnsupported ("the PT2
-//       engine is not built yet"); TorchScript, tar, compressed wrappers and
+//   PT2 program (torch.export / AOTInductor zip) -> kUnsupported: a program,
+//       not a checkpoint; read it with graph::Pt2Archive (safeckpt/graph.hpp;
+//       `safeckpt inspect` routes it there); TorchScript, tar, compressed wrappers and
 //       everything else -> kUnsupported naming what was detected, as load().
 // The returned Checkpoint owns that open file (Checkpoint::file()): later
 // stages (views, save/convert, cuda::load_to_device's transfer engine) read

@@ -153,8 +153,9 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
                       Location{zip.root() + "/constants.pkl"});
   if (kind == FileFormat::kPt2Archive)
     return make_error(ErrorCode::kUnsupported,
-                      "PT2 program (torch.export / AOTInductor package, may hold native code): the PT2 engine is "
-                      "not built yet; not a torch.save checkpoint");
+                      "PT2 program (torch.export / AOTInductor package, may hold native code): not a torch.save "
+                      "checkpoint; read it as a program with safeckpt::graph::Pt2Archive (safeckpt/graph.hpp) "
+                      "or `safeckpt inspect` / `safeckpt run`");
   const ZipEntry* pkl = zip.find("data.pkl");
   if (pkl == nullptr)
     return make_error(ErrorCode::kUnsupported,

@@ -277,3 +277,17 @@ TEST_CASE("graph cli: inspect-program lists inputs with symbolic dims, ops, tied
     if (w["name"] == "lm_head.weight") tied = w["tied_with"] == json::array({"transformer.wte.weight"});
   CHECK(tied);
 }
+
+TEST_CASE("graph cli: safeckpt inspect on a PT2 archive describes the program (same as inspect-program)") {
+  for (const char* f : {"mlp.train.pt2", "gpt2_dynbatchseq.core.pt2"}) {
+    auto a = test_support::run_cli("inspect " + pt2_dir() + f + " --format json");
+    auto b = test_support::run_cli("inspect-program " + pt2_dir() + f + " --json");
+    CHECK(a.code == 0);
+    CHECK(a.code == b.code);
+    CHECK_MESSAGE(a.out == b.out, a.out.substr(0, 400));
+    auto t = test_support::run_cli(std::string("inspect ") + pt2_dir() + f);
+    auto u = test_support::run_cli(std::string("inspect-program ") + pt2_dir() + f);
+    CHECK(t.code == 0);
+    CHECK(t.out == u.out);
+  }
+}
