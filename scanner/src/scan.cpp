@@ -25,8 +25,6 @@
 //     not_model.
 #include "safeckpt/scan.hpp"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -175,6 +173,14 @@ struct StreamOutcome {
   bool failed_at_start = false;  // kFailed at the first opcode with no event
 };
 
+// What a caller reads from a stream's value (kDone streams only), taken
+// from the one run of the stream.
+struct RootInfo {
+  std::vector<std::string> strs;          // a list root: its str/bytes items
+  std::optional<std::int64_t> int_value;  // an int root
+  std::string third_global;               // a 3-tuple root whose third item is a global: its name
+};
+
 class Scanner {
  public:
   Scanner(const ScanOptions& opt, const Allowlist& allow, FileReport& rep)
@@ -188,12 +194,11 @@ class Scanner {
   void dispatch(Bytes data, const std::string& member, int depth, bool top);
   void scan_zip(Bytes data, const std::string& member, int depth);
   void scan_legacy(Bytes data, const std::string& member, int depth);
-  void scan_plain_zip(Bytes data, const std::string& member, int depth);
   // Streams from `start` to the end; returns false when a stream failed.
   bool scan_streams(Bytes data, const std::string& member, int depth, std::uint64_t start, int first_index,
                     bool trailing_is_finding, std::vector<PidInfo>* pids = nullptr);
   StreamOutcome run_stream(Bytes data, std::uint64_t base, const std::string& member, int index, int depth,
-                           std::vector<PidInfo>* pids, std::vector<std::string>* str_list = nullptr);
+                           std::vector<PidInfo>* pids, RootInfo* root_info = nullptr);
   void scan_tar(Bytes data, const std::string& member, int depth);
   void scan_npy(Bytes data, const std::string& member, int depth);
   void scan_safetensors(Bytes data, const std::string& member);
@@ -237,7 +242,7 @@ constexpr const char* kIncompleteWhy =
 // ---- pickle streams ---------------------------------------------------------
 
 StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::string& member, int index, int depth,
-                                  std::vector<PidInfo>* pids, std::vector<std::string>* str_list) {
+                                  std::vector<PidInfo>* pids, RootInfo* root_info) {
   StreamOutcome out;
   const std::uint64_t cap = opt_.limits.max_pickle_bytes;
   const bool capped = data.size() > cap;
@@ -251,26 +256,28 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
   po.record = member.empty() ? std::string("<file>") : member;
   po.continue_after_policy_error = true;
   po.cpython_text_operands = true;  // see what pickle.load would run (issue 11, item 7)
+  po.input_cut_at_limit = capped;   // running out of bytes is the cap, not damage
   const std::uint64_t events_before = obs_.events_seen;
   const bool loader_before = obs_.nested_loader_called;
   obs_.nested_loader_called = false;
   ++sink_.report().pickle_streams;
+  // The one run of this stream: its end (where the next stream starts) and
+  // its first policy error come back together.
   auto r = run_pickle(d, arena, hooks, &obs_, po);
-  if (r) {
+  if (r && !r->policy_error) {
     out.status = StreamOutcome::kDone;
     out.end = r->end_offset;
     out.root = r->root;
-  } else if (is_policy_error(r.error().code())) {
-    // Parsed to STOP; the machine reports the first policy error there. Find
-    // STOP with an argument-length walk and prove it with the machine itself:
-    // the prefix up to it parses, one byte less does not.
-    out.error = r.error();
+  } else if (r) {
+    out.status = StreamOutcome::kPolicyDone;
+    out.end = r->end_offset;
+    out.error = *r->policy_error;
     // Imports, calls and refused opcodes are reported as events; the
     // container rules (CVE-2026-24747: SETITEM on a tensor, APPEND onto a
     // non-list) surface only as this error.
     static const std::set<std::string, std::less<>> kContainerOps = {"APPEND",   "APPENDS", "SETITEM",   "SETITEMS",
                                                                      "ADDITEMS", "DICT",    "FROZENSET", "BINPERSID"};
-    const Error& pe = r.error();
+    const Error& pe = out.error;
     if (pe.code() == ErrorCode::kDisallowedOperation && kContainerOps.count(pe.where().opcode) != 0) {
       Finding f;
       f.rule = Rule::kRefusedOperation;
@@ -286,37 +293,22 @@ StreamOutcome Scanner::run_stream(Bytes data, std::uint64_t base, const std::str
                     "lists; torch < 2.10 did not check (CVE-2026-24747: out-of-bounds tensor write)";
       sink_.add(std::move(f));
     }
-    auto end = walk_to_stop(d);
-    auto completes = [&](std::uint64_t n) {
-      ValueArena a2;
-      ScanHooks h2(a2, allow_, nullptr);
-      auto r2 = run_pickle(d.first(static_cast<std::size_t>(n)), a2, h2, nullptr, po);
-      return r2.has_value() || is_policy_error(r2.error().code());
-    };
-    if (end && completes(*end) && !completes(*end - 1)) {
-      out.status = StreamOutcome::kPolicyDone;
-      out.end = *end;
-    } else {
-      out.status = StreamOutcome::kFailed;
-      out.error =
-          Error(ErrorCode::kInternal, "could not locate the end of a stream that parsed (" + r.error().message() + ")");
-    }
   } else {
     out.status = StreamOutcome::kFailed;
     out.error = r.error();
     const Error& e = r.error();
     out.failed_at_start =
         obs_.events_seen == events_before && (e.where().offset == 0 || e.where().offset == Location::kNoOffset);
-    if (capped && e.code() == ErrorCode::kMalformed && e.message().find("truncated") != std::string::npos)
-      out.error = Error(ErrorCode::kLimitExceeded,
-                        "pickle stream longer than max_pickle_bytes (" + std::to_string(cap) + ")", e.where());
   }
   if (pids != nullptr) *pids = hooks.pids;
-  if (str_list != nullptr && out.status == StreamOutcome::kDone) {
+  if (root_info != nullptr && out.status == StreamOutcome::kDone) {
     const Node& root = arena[out.root];
     if (root.kind == Kind::kList)
       for (NodeId id : root.items)
-        if (arena[id].kind == Kind::kStr || arena[id].kind == Kind::kBytes) str_list->push_back(arena[id].text);
+        if (arena[id].kind == Kind::kStr || arena[id].kind == Kind::kBytes) root_info->strs.push_back(arena[id].text);
+    if (root.kind == Kind::kInt) root_info->int_value = root.i;
+    if (root.kind == Kind::kTuple && root.items.size() == 3 && arena[root.items[2]].kind == Kind::kGlobal)
+      root_info->third_global = arena[root.items[2]].text;
   }
   // Embedded payloads: byte strings that are pickles/checkpoints themselves
   // (second stages for pickle.loads, torch.load(BytesIO), ...).
@@ -603,147 +595,56 @@ void Scanner::dispatch(Bytes data, const std::string& member, int depth, bool to
 
 // ---- zip -------------------------------------------------------------------
 
-// First bytes of a deflated member, for sniffing only (never trusted beyond
-// choosing whether to read the member through ZipArchive::read).
-std::vector<std::uint8_t> inflate_prefix(Bytes file, const ZipEntry& e, std::size_t n) {
-  std::vector<std::uint8_t> out;
-  if (e.data_offset > file.size() || e.compressed_size > file.size() - e.data_offset) return out;
-  Bytes src = file.subspan(static_cast<std::size_t>(e.data_offset), static_cast<std::size_t>(e.compressed_size));
-  z_stream zs{};
-  if (inflateInit2(&zs, -15) != Z_OK) return out;
-  out.resize(n);
-  zs.next_in = const_cast<Bytef*>(src.data());
-  zs.avail_in = static_cast<uInt>(std::min<std::size_t>(src.size(), 1u << 20));
-  zs.next_out = out.data();
-  zs.avail_out = static_cast<uInt>(n);
-  int rc = inflate(&zs, Z_SYNC_FLUSH);
-  (void)rc;
-  out.resize(n - zs.avail_out);
-  inflateEnd(&zs);
-  return out;
-}
-
 bool is_pickle_name(std::string_view name) {
   return name.ends_with(".pkl") || name.ends_with("_pkl") || name.ends_with(".pickle");
-}
-
-// ---- which duplicate PyTorch reads -------------------------------------------
-// PyTorch's zip reader (caffe2/serialize/inline_container.cc getRecordID ->
-// miniz mz_zip_reader_locate_file, flags 0) binary-searches the central
-// directory heap-sorted by ASCII-lower-cased name
-// (mz_zip_reader_sort_central_dir_offsets_by_filename,
-// mz_zip_locate_file_binary_search). The heap sort is not stable, so of
-// several entries with the same name (or names equal but for case) the one
-// it returns depends on the archive's layout, not always the first. Checked
-// against torch 1.13: tests/data/zip_duplicates/observed.txt.
-std::string ascii_lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return out;
-}
-
-struct MinizIndex {
-  std::vector<std::string> keys;      // lower-cased names, central order
-  std::vector<std::uint32_t> sorted;  // central indices in miniz's sorted order
-  // The central index miniz returns for `name`, or -1.
-  std::int64_t locate(std::string_view name) const {
-    const std::string t = ascii_lower(name);
-    std::int64_t l = 0, h = static_cast<std::int64_t>(sorted.size()) - 1;
-    while (l <= h) {
-      std::int64_t m = l + ((h - l) >> 1);
-      const std::string& k = keys[sorted[static_cast<std::size_t>(m)]];
-      int c = k.compare(t);
-      if (c == 0) return sorted[static_cast<std::size_t>(m)];
-      if (c < 0) {
-        l = m + 1;
-      } else {
-        h = m - 1;
-      }
-    }
-    return -1;
-  }
-};
-
-MinizIndex miniz_index(const std::vector<ZipEntry>& es) {
-  MinizIndex x;
-  for (const ZipEntry& e : es) x.keys.push_back(ascii_lower(e.name));
-  const std::size_t size = es.size();
-  x.sorted.resize(size);
-  for (std::size_t i = 0; i < size; ++i) x.sorted[i] = static_cast<std::uint32_t>(i);
-  if (size <= 1) return x;
-  auto less = [&](std::uint32_t a, std::uint32_t b) { return x.keys[a] < x.keys[b]; };
-  auto sift = [&](std::size_t root, std::size_t end) {
-    for (;;) {
-      std::size_t child = root * 2 + 1;
-      if (child >= end) break;
-      if (child + 1 < end && less(x.sorted[child], x.sorted[child + 1])) ++child;
-      if (!less(x.sorted[root], x.sorted[child])) break;
-      std::swap(x.sorted[root], x.sorted[child]);
-      root = child;
-    }
-  };
-  for (std::size_t start = (size - 2) >> 1;; --start) {
-    sift(start, size);
-    if (start == 0) break;
-  }
-  for (std::size_t end = size - 1; end > 0; --end) {
-    std::swap(x.sorted[end], x.sorted[0]);
-    sift(0, end);
-  }
-  return x;
 }
 
 void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
   const std::string prefix = member.empty() ? std::string() : member + "!";
   auto opened = ZipArchive::open(data, opt_.limits);
   if (!opened) {
-    const bool no_root = opened.error().message().find("not in a subdirectory") != std::string::npos;
     add_error(opened.error(), member, -1, 0,
-              no_root ? "PyTorch's reader refuses a zip without a root folder; numpy.load (npz) and other readers "
-                        "do not, so its members were examined with the scanner's plain zip walker"
-                      : "the zip could not be opened the way PyTorch's reader would: nothing inside was examined");
-    if (no_root) scan_plain_zip(data, member, depth);
+              "the zip could not be opened the way PyTorch's reader would: nothing inside was examined");
     return;
   }
   const ZipArchive& zip = *opened;
   FileReport& rep = sink_.report();
-  // Names held by several entries (miniz compares names ignoring ASCII case):
-  // findings name the copy (central entry and offset) and the copy PyTorch reads.
+  // Names held by several entries (miniz compares names ignoring ASCII case;
+  // the zip layer emulates which copy it reads): findings name the copy
+  // (central entry and offset) and the copy PyTorch reads.
   std::vector<std::string> label(zip.entries().size());
-  {
-    const MinizIndex mi = miniz_index(zip.entries());
-    std::map<std::string, std::vector<std::uint32_t>> groups;
-    for (const ZipEntry& e : zip.entries()) groups[mi.keys[e.index]].push_back(e.index);
-    for (const auto& [key, idx] : groups) {
-      if (idx.size() < 2) continue;
-      const std::int64_t read = mi.locate(zip.entries()[idx.front()].name);
-      std::string copies;
-      bool case_only = false;  // names differ, but not to miniz
-      for (std::uint32_t i : idx) {
-        case_only = case_only || zip.entries()[i].name != zip.entries()[idx.front()].name;
-        const ZipEntry& e = zip.entries()[i];
-        const std::string where = "entry #" + std::to_string(i) + " at offset " + std::to_string(e.local_header_offset);
-        label[i] = e.name + " [" + where + (static_cast<std::int64_t>(i) == read ? ", the copy PyTorch reads]" : "]");
-        copies += (copies.empty() ? "" : ", ") + where +
-                  (e.name != zip.entries()[idx.front()].name ? " ('" + e.name + "')" : "");
-      }
-      const ZipEntry* r = read >= 0 ? &zip.entries()[static_cast<std::size_t>(read)] : nullptr;
-      add(Rule::kArchiveAnomaly, Severity::kHigh, prefix + zip.entries()[idx.front()].name,
-          "duplicate_name: " + std::to_string(idx.size()) + " entries hold this name" +
-              (case_only ? " (ignoring case)" : "") + ": " + copies +
-              (r != nullptr ? "; PyTorch reads entry #" + std::to_string(read) + " at offset " +
-                                  std::to_string(r->local_header_offset)
-                            : std::string()),
-          "PyTorch (miniz: binary search over an unstable, case-insensitive sort) reads one copy, chosen by the "
-          "archive's layout; Python's zipfile reads the last. Every copy was scanned; "
-          "findings name their copy. The loader refuses the archive",
-          zip.entries()[idx.front()].local_header_offset);
+  for (const ZipDuplicate& dup : zip.duplicates()) {
+    const std::vector<std::uint32_t>& idx = dup.copies;
+    const ZipEntry& first = zip.entries()[idx.front()];
+    std::string copies;
+    for (std::uint32_t i : idx) {
+      const ZipEntry& e = zip.entries()[i];
+      const std::string where = "entry #" + std::to_string(i) + " at offset " + std::to_string(e.local_header_offset);
+      label[i] = e.name + " [" + where + (static_cast<std::int64_t>(i) == dup.read ? ", the copy PyTorch reads]" : "]");
+      copies += (copies.empty() ? "" : ", ") + where + (e.name != first.name ? " ('" + e.name + "')" : "");
     }
+    const ZipEntry* r = dup.read >= 0 ? &zip.entries()[static_cast<std::size_t>(dup.read)] : nullptr;
+    add(Rule::kArchiveAnomaly, Severity::kHigh, prefix + first.name,
+        "duplicate_name: " + std::to_string(idx.size()) + " entries hold this name" +
+            (dup.case_only ? " (ignoring case)" : "") + ": " + copies +
+            (r != nullptr ? "; PyTorch reads entry #" + std::to_string(dup.read) + " at offset " +
+                                std::to_string(r->local_header_offset)
+                          : std::string()),
+        "PyTorch (miniz: binary search over an unstable, case-insensitive sort) reads one copy, chosen by the "
+        "archive's layout; Python's zipfile reads the last. Every copy was scanned; "
+        "findings name their copy. The loader refuses the archive",
+        first.local_header_offset);
   }
   auto member_label = [&](const ZipEntry& e) { return prefix + (label[e.index].empty() ? e.name : label[e.index]); };
   for (const ZipAnomaly& a : zip.anomalies()) {
     if (a.kind == ZipAnomalyKind::kDuplicateName) continue;  // reported above, with the copy PyTorch reads
+    if (a.kind == ZipAnomalyKind::kNoRootFolder) {
+      add(Rule::kMalformed, Severity::kHigh, member, "malformed: " + a.detail,
+          "PyTorch's reader refuses a zip without a root folder; numpy.load (npz) and other readers "
+          "do not, so its members were examined as the zip layer reads them",
+          a.offset);
+      continue;
+    }
     Severity s = Severity::kHigh;
     if (a.kind == ZipAnomalyKind::kTrailingData || a.kind == ZipAnomalyKind::kGapData) s = Severity::kMedium;
     add(Rule::kArchiveAnomaly, s, prefix + a.entry, std::string(zip_anomaly_name(a.kind)) + ": " + a.detail,
@@ -784,20 +685,16 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
     ++rep.members;
     // Pickle members are inflated under max_pickle_record_bytes (a deflate
     // bomb is refused from its declared size, before inflating).
-    auto rb = zip.read(e, true, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
+    auto rb = zip.read(e, false, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
     if (!rb) {
-      const bool crc = rb.error().message().find("CRC") != std::string::npos;
-      if (crc) {
-        add(Rule::kArchiveAnomaly, Severity::kHigh, member_label(e), "crc_mismatch: " + rb.error().message(),
-            "PyTorch does not check CRCs and reads these bytes; Python's zipfile (and scanners built on it) "
-            "refuses them (CVE-2025-10156). Scanned as PyTorch reads them",
-            e.local_header_offset);
-        rb = zip.read(e, false, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
-      }
-      if (!rb) {
-        add_error(rb.error(), member_label(e), -1, 0, "the member could not be read: it was not examined");
-        continue;
-      }
+      add_error(rb.error(), member_label(e), -1, 0, "the member could not be read: it was not examined");
+      continue;
+    }
+    if (auto crc = zip.verify_crc(e, rb->bytes); !crc) {
+      add(Rule::kArchiveAnomaly, Severity::kHigh, member_label(e), "crc_mismatch: " + crc.error().message(),
+          "PyTorch does not check CRCs and reads these bytes; Python's zipfile (and scanners built on it) "
+          "refuses them (CVE-2025-10156). Scanned as PyTorch reads them",
+          e.local_header_offset);
     }
     std::vector<PidInfo> p;
     scan_streams(rb->bytes, member_label(e), depth, 0, 0, true, &p);
@@ -821,19 +718,11 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
       }
       continue;
     }
-    // Sniff the first bytes without inflating the whole member.
-    std::vector<std::uint8_t> head;
-    Bytes head_bytes;
-    if (e.method == 0) {
-      if (e.data_offset <= data.size() && e.compressed_size <= data.size() - e.data_offset)
-        head_bytes = data.subspan(static_cast<std::size_t>(e.data_offset),
-                                  static_cast<std::size_t>(std::min<std::uint64_t>(e.compressed_size, 512)));
-    } else if (e.method == 8) {
-      head = inflate_prefix(data, e, 512);
-      head_bytes = Bytes(head.data(), head.size());
-    } else {
-      continue;  // reported as kUnsupportedMethod anomaly
-    }
+    // Sniff the first bytes without inflating the whole member (an unknown
+    // method is reported as a kUnsupportedMethod anomaly).
+    auto head = zip.read_prefix(e, 512);
+    if (!head) continue;
+    const Bytes head_bytes = head->bytes;
     if (head_bytes.empty()) continue;
     FileFormat f = sniff_format(head_bytes);
     // A zip member prefix cannot prove much about safetensors sizes; sniff
@@ -874,93 +763,14 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
   }
 }
 
-// A zip PyTorch's reader refuses because its first entry has no root folder
-// (numpy .npz, generic zips): the members are still data for numpy.load and
-// friends. Minimal classic-zip walk (EOCD -> central directory -> local
-// header), stored and deflate only; anything it cannot follow is a finding.
-// The file is already not clean (the malformed finding above); this only
-// names what is inside.
-void Scanner::scan_plain_zip(Bytes data, const std::string& member, int depth) {
-  const std::string prefix = member.empty() ? std::string() : member + "!";
-  auto le = [&](std::uint64_t off, int w) {
-    std::uint64_t v = 0;
-    for (int i = w - 1; i >= 0; --i) v = (v << 8) | data[static_cast<std::size_t>(off) + static_cast<std::size_t>(i)];
-    return v;
-  };
-  auto give_up = [&](const std::string& why, std::uint64_t off) {
-    add(Rule::kMalformed, Severity::kHigh, member, "zip walk: " + why, kIncompleteWhy, off);
-  };
-  if (data.size() < 22) return give_up("too short for an end of central directory", 0);
-  std::uint64_t eocd = data.size() - 22;
-  const std::uint64_t lowest = data.size() > 22 + 65535 ? data.size() - 22 - 65535 : 0;
-  while (!(data[eocd] == 'P' && data[eocd + 1] == 'K' && data[eocd + 2] == 5 && data[eocd + 3] == 6)) {
-    if (eocd == lowest) return give_up("no end of central directory", 0);
-    --eocd;
-  }
-  const std::uint64_t count = le(eocd + 10, 2), cd_size = le(eocd + 12, 4), cd_off = le(eocd + 16, 4);
-  if (count == 0xFFFF || cd_off == 0xFFFFFFFF || cd_off > eocd || cd_size > eocd - cd_off)
-    return give_up("zip64 or inconsistent central directory", eocd);
-  if (count > opt_.limits.max_zip_entries) return give_up("more than max_zip_entries entries", eocd);
-  std::uint64_t p = cd_off;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    if (cd_off + cd_size - p < 46 || le(p, 4) != 0x02014b50) return give_up("bad central directory entry", p);
-    const std::uint64_t method = le(p + 10, 2), csize = le(p + 20, 4), usize = le(p + 24, 4);
-    const std::uint64_t nlen = le(p + 28, 2), xlen = le(p + 30, 2), clen = le(p + 32, 2), lho = le(p + 42, 4);
-    if (cd_off + cd_size - p - 46 < nlen + xlen + clen) return give_up("central directory entry truncated", p);
-    std::string name(reinterpret_cast<const char*>(data.data() + p + 46), static_cast<std::size_t>(nlen));
-    p += 46 + nlen + xlen + clen;
-    ++sink_.report().members;
-    if (lho > cd_off || cd_off - lho < 30 || le(lho, 4) != 0x04034b50) {
-      give_up("bad local header for '" + name + "'", lho);
-      continue;
-    }
-    const std::uint64_t at = lho + 30 + le(lho + 26, 2) + le(lho + 28, 2);
-    if (at > cd_off || csize > cd_off - at) {
-      give_up("record of '" + name + "' outside the file", lho);
-      continue;
-    }
-    Bytes raw = data.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(csize));
-    std::vector<std::uint8_t> inflated;
-    Bytes body = raw;
-    if (method == 8) {
-      if (usize > std::min(opt_.limits.max_inflated_bytes, opt_.limits.max_pickle_record_bytes)) {
-        add(Rule::kLimit, Severity::kHigh, prefix + name, "member inflates to more than the limit", kIncompleteWhy,
-            lho);
-        continue;
-      }
-      inflated.resize(static_cast<std::size_t>(usize));
-      z_stream zs{};
-      if (inflateInit2(&zs, -15) != Z_OK) continue;
-      zs.next_in = const_cast<Bytef*>(raw.data());
-      zs.avail_in = static_cast<uInt>(raw.size());
-      zs.next_out = inflated.data();
-      zs.avail_out = static_cast<uInt>(inflated.size());
-      int rc = inflate(&zs, Z_FINISH);
-      inflateEnd(&zs);
-      if (rc != Z_STREAM_END || zs.total_out != usize) {
-        give_up("member '" + name + "' does not inflate to its declared size", lho);
-        continue;
-      }
-      body = Bytes(inflated.data(), inflated.size());
-    } else if (method != 0) {
-      add(Rule::kUnsupported, Severity::kMedium, prefix + name, "compression method " + std::to_string(method),
-          kIncompleteWhy, lho);
-      continue;
-    }
-    if (body.empty()) continue;
-    FileFormat f = sniff_format(body);
-    if (f == FileFormat::kUnknown && opcode_name(body[0]).empty()) continue;
-    dispatch(body, prefix + name, f == FileFormat::kTorchZip ? depth + 1 : depth, false);
-  }
-}
-
 // ---- legacy sequential pickles ------------------------------------------------
 
 void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
   // torch/serialization.py _legacy_save: magic, protocol, sys_info, object, storage keys, storages.
   std::uint64_t pos = 0;
   std::vector<PidInfo> pids;
-  std::vector<std::string> keys;
+  RootInfo key_list;
+  std::vector<std::string>& keys = key_list.strs;
   bool keys_ok = false;
   for (int i = 0; i < 5; ++i) {
     if (pos >= data.size()) {
@@ -969,8 +779,8 @@ void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
       return;
     }
     std::vector<PidInfo> p;
-    StreamOutcome o =
-        run_stream(data.subspan(static_cast<std::size_t>(pos)), pos, member, i, depth, &p, i == 4 ? &keys : nullptr);
+    StreamOutcome o = run_stream(data.subspan(static_cast<std::size_t>(pos)), pos, member, i, depth, &p,
+                                 i == 4 ? &key_list : nullptr);
     if (o.status == StreamOutcome::kFailed) {
       add_error(o.error, member, i, pos, kIncompleteWhy);
       return;
@@ -1101,28 +911,23 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
       // ndim*i64 sizes, ndim*i64 strides, i64 offset.
       std::uint64_t p = 0;
       int idx = 0;
-      auto one = [&](std::vector<std::string>* strs) -> StreamOutcome {
-        StreamOutcome o = run_stream(body.subspan(static_cast<std::size_t>(p)), p, m, idx, depth, nullptr, strs);
+      auto one = [&](RootInfo* info) -> StreamOutcome {
+        StreamOutcome o = run_stream(body.subspan(static_cast<std::size_t>(p)), p, m, idx, depth, nullptr, info);
         if (o.status == StreamOutcome::kFailed) add_error(o.error, m, idx, p, kIncompleteWhy);
         ++idx;
         p += o.end;
         return o;
       };
-      // The count is an int: recover it by re-running with a tiny arena.
-      ValueArena a;
-      ScanHooks hk(a, allow_, nullptr);
-      PickleOptions po;
-      po.limits = opt_.limits;
-      auto cr = run_pickle(body, a, hk, nullptr, po);
-      StreamOutcome first = one(nullptr);
+      RootInfo head;
+      StreamOutcome first = one(&head);
       if (first.status == StreamOutcome::kFailed) continue;
-      if (!cr || a[cr->root].kind != Kind::kInt || a[cr->root].i < 0 ||
-          static_cast<std::uint64_t>(a[cr->root].i) > opt_.limits.max_legacy_storages) {
+      if (!head.int_value || *head.int_value < 0 ||
+          static_cast<std::uint64_t>(*head.int_value) > opt_.limits.max_legacy_storages) {
         add(Rule::kMalformed, Severity::kHigh, m, "tar '" + name + "' does not start with a storage/tensor count",
             kIncompleteWhy, 0, 0);
         continue;
       }
-      std::int64_t n = a[cr->root].i;
+      std::int64_t n = *head.int_value;
       bool bad = false;
       for (std::int64_t k = 0; k < n && !bad; ++k) {
         if (p >= body.size()) {
@@ -1130,23 +935,18 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
           break;
         }
         std::uint64_t rec_start = p;
-        StreamOutcome o = one(nullptr);
+        RootInfo rec;
+        StreamOutcome o = one(&rec);
         if (o.status == StreamOutcome::kFailed) {
           bad = true;
           break;
         }
         if (name == "storages") {
           // Element size from the storage type in the tuple (third item).
-          ValueArena a2;
-          ScanHooks h2(a2, allow_, nullptr);
-          auto r2 = run_pickle(body.subspan(static_cast<std::size_t>(rec_start)), a2, h2, nullptr, po);
           std::uint32_t esz = 0;
-          if (r2 && a2[r2->root].kind == Kind::kTuple && a2[r2->root].items.size() == 3) {
-            const Node& t = a2[a2[r2->root].items[2]];
-            if (t.kind == Kind::kGlobal) {
-              std::string_view cls = t.text;
-              if (auto d = dtype_from_storage_class(cls.substr(cls.rfind('.') + 1))) esz = dtype_size(*d);
-            }
+          if (!rec.third_global.empty()) {
+            std::string_view cls = rec.third_global;
+            if (auto d = dtype_from_storage_class(cls.substr(cls.rfind('.') + 1))) esz = dtype_size(*d);
           }
           if (esz == 0 || body.size() - p < 8) {
             add(Rule::kMalformed, Severity::kHigh, m, "tar storage record without a known storage type or size",

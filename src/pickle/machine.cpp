@@ -13,6 +13,7 @@
 
 #include "pickle/key.hpp"
 #include "pickle/opcodes.hpp"
+#include "pickle/run_count.hpp"
 #include "safeckpt/pickle.hpp"
 
 namespace safeckpt {
@@ -379,6 +380,13 @@ class Machine {
     return make_error(code, std::move(msg), Location{opt_.record, op_offset_, std::string(opcode_name(op_))});
   }
   Unexpected malformed(std::string msg) { return fail(ErrorCode::kMalformed, std::move(msg)); }
+  // Ran out of bytes: malformed, or past the limit when the caller cut the
+  // stream there (PickleOptions::input_cut_at_limit).
+  Unexpected truncated(std::string msg) {
+    if (!opt_.input_cut_at_limit) return malformed(std::move(msg));
+    return fail(ErrorCode::kLimitExceeded,
+                "pickle stream longer than max_pickle_bytes (" + std::to_string(lim_.max_pickle_bytes) + ")");
+  }
   Error with_context(Error e) {
     e.at_record(opt_.record);
     e.at_offset(op_offset_);
@@ -431,7 +439,7 @@ class Machine {
       }
     }
     if (n > d_.size() - pos_)
-      return malformed("pickle data truncated: need " + std::to_string(n) + " bytes, " +
+      return truncated("pickle data truncated: need " + std::to_string(n) + " bytes, " +
                        std::to_string(d_.size() - pos_) + " left");
     Bytes b = d_.subspan(pos_, n);
     pos_ += n;
@@ -449,8 +457,8 @@ class Machine {
     if (frame_end_ != 0 && pos_ == frame_end_) frame_end_ = 0;
     const void* nl = std::memchr(d_.data() + pos_, '\n', limit - pos_);
     if (nl == nullptr)
-      return malformed(frame_end_ != 0 ? "line crosses the end of the current FRAME"
-                                       : "pickle data truncated in a text line");
+      return frame_end_ != 0 ? malformed("line crosses the end of the current FRAME")
+                             : truncated("pickle data truncated in a text line");
     std::size_t end = static_cast<std::size_t>(static_cast<const std::uint8_t*>(nl) - d_.data());
     if (end - pos_ > lim_.max_string_bytes)
       return fail(ErrorCode::kLimitExceeded, "text argument longer than max_string_bytes");
@@ -879,7 +887,7 @@ Result<PickleResult> Machine::run() {
     if (frame_end_ != 0 && pos_ == frame_end_) frame_end_ = 0;
     op_offset_ = pos_;
     op_ = 0;
-    if (pos_ >= d_.size()) return malformed("pickle data was truncated (no STOP)");
+    if (pos_ >= d_.size()) return truncated("pickle data was truncated (no STOP)");
     if (++ops > lim_.max_pickle_ops)
       return fail(ErrorCode::kLimitExceeded,
                   "more than max_pickle_ops (" + std::to_string(lim_.max_pickle_ops) + ") opcodes");
@@ -908,8 +916,7 @@ Result<PickleResult> Machine::run() {
           return malformed("STOP with " + std::to_string(stack_.size()) + " values on the stack (expected 1)");
         if (frame_end_ != 0 && pos_ != frame_end_) return malformed("STOP before the end of the current FRAME");
         SAFECKPT_CHECK(charge_hook_nodes());
-        if (first_policy_error_) return unexpected(std::move(*first_policy_error_));
-        return PickleResult{stack_.back(), pos_, max_protocol_};
+        return PickleResult{stack_.back(), pos_, max_protocol_, std::move(first_policy_error_)};
       }
       case op::kMark:
         if (marks_.size() >= lim_.max_mark_depth)
@@ -1354,10 +1361,17 @@ Result<PickleResult> Machine::run() {
   }
 }
 
+thread_local std::uint64_t t_runs = 0;  // run_pickle() calls on this thread (tests)
+
 }  // namespace
+
+std::uint64_t detail::pickle_runs_on_this_thread() noexcept {
+  return t_runs;
+}
 
 Result<PickleResult> run_pickle(Bytes data, ValueArena& arena, PickleHooks& hooks, PickleObserver* observer,
                                 const PickleOptions& options) {
+  ++t_runs;
   try {
     Machine m(data, arena, hooks, observer, options);
     return m.run();
