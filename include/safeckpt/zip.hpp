@@ -148,8 +148,8 @@ class ZipArchive {
   // verify_crc: compare CRC-32 when the stored CRC is non-zero. Flag bits
   // are not consulted (open() reports them): the bytes are those PyTorch
   // would read, so the scanner can scan them. A CRC mismatch is returned as
-  // an error, not added to anomalies() (read() is const); the scanner maps
-  // it to ZipAnomalyKind::kCrcMismatch.
+  // an error, not added to anomalies() (read() is const); the scanner reads
+  // without verify_crc and reports verify_crc()'s error as crc_mismatch.
   // Errors: kMalformed (inflate error, size mismatch, CRC mismatch — message
   // names the record and both CRCs), kLimitExceeded, kUnsupported (method).
   Result<RecordBytes> read(const ZipEntry& e, bool verify_crc) const;
