@@ -108,9 +108,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   run_once(cont, in.data, opt, deny, false);
 
   // Differential: the scanner mode must see the same stream the loader sees.
+  // A continue run that reaches STOP succeeds and carries the first policy
+  // error (PickleResult::policy_error) with the end of the stream.
+  FUZZ_REQUIRE(!cont.result || !cont.result->policy_error || sc::is_policy_error(cont.result->policy_error->code()),
+               "continue run carries a policy_error that is not a policy error");
   if (plain.result) {
     FUZZ_REQUIRE(cont.result.has_value(),
                  "plain run succeeded, continue run failed: " + cont.result.error().to_string());
+    FUZZ_REQUIRE(!cont.result->policy_error,
+                 "plain run succeeded, continue run reports a policy error: " + cont.result->policy_error->to_string());
     FUZZ_REQUIRE(cont.result->end_offset == plain.result->end_offset, "continue run stopped at a different STOP");
     FUZZ_REQUIRE(cont.result->protocol == plain.result->protocol, "continue run saw a different protocol");
     FUZZ_REQUIRE(cont.arena[cont.result->root].kind == plain.arena[plain.result->root].kind,
@@ -118,7 +124,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   const sc::Error& pe = plain.result.error();
-  FUZZ_REQUIRE(!cont.result.has_value(), "plain run failed (" + pe.to_string() + ") but the continue run succeeded");
+  if (cont.result) {
+    FUZZ_REQUIRE(cont.result->policy_error.has_value(),
+                 "plain run failed (" + pe.to_string() + ") but the continue run succeeded without a policy error");
+    const sc::Error& ce = *cont.result->policy_error;
+    FUZZ_REQUIRE(sc::is_policy_error(pe.code()) && ce.code() == pe.code() && ce.where().offset == pe.where().offset,
+                 "first policy error differs between modes: plain " + pe.to_string() + " / continue " + ce.to_string());
+    return 0;
+  }
   const sc::Error& ce = cont.result.error();
   if (!sc::is_policy_error(pe.code())) {
     FUZZ_REQUIRE(ce.code() == pe.code() && ce.where().offset == pe.where().offset,

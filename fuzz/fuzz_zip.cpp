@@ -11,6 +11,7 @@
 // the declared uncompressed size, borrows the file for stored records, and
 // matches the stored CRC-32 when asked to verify; require_no_anomalies()
 // fails exactly when there are anomalies; detect_format agrees with open().
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -53,14 +54,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   const auto& entries = zip.entries();
   FUZZ_REQUIRE(entries.size() <= lim.max_zip_entries, "more entries than max_zip_entries");
-  if (!entries.empty()) FUZZ_REQUIRE(!zip.root().empty(), "archive with entries but no root folder");
-
-  bool any_outside_root = false;
+  bool any_outside_root = false, no_root = false;
   for (const auto& a : zip.anomalies()) {
-    FUZZ_REQUIRE(static_cast<unsigned>(a.kind) <= static_cast<unsigned>(sc::ZipAnomalyKind::kGapData),
+    FUZZ_REQUIRE(static_cast<unsigned>(a.kind) <= static_cast<unsigned>(sc::ZipAnomalyKind::kNoRootFolder),
                  "anomaly with an invalid kind");
     FUZZ_REQUIRE(!sc::zip_anomaly_name(a.kind).empty(), "anomaly kind without a name");
     any_outside_root = any_outside_root || a.kind == sc::ZipAnomalyKind::kOutsideRoot;
+    no_root = no_root || a.kind == sc::ZipAnomalyKind::kNoRootFolder;
+  }
+  if (!entries.empty())
+    FUZZ_REQUIRE(zip.root().empty() == no_root, "root folder empty exactly when kNoRootFolder is reported");
+  for (const auto& d : zip.duplicates()) {
+    FUZZ_REQUIRE(d.copies.size() >= 2, "duplicate group of fewer than 2 entries");
+    FUZZ_REQUIRE(d.read == -1 || std::find(d.copies.begin(), d.copies.end(), d.read) != d.copies.end(),
+                 "the copy PyTorch reads is not one of the group");
   }
   auto clean = zip.require_no_anomalies();
   FUZZ_REQUIRE(clean.has_value() == zip.anomalies().empty(), "require_no_anomalies disagrees with anomalies()");
@@ -81,7 +88,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_REQUIRE(first != nullptr, tag + ": find_full cannot find the entry's own name");
     FUZZ_REQUIRE(first->name == e.name && first->index <= e.index, tag + ": find_full did not return the first entry");
     const std::string prefix = zip.root() + "/";
-    if (e.name.compare(0, prefix.size(), prefix) == 0) {
+    if (no_root) {
+      // no root folder: every entry is outside it, and no kOutsideRoot is reported
+    } else if (e.name.compare(0, prefix.size(), prefix) == 0) {
       FUZZ_REQUIRE(zip.find(std::string_view(e.name).substr(prefix.size())) == first,
                    tag + ": find(name under root) != find_full(full name)");
     } else {
@@ -96,6 +105,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     const sc::RecordBytes& r = *rr;
+    // The sniffing prefix is the record's first bytes.
+    if (auto pr = zip.read_prefix(e, 64)) {
+      FUZZ_REQUIRE(pr->bytes.size() <= 64, tag + ": read_prefix returned more than asked");
+      FUZZ_REQUIRE(
+          pr->bytes.size() <= r.bytes.size() && std::equal(pr->bytes.begin(), pr->bytes.end(), r.bytes.begin()),
+          tag + ": read_prefix is not a prefix of read");
+    }
     FUZZ_REQUIRE(e.method == 0 || e.method == 8, tag + ": read succeeded for method " + std::to_string(e.method));
     FUZZ_REQUIRE(r.bytes.size() == e.uncompressed_size, tag + ": read gave " + std::to_string(r.bytes.size()) +
                                                             " bytes, entry declares " +

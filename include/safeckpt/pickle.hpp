@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -135,7 +136,11 @@ struct PickleOptions {
   std::string record;  // stream name used in errors/events
   // Scanner mode: after a policy error, keep parsing (pushing an opaque
   // kObject placeholder for the refused result) so every import and call is
-  // reported. The run still fails with the FIRST policy error.
+  // reported. A stream that then reaches STOP returns a PickleResult whose
+  // policy_error holds the FIRST policy error (the run did NOT pass the
+  // policy) and whose end_offset is where the stream ends, so a caller with
+  // several streams back to back needs no second walk; an error that is not
+  // a policy error still fails the run.
   bool continue_after_policy_error = false;
   // Charged for everything the run allocates (limits.max_memory_bytes):
   // share one budget across the streams and records of one file. Null: the
@@ -153,18 +158,28 @@ struct PickleOptions {
   // bools; FLOAT as Python's float() reads it; GET/PUT decimal digits);
   // anything else is kMalformed.
   bool cpython_text_operands = false;
+  // The caller passed only the first limits.max_pickle_bytes bytes of a
+  // longer stream (the scanner scans a prefix): running out of bytes is then
+  // kLimitExceeded "pickle stream longer than max_pickle_bytes (N)" instead
+  // of kMalformed "truncated".
+  bool input_cut_at_limit = false;
 };
 
 struct PickleResult {
   NodeId root = kNoNode;
   std::uint64_t end_offset = 0;  // offset just past STOP
   int protocol = 0;              // highest PROTO seen (0 if none)
+  // Only with continue_after_policy_error: the first policy error
+  // (kDisallowedGlobal / kDisallowedOperation, located at its opcode); the
+  // root then holds placeholders for what was refused. Empty otherwise.
+  std::optional<Error> policy_error;
 };
 
 // Runs one pickle stream starting at `data[0]`. Nodes are added to `arena`.
 // Errors: kMalformed (bad opcode/argument, truncated stream, stack misuse,
 // frame violation — message names the opcode and its offset), kLimitExceeded,
-// kUnsupported, policy errors from the hooks or rule 4/5 above.
+// kUnsupported, policy errors from the hooks or rule 4/5 above (without
+// continue_after_policy_error; with it they come in PickleResult::policy_error).
 Result<PickleResult> run_pickle(Bytes data, ValueArena& arena, PickleHooks& hooks, PickleObserver* observer,
                                 const PickleOptions& options);
 

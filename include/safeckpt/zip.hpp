@@ -30,9 +30,23 @@
 //     kTrailingData.
 //  6. Root folder = text before the first '/' of the FIRST central entry
 //     (caffe2/serialize/inline_container.cc); every entry must be under it
-//     (else anomaly kOutsideRoot). No '/' or an empty root is malformed
-//     (PyTorch's writer never produces an empty root).
-//  7. Duplicate names: anomaly; PyTorch (miniz) uses the first central entry.
+//     (else anomaly kOutsideRoot). No '/' in the first entry is anomaly
+//     kNoRootFolder (PyTorch refuses "file in archive is not in a
+//     subdirectory"; numpy's .npz and other readers do not, so the scanner
+//     still reads the members); root() is then "" and kOutsideRoot is not
+//     reported. An empty root ("/data.pkl") is malformed (PyTorch's writer
+//     never produces one).
+//  7. Duplicate names: PyTorch's miniz (mz_zip_reader_locate_file, flags 0)
+//     compares names ignoring ASCII case and binary-searches the central
+//     directory heap-sorted by lower-cased name
+//     (mz_zip_reader_sort_central_dir_offsets_by_filename,
+//     mz_zip_locate_file_binary_search). The heap sort is not stable, so of
+//     several entries whose names are equal ignoring case, the one PyTorch
+//     reads depends on the archive's layout, not always the first; checked
+//     against torch 1.13 (tests/data/zip_duplicates/observed.txt). Each
+//     such group is one ZipDuplicate (duplicates(), with the copy miniz
+//     returns) and an anomaly kDuplicateName for every copy but the first
+//     central one.
 //  8. CRC-32 (zlib) is checked on read whenever the stored CRC is non-zero
 //     (PyTorch itself never checks: miniz built with
 //     MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS; set_crc32_options(False) writes 0).
@@ -68,7 +82,7 @@ struct ZipEntry {
 };
 
 enum class ZipAnomalyKind : std::uint8_t {
-  kDuplicateName,      // second+ entry of a name; PyTorch reads the first
+  kDuplicateName,      // second+ entry of a name (ASCII case ignored); see ZipDuplicate
   kLocalNameMismatch,  // local header name != central name
   kOutsideRoot,        // entry not under the root folder
   kFlagBits,           // encryption / patched / unknown flag bits
@@ -77,6 +91,7 @@ enum class ZipAnomalyKind : std::uint8_t {
   kUnsupportedMethod,  // compression other than stored/deflate
   kCrcMismatch,        // found by read() with verify on (scanner --verify-data)
   kGapData,            // bytes between records not belonging to any record
+  kNoRootFolder,       // first entry has no '/': PyTorch refuses, other readers do not
 };
 std::string_view zip_anomaly_name(ZipAnomalyKind k) noexcept;
 
@@ -85,6 +100,15 @@ struct ZipAnomaly {
   std::string entry;     // entry name concerned
   std::uint64_t offset;  // file offset concerned
   std::string detail;    // human text: what, and which copy PyTorch reads
+};
+
+// Entries whose names are equal ignoring ASCII case (grammar item 7).
+struct ZipDuplicate {
+  std::vector<std::uint32_t> copies;  // central indices, in central order (>= 2)
+  // The central index PyTorch's miniz returns for this name (emulated
+  // mz_zip_reader_locate_file), or -1 if the emulation finds none.
+  std::int64_t read = -1;
+  bool case_only = false;  // some copies' names differ, but only in ASCII case
 };
 
 // Bytes of one record: a borrowed span of the file for stored records, an
@@ -99,7 +123,7 @@ class ZipArchive {
  public:
   // Parses the central directory of `file` (which must outlive the archive).
   // Errors: kMalformed (no/bad EOCD, truncated CD, bad local header, record
-  // past the end of the file, first entry has no '/' or an empty root folder,
+  // past the end of the file, an empty root folder,
   // inconsistent zip64 records or extra fields), kLimitExceeded (more than
   // limits.max_zip_entries, name longer than max_zip_name_bytes, out of
   // memory), kUnsupported (multi-disk, zip64 extensible data). Anomalies do
@@ -109,9 +133,13 @@ class ZipArchive {
   const std::string& root() const noexcept { return root_; }
   const std::vector<ZipEntry>& entries() const noexcept { return entries_; }
   const std::vector<ZipAnomaly>& anomalies() const noexcept { return anomalies_; }
+  // Groups of entries PyTorch cannot tell apart (grammar item 7), in order of
+  // their lower-cased name.
+  const std::vector<ZipDuplicate>& duplicates() const noexcept { return duplicates_; }
 
-  // The entry PyTorch would read for `root/name` (first central entry with
-  // that full name), or nullptr.
+  // The first central entry named exactly `root/name`, or nullptr. (With
+  // duplicates PyTorch may read another copy: see duplicates(); the loader
+  // refuses such archives.)
   const ZipEntry* find(std::string_view name_under_root) const;
   // Same, full name.
   const ZipEntry* find_full(std::string_view full_name) const;
@@ -120,8 +148,8 @@ class ZipArchive {
   // verify_crc: compare CRC-32 when the stored CRC is non-zero. Flag bits
   // are not consulted (open() reports them): the bytes are those PyTorch
   // would read, so the scanner can scan them. A CRC mismatch is returned as
-  // an error, not added to anomalies() (read() is const); the scanner maps
-  // it to ZipAnomalyKind::kCrcMismatch.
+  // an error, not added to anomalies() (read() is const); the scanner reads
+  // without verify_crc and reports verify_crc()'s error as crc_mismatch.
   // Errors: kMalformed (inflate error, size mismatch, CRC mismatch — message
   // names the record and both CRCs), kLimitExceeded, kUnsupported (method).
   Result<RecordBytes> read(const ZipEntry& e, bool verify_crc) const;
@@ -134,6 +162,22 @@ class ZipArchive {
   // could expand to. Stored records are borrowed and not capped here.
   Result<RecordBytes> read(const ZipEntry& e, bool verify_crc, std::uint64_t max_bytes,
                            std::string_view cap_name) const;
+
+  // At most the first `n` bytes of a record, for sniffing what it holds (never
+  // trusted beyond choosing whether to read it with read()): stored records
+  // are borrowed; deflated ones are inflated from at most their first 1 MiB
+  // of compressed bytes, stopping at `n` bytes or at the first deflate error
+  // (the bytes inflated before it are returned; possibly none). CRC and
+  // declared sizes are not checked.
+  // Errors: kInvalidArgument (entry not of this archive), kUnsupported
+  // (method other than stored/deflate), kLimitExceeded (out of memory).
+  Result<RecordBytes> read_prefix(const ZipEntry& e, std::size_t n) const;
+
+  // Whether `bytes` (the record of `e`, as read() returns it unverified)
+  // match the CRC-32 in the central directory; a stored CRC of 0 matches
+  // anything. Errors: kMalformed "CRC-32 mismatch in record ..." (the error
+  // read() returns with verify_crc), located at the record's data.
+  Status verify_crc(const ZipEntry& e, Bytes bytes) const;
 
   // Reports every anomaly as one kMalformed error (first anomaly in the
   // message, count of the others), or ok if there is none.
@@ -149,6 +193,7 @@ class ZipArchive {
   std::string root_;
   std::vector<ZipEntry> entries_;
   std::vector<ZipAnomaly> anomalies_;
+  std::vector<ZipDuplicate> duplicates_;
   std::vector<std::uint32_t> sorted_;  // entry indices sorted by name (first occurrence)
 };
 

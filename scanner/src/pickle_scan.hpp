@@ -100,8 +100,4 @@ class ScanObserver final : public PickleObserver {
   std::uint64_t base_ = 0;
 };
 
-// Offset just past the first STOP of the opcode sequence starting at data[0]
-// (a pickletools-style walk: argument lengths only). nullopt if none.
-std::optional<std::uint64_t> walk_to_stop(Bytes data);
-
 }  // namespace safeckpt::scan

@@ -129,6 +129,7 @@ FileFormat sniff_format(Bytes f) noexcept {
 // constants.pkl (TorchScript, what torch.load itself tests) and before
 // data.pkl.
 FileFormat classify_zip(const ZipArchive& zip) noexcept {
+  if (zip.root().empty()) return FileFormat::kOtherZip;  // kNoRootFolder: not a PyTorch archive
   if (zip.find("constants.pkl") != nullptr) return FileFormat::kTorchScriptZip;
   if (zip.find("archive_format") != nullptr) return FileFormat::kPt2Archive;
   const std::string aoti_dir = zip.root() + "/data/aotinductor/";
@@ -147,7 +148,7 @@ FileFormat detect_format(Bytes file, const Limits& limits) {
   const FileFormat f = sniff_format(file);
   if (f != FileFormat::kTorchZip) return f;
   auto zip = ZipArchive::open(file, limits);
-  if (!zip) return FileFormat::kUnknown;
+  if (!zip || zip->root().empty()) return FileFormat::kUnknown;  // no root folder: PyTorch cannot open it
   return classify_zip(*zip);
 }
 

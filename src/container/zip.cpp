@@ -369,6 +369,17 @@ class Inflater {
   bool live_ = false;
 };
 
+// The CRC-32 check read() makes with verify_crc (a stored CRC of 0 is none).
+Status verify_crc32(const ZipEntry& e, Bytes bytes) {
+  if (e.crc32 == 0) return {};
+  const std::uint32_t actual = crc32_update(0, bytes);
+  if (actual == e.crc32) return {};
+  return fail(ErrorCode::kMalformed,
+              "CRC-32 mismatch in record " + quote_name(e.name) + ": central directory says " + hex32(e.crc32) +
+                  ", data has " + hex32(actual),
+              e.data_offset, e.name);
+}
+
 // Inflates a raw deflate record into an owned buffer of exactly
 // e.uncompressed_size bytes. The buffer grows with the real output (doubling),
 // so a lying uncompressed_size cannot make us allocate more than the stream
@@ -480,6 +491,114 @@ Result<RecordBytes> inflate_record(Bytes in, const ZipEntry& e, std::uint64_t ca
   return r;
 }
 
+// ---- duplicate names as miniz sees them (grammar item 7) -------------------
+
+// miniz's key comparison: ASCII letters lower-cased, bytes unsigned
+// (mz_zip_reader_filename_less).
+int compare_ignoring_case(std::string_view a, std::string_view b) noexcept {
+  const std::size_t n = std::min(a.size(), b.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    auto lower = [](char c) {
+      const auto u = static_cast<unsigned char>(c);
+      return u >= 'A' && u <= 'Z' ? static_cast<unsigned char>(u - 'A' + 'a') : u;
+    };
+    const unsigned char x = lower(a[i]), y = lower(b[i]);
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return a.size() == b.size() ? 0 : (a.size() < b.size() ? -1 : 1);
+}
+
+// The central indices in the order miniz's heap sort leaves them
+// (mz_zip_reader_sort_central_dir_offsets_by_filename: build a max-heap by
+// sifting down from (size-2)/2, then swap the root to the end and sift).
+std::vector<std::uint32_t> miniz_sorted(const std::vector<ZipEntry>& es) {
+  const std::size_t size = es.size();
+  std::vector<std::uint32_t> v(size);
+  for (std::size_t i = 0; i < size; ++i) v[i] = static_cast<std::uint32_t>(i);
+  if (size <= 1) return v;
+  auto less = [&](std::uint32_t a, std::uint32_t b) { return compare_ignoring_case(es[a].name, es[b].name) < 0; };
+  auto sift = [&](std::size_t root, std::size_t end) {
+    for (;;) {
+      std::size_t child = root * 2 + 1;
+      if (child >= end) break;
+      if (child + 1 < end && less(v[child], v[child + 1])) ++child;
+      if (!less(v[root], v[child])) break;
+      std::swap(v[root], v[child]);
+      root = child;
+    }
+  };
+  for (std::size_t start = (size - 2) >> 1;; --start) {
+    sift(start, size);
+    if (start == 0) break;
+  }
+  for (std::size_t end = size - 1; end > 0; --end) {
+    std::swap(v[end], v[0]);
+    sift(0, end);
+  }
+  return v;
+}
+
+// mz_zip_locate_file_binary_search over `sorted`: the central index miniz
+// returns for `name`, or -1.
+std::int64_t miniz_locate(const std::vector<ZipEntry>& es, const std::vector<std::uint32_t>& sorted,
+                          std::string_view name) {
+  std::int64_t l = 0, h = static_cast<std::int64_t>(sorted.size()) - 1;
+  while (l <= h) {
+    const std::int64_t m = l + ((h - l) >> 1);
+    const std::uint32_t idx = sorted[static_cast<std::size_t>(m)];
+    const int c = compare_ignoring_case(es[idx].name, name);
+    if (c == 0) return idx;
+    if (c < 0) {
+      l = m + 1;
+    } else {
+      h = m - 1;
+    }
+  }
+  return -1;
+}
+
+// Groups entries whose names are equal ignoring ASCII case; `order` is
+// scratch (overwritten). Each group becomes a ZipDuplicate and one
+// kDuplicateName anomaly per copy after the first central one, naming the
+// copy PyTorch (miniz) reads.
+Status find_duplicates(const std::vector<ZipEntry>& es, std::vector<std::uint32_t>& order,
+                       std::vector<ZipDuplicate>& dups, std::vector<ZipAnomaly>& anomalies,
+                       std::uint64_t cd_offset) try {
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return compare_ignoring_case(es[a].name, es[b].name) < 0; });
+  std::vector<std::uint32_t> sorted;  // miniz's order, made once if needed
+  for (std::size_t k = 0; k < order.size();) {
+    std::size_t j = k + 1;
+    while (j < order.size() && compare_ignoring_case(es[order[k]].name, es[order[j]].name) == 0) ++j;
+    if (j - k >= 2) {
+      if (sorted.empty()) sorted = miniz_sorted(es);
+      ZipDuplicate d;
+      d.copies.assign(order.begin() + static_cast<std::ptrdiff_t>(k), order.begin() + static_cast<std::ptrdiff_t>(j));
+      std::sort(d.copies.begin(), d.copies.end());
+      d.read = miniz_locate(es, sorted, es[d.copies.front()].name);
+      const ZipEntry& first = es[d.copies.front()];
+      for (std::uint32_t i : d.copies) d.case_only = d.case_only || es[i].name != first.name;
+      const std::string reads =
+          d.read >= 0 ? "; PyTorch (miniz: binary search over an unstable, case-insensitive sort) reads entry #" +
+                            std::to_string(d.read) + " (local header at " +
+                            std::to_string(es[static_cast<std::size_t>(d.read)].local_header_offset) + ")"
+                      : std::string();
+      for (std::size_t c = 1; c < d.copies.size(); ++c) {
+        const ZipEntry& e = es[d.copies[c]];
+        anomalies.push_back({ZipAnomalyKind::kDuplicateName, e.name, e.local_header_offset,
+                             "central entry #" + std::to_string(e.index) + " repeats the name of entry #" +
+                                 std::to_string(first.index) +
+                                 (e.name != first.name ? std::string(" (ignoring case)") : std::string()) + reads});
+      }
+      dups.push_back(std::move(d));
+    }
+    k = j;
+  }
+  return {};
+} catch (const std::bad_alloc&) {
+  return fail(ErrorCode::kLimitExceeded, "out of memory indexing duplicate names", cd_offset);
+}
+
 }  // namespace
 
 std::string_view zip_anomaly_name(ZipAnomalyKind k) noexcept {
@@ -493,6 +612,7 @@ std::string_view zip_anomaly_name(ZipAnomalyKind k) noexcept {
     case ZipAnomalyKind::kUnsupportedMethod: return "unsupported_method";
     case ZipAnomalyKind::kCrcMismatch: return "crc_mismatch";
     case ZipAnomalyKind::kGapData: return "gap_data";
+    case ZipAnomalyKind::kNoRootFolder: return "no_root_folder";
   }
   return "unknown";
 }
@@ -658,10 +778,6 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
   {
     const std::string& first = z.entries_.front().name;
     const std::size_t slash = first.find('/');
-    if (slash == std::string::npos) {
-      return fail(ErrorCode::kMalformed, "file in archive is not in a subdirectory: " + quote_name(first),
-                  z.entries_.front().local_header_offset, first);
-    }
     // PyTorch's reader would accept "/data.pkl" (root ""), but its writer
     // refuses an empty archive name ("invalid file name", inline_container.cc)
     // so only a crafted file has one: refuse it.
@@ -669,8 +785,16 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
       return fail(ErrorCode::kMalformed, "empty root folder name in the first entry " + quote_name(first),
                   z.entries_.front().local_header_offset, first);
     }
-    z.root_ = first.substr(0, slash);
+    // PyTorch refuses an archive whose first entry has no folder; numpy's
+    // .npz (and other zips) have none and are still read by their readers.
+    if (slash == std::string::npos) {
+      z.anomalies_.push_back({ZipAnomalyKind::kNoRootFolder, first, z.entries_.front().local_header_offset,
+                              "file in archive is not in a subdirectory: " + quote_name(first)});
+    } else {
+      z.root_ = first.substr(0, slash);
+    }
   }
+  const bool has_root = !z.root_.empty();
   const std::string prefix = z.root_ + "/";
 
   // The local headers are read one after another below; in a big file that
@@ -737,7 +861,7 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
           {ZipAnomalyKind::kUnsupportedMethod, e.name, lho,
            "compression method " + std::to_string(e.method) + " (only 0 stored and 8 deflate are read)"});
     }
-    if (e.name.compare(0, prefix.size(), prefix) != 0) {
+    if (has_root && e.name.compare(0, prefix.size(), prefix) != 0) {
       z.anomalies_.push_back({ZipAnomalyKind::kOutsideRoot, e.name, lho,
                               "entry is not under the root folder " + quote_name(z.root_) +
                                   "; PyTorch's getAllRecords() refuses the archive"});
@@ -758,17 +882,10 @@ Result<ZipArchive> ZipArchive::open_unguarded(Bytes file, const Limits& limits) 
                    [&](std::uint32_t a, std::uint32_t b) { return z.entries_[a].name < z.entries_[b].name; });
   for (std::size_t k = 0; k < order.size(); ++k) {
     const ZipEntry& e = z.entries_[order[k]];
-    if (!z.sorted_.empty() && z.entries_[z.sorted_.back()].name == e.name) {
-      const ZipEntry& first = z.entries_[z.sorted_.back()];
-      z.anomalies_.push_back({ZipAnomalyKind::kDuplicateName, e.name, e.local_header_offset,
-                              "central entry #" + std::to_string(e.index) + " repeats the name of entry #" +
-                                  std::to_string(first.index) + "; PyTorch reads entry #" +
-                                  std::to_string(first.index) + " (local header at " +
-                                  std::to_string(first.local_header_offset) + ")"});
-      continue;
-    }
+    if (!z.sorted_.empty() && z.entries_[z.sorted_.back()].name == e.name) continue;
     z.sorted_.push_back(order[k]);
   }
+  SAFECKPT_CHECK(find_duplicates(z.entries_, order, z.duplicates_, z.anomalies_, end.cd_offset));
 
   // Grammar item 5 (second half): overlaps, and bytes owned by no record.
   // Each record owns [local header, data end); its data descriptor, when
@@ -870,15 +987,49 @@ Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc, std::ui
   }
   // Flag bits (encryption, ...) are reported by open() as anomalies; read()
   // still returns the bytes PyTorch would use, so the scanner can scan them.
-  if (verify_crc && e.crc32 != 0) {
-    const std::uint32_t actual = crc32_update(0, r.bytes);
-    if (actual != e.crc32) {
-      return fail(ErrorCode::kMalformed,
-                  "CRC-32 mismatch in record " + quote_name(e.name) + ": central directory says " + hex32(e.crc32) +
-                      ", data has " + hex32(actual),
-                  e.data_offset, e.name);
-    }
+  if (verify_crc) SAFECKPT_CHECK(verify_crc32(e, r.bytes));
+  return r;
+} catch (const std::bad_alloc&) {
+  return fail(ErrorCode::kLimitExceeded, "out of memory reading record " + std::string(e.name), e.data_offset, e.name);
+}
+
+Status ZipArchive::verify_crc(const ZipEntry& e, Bytes bytes) const {
+  return verify_crc32(e, bytes);
+}
+
+Result<RecordBytes> ZipArchive::read_prefix(const ZipEntry& e, std::size_t n) const try {
+  if (!in_bounds(file_.size(), e.data_offset, e.compressed_size)) {
+    return fail(ErrorCode::kInvalidArgument, "entry " + quote_name(e.name) + " does not belong to this archive",
+                e.data_offset, e.name);
   }
+  const Bytes raw = file_.subspan(e.data_offset, e.compressed_size);
+  RecordBytes r;
+  if (e.method == kMethodStored) {
+    r.bytes = raw.first(std::min<std::size_t>(raw.size(), n));
+    return r;
+  }
+  if (e.method != kMethodDeflate) {
+    return fail(ErrorCode::kUnsupported,
+                "record " + quote_name(e.name) + " uses compression method " + std::to_string(e.method) +
+                    " (only 0 stored and 8 deflate are supported)",
+                e.local_header_offset, e.name);
+  }
+  auto out = std::make_shared<std::vector<std::uint8_t>>(n);
+  Inflater inf;
+  if (!inf.init()) {
+    return fail(ErrorCode::kLimitExceeded, "zlib inflateInit2 failed (out of memory)", e.data_offset, e.name);
+  }
+  z_stream& zs = inf.stream();
+  constexpr std::size_t kMaxPrefixInput = 1u << 20;
+  zs.next_in = const_cast<Bytef*>(raw.data());  // zlib does not write input
+  zs.avail_in = static_cast<uInt>(std::min(raw.size(), kMaxPrefixInput));
+  zs.next_out = out->data();
+  zs.avail_out = static_cast<uInt>(std::min<std::size_t>(n, UINT_MAX >> 1));
+  const std::size_t room = zs.avail_out;
+  (void)inflate(&zs, Z_SYNC_FLUSH);  // whatever inflated before an error is the prefix
+  out->resize(room - zs.avail_out);
+  r.bytes = Bytes(out->data(), out->size());
+  r.owned = std::move(out);
   return r;
 } catch (const std::bad_alloc&) {
   return fail(ErrorCode::kLimitExceeded, "out of memory reading record " + std::string(e.name), e.data_offset, e.name);

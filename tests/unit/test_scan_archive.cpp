@@ -122,3 +122,34 @@ TEST_CASE("scan/archive: legacy tar checkpoint: every member's pickles are scann
   CHECK(hidden);
   CHECK(r.verdict == Verdict::kUnsafe);
 }
+
+// Issue 12: a zip without a root folder (npz-like) is read through the zip
+// layer (anomaly no_root_folder), not a second zip walker in the scanner.
+TEST_CASE("scan/archive: a zip without a root folder: the finding comes from the zip layer, members still scanned") {
+  auto r = scan(make_zip({{"payload.pkl", os_system_pickle()}, {"b.bin", Buf(8, '\0')}}));
+  INFO(dump(r));
+  CHECK(has_text(r, Rule::kMalformed, "malformed: file in archive is not in a subdirectory: 'payload.pkl'"));
+  CHECK(has(r, Rule::kImportDangerous, "os.system"));
+  CHECK(r.members == 2);
+  CHECK(r.verdict == Verdict::kUnsafe);
+}
+
+// Issue 12: a stream cut at max_pickle_bytes is a limit finding decided by
+// the machine (PickleOptions::input_cut_at_limit), not by searching the
+// error text for "truncated"; a stream that is truly truncated stays malformed.
+TEST_CASE("scan: a pickle longer than max_pickle_bytes is a limit finding; a truncated one is malformed") {
+  Buf long_pickle = proto(2) + "]";  // EMPTY_LIST, then 50 x (BININT1 1, APPEND)
+  for (int i = 0; i < 50; ++i) long_pickle += binint1(1) + "a";
+  long_pickle += kStop;
+  safeckpt::scan::ScanOptions o;
+  o.run_loader = false;
+  o.limits.max_pickle_bytes = 64;
+  auto r = scan(long_pickle, o);
+  INFO(dump(r));
+  CHECK(has_text(r, Rule::kLimit, "pickle stream longer than max_pickle_bytes (64)"));
+  CHECK_FALSE(has(r, Rule::kMalformed));
+  auto t = scan(long_pickle.substr(0, 64), o);
+  INFO(dump(t));
+  CHECK(has_text(t, Rule::kMalformed, "pickle data truncated"));
+  CHECK_FALSE(has(t, Rule::kLimit));
+}

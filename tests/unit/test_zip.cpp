@@ -12,6 +12,7 @@
 // against CPython's zipfile when a python3 is on PATH and skips otherwise.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -381,7 +382,7 @@ TEST_CASE("zip: crc32_update") {
   CHECK(safeckpt::crc32_update(0, Bytes()) == 0u);
 }
 
-TEST_CASE("zip: duplicate names resolve to the first central entry, like miniz") {
+TEST_CASE("zip: find() returns the first central entry of a duplicated name (the loader refuses duplicates)") {
   Buf f = load(kMlp);
   const Layout l = layout_of(f);
   rename(f, l.entry("/data/1"), "mlp_state_dict/data/0");
@@ -398,6 +399,130 @@ TEST_CASE("zip: duplicate names resolve to the first central entry, like miniz")
   CHECK(st.error().code() == ErrorCode::kMalformed);
   CHECK(st.error().where().record == "mlp_state_dict/data/0");
   CHECK(st.error().message().find("duplicate_name") != std::string::npos);
+}
+
+TEST_CASE("zip: duplicates() names every copy and the copy torch 1.13 reads (miniz emulated)") {
+  // tests/data/zip_duplicates/observed.txt (gen_zip_duplicates.py, torch 1.13):
+  // the copy torch.load read, as a central entry index. Not always the first.
+  struct Obs {
+    const char* file;
+    std::size_t copies;
+    std::int64_t read;
+  };
+  const auto dir = std::filesystem::path(SAFECKPT_TEST_DATA) / "zip_duplicates";
+  for (const Obs& o : {Obs{"dup2.pt", 2, 0}, Obs{"dup3_extra7.pt", 3, 0}, Obs{"dup5.pt", 5, 3}}) {
+    CAPTURE(o.file);
+    const Buf f = load(dir / o.file);
+    auto z = ZipArchive::open(span(f), Limits{});
+    REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
+    REQUIRE(z->duplicates().size() == 1);
+    const safeckpt::ZipDuplicate& d = z->duplicates().front();
+    CHECK(d.copies.size() == o.copies);
+    CHECK(d.copies.front() == 0);
+    CHECK(d.read == o.read);
+    CHECK_FALSE(d.case_only);
+    // One anomaly per copy after the first, each naming the copy PyTorch reads
+    // (the loader's refusal message quotes the first).
+    std::size_t dup_anomalies = 0;
+    for (const auto& a : z->anomalies()) {
+      if (a.kind != ZipAnomalyKind::kDuplicateName) continue;
+      ++dup_anomalies;
+      CHECK_MESSAGE(a.detail.find("reads entry #" + std::to_string(o.read) + " ") != std::string::npos, a.detail);
+    }
+    CHECK(dup_anomalies == o.copies - 1);
+    auto st = z->require_no_anomalies();
+    REQUIRE_FALSE(st.has_value());
+    CHECK_MESSAGE(st.error().message().find("reads entry #" + std::to_string(o.read) + " ") != std::string::npos,
+                  st.error().message());
+    CHECK(st.error().message().find("PyTorch reads the first") == std::string::npos);
+  }
+}
+
+TEST_CASE("zip: names equal but for ASCII case are duplicates (miniz compares ignoring case); the loader refuses") {
+  Buf f = load(kMlp);
+  const Layout l = layout_of(f);
+  rename(f, l.entry("/data/1"), "mlp_state_dict/DATA/0");  // same length as "data/1"
+  auto z = ZipArchive::open(span(f), Limits{});
+  REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
+  REQUIRE(z->duplicates().size() == 1);
+  const safeckpt::ZipDuplicate& d = z->duplicates().front();
+  CHECK(d.case_only);
+  REQUIRE(d.copies.size() == 2);
+  CHECK(z->entries()[d.copies[0]].name == "mlp_state_dict/data/0");
+  CHECK(z->entries()[d.copies[1]].name == "mlp_state_dict/DATA/0");
+  CHECK((d.read == d.copies[0] || d.read == d.copies[1]));
+  REQUIRE(has_anomaly(*z, ZipAnomalyKind::kDuplicateName));
+  // Exact-name lookups still find each copy.
+  CHECK(z->find("data/0") == &z->entries()[d.copies[0]]);
+  CHECK(z->find("DATA/0") == &z->entries()[d.copies[1]]);
+  safeckpt::LoadOptions lo;
+  auto ck = safeckpt::load_bytes(span(f), lo);
+  REQUIRE_FALSE(ck.has_value());
+  CHECK(ck.error().code() == ErrorCode::kMalformed);
+  CHECK_MESSAGE(ck.error().message().find("duplicate_name") != std::string::npos, ck.error().to_string());
+}
+
+TEST_CASE("zip: a first entry without a root folder is anomaly no_root_folder; members stay readable") {
+  Buf f = load(kMlp);
+  const Layout l = layout_of(f);
+  rename(f, l.central[0], "mlp_state_dict_data.pkl");
+  auto z = ZipArchive::open(span(f), Limits{});
+  REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
+  CHECK(z->root().empty());
+  REQUIRE(z->anomalies().size() == 1);  // no kOutsideRoot for the other entries
+  const auto& a = z->anomalies().front();
+  CHECK(a.kind == ZipAnomalyKind::kNoRootFolder);
+  CHECK(a.entry == "mlp_state_dict_data.pkl");
+  CHECK(a.offset == z->entries().front().local_header_offset);
+  CHECK(a.detail == "file in archive is not in a subdirectory: 'mlp_state_dict_data.pkl'");
+  for (const auto& e : z->entries()) CHECK(z->read(e, true).has_value());
+  // PyTorch cannot open it: not a format we read, and the loader refuses it.
+  CHECK(safeckpt::detect_format(span(f), Limits{}) == FileFormat::kUnknown);
+  CHECK(safeckpt::classify_zip(*z) == FileFormat::kOtherZip);
+  auto st = z->require_no_anomalies();
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code() == ErrorCode::kMalformed);
+  CHECK(st.error().message().find("not in a subdirectory") != std::string::npos);
+}
+
+TEST_CASE("zip: read_prefix gives a record's first bytes, stored or deflated") {
+  for (const char* name : {kMlp, kDeflated}) {
+    CAPTURE(name);
+    const Buf f = load(name);
+    auto z = ZipArchive::open(span(f), Limits{});
+    REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
+    for (const auto& e : z->entries()) {
+      CAPTURE(e.name);
+      auto full = z->read(e, true);
+      REQUIRE_MESSAGE(full.has_value(), (full ? "" : full.error().to_string()));
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{512}}) {
+        auto p = z->read_prefix(e, n);
+        REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
+        CHECK(p->bytes.size() == std::min<std::size_t>(n, full->bytes.size()));
+        CHECK(std::equal(p->bytes.begin(), p->bytes.end(), full->bytes.begin()));
+      }
+    }
+  }
+}
+
+TEST_CASE("zip: verify_crc is read()'s CRC check on bytes read without it") {
+  Buf f = load(kMlp);
+  const Layout l = layout_of(f);
+  const auto& c = l.entry("/data/0");
+  put(f, c.at + 16, 4, 0x12345678);  // central CRC-32
+  auto z = ZipArchive::open(span(f), Limits{});
+  REQUIRE_MESSAGE(z.has_value(), (z ? "" : z.error().to_string()));
+  const auto* e = z->find("data/0");
+  REQUIRE(e != nullptr);
+  auto unverified = z->read(*e, false);
+  REQUIRE_MESSAGE(unverified.has_value(), (unverified ? "" : unverified.error().to_string()));
+  auto st = z->verify_crc(*e, unverified->bytes);
+  REQUIRE_FALSE(st.has_value());
+  auto verified = z->read(*e, true);
+  REQUIRE_FALSE(verified.has_value());
+  CHECK(st.error().code() == ErrorCode::kMalformed);
+  CHECK(st.error().to_string() == verified.error().to_string());
+  CHECK(z->verify_crc(*z->find("data/1"), z->read(*z->find("data/1"), false)->bytes).has_value());
 }
 
 TEST_CASE("zip: a CRC mismatch names the record and both CRCs") {
@@ -643,9 +768,10 @@ std::vector<MalformedCase> catalogue() {
           "local extra length into the CD", "local header lengths running past the records", kMlp,
           [](Buf& b, const Layout& l, Limits&) { put(b, l.entry("/serialization_id").lho + 28, 2, 0xFFFF); },
           M::kMalformed),
-      open_error(
+      anomaly(
           "first entry not in a subdirectory", "PyTorch: 'file in archive is not in a subdirectory'", kMlp,
-          [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "mlp_state_dict_data.pkl"); }, M::kMalformed),
+          [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "mlp_state_dict_data.pkl"); },
+          A::kNoRootFolder),
       open_error(
           "empty root folder", "'/data.pkl': PyTorch's reader takes root \"\", its writer refuses it", kMlp,
           [](Buf& b, const Layout& l, Limits&) { rename(b, l.central[0], "/mlp_state_dict_data.pk"); }, M::kMalformed),
@@ -914,10 +1040,10 @@ TEST_CASE("detect/zip: names of enums are distinct") {
   for (int i = 0; i <= static_cast<int>(FileFormat::kUnknown); ++i) {
     ++seen[safeckpt::file_format_name(static_cast<FileFormat>(i))];
   }
-  for (int i = 0; i <= static_cast<int>(ZipAnomalyKind::kGapData); ++i) {
+  for (int i = 0; i <= static_cast<int>(ZipAnomalyKind::kNoRootFolder); ++i) {
     ++seen[safeckpt::zip_anomaly_name(static_cast<ZipAnomalyKind>(i))];
   }
   for (const auto& kv : seen) CHECK_MESSAGE(kv.second == 1, kv.first);
   CHECK(seen.size() ==
-        static_cast<std::size_t>(FileFormat::kUnknown) + 1 + static_cast<std::size_t>(ZipAnomalyKind::kGapData) + 1);
+        static_cast<std::size_t>(FileFormat::kUnknown) + 1 + static_cast<std::size_t>(ZipAnomalyKind::kNoRootFolder) + 1);
 }
