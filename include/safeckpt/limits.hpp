@@ -20,7 +20,7 @@
 //   adam_50k.pt, 50,000 parameters + their Adam state_dict:
 //     data.pkl 17,677,368 bytes, 6,450,382 opcodes, 1,550,033 memo puts.
 // max_memory_bytes needed to load them (SAFECKPT_MEMBUDGET_PROBE in
-// tests/unit/test_membudget.cpp): sd_100k.pt 481 MiB (fits, 6% spare), adam_50k.pt
+// tests/checkpoint/test_membudget.cpp): sd_100k.pt 481 MiB (fits, 6% spare), adam_50k.pt
 // 998 MiB (250,000 tensors: raise max_memory_bytes); many_tensors.pt 16 MiB.
 //
 // Worst-case peak memory of one load() under the default Limits:

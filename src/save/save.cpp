@@ -55,7 +55,7 @@ Status write_zip(const std::function<Status(Bytes)>& write, const Checkpoint& ck
 // protocol 2: MAGIC_NUMBER (LONG1), PROTOCOL_VERSION 1001, and sys_info
 // {'protocol_version': 1001, 'little_endian': True, 'type_sizes':
 // {'short': 2, 'int': 4, 'long': 4}} (serialization.py's constants).
-// tests/unit/test_save_legacy.cpp compares them with files PyTorch wrote.
+// tests/save/test_save_legacy.cpp compares them with files PyTorch wrote.
 void legacy_header(std::vector<std::uint8_t>& out) {
   static constexpr std::uint8_t kMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
                                             0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, '.'};
