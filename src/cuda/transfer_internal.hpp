@@ -198,17 +198,8 @@ struct EngineState {
 
   ~EngineState();
 
-  // Pins the ring in the background (started by create()). Measured on the
-  // H200 machine (bench/pin_bench.cpp, bench/RESULTS.md): cudaHostAlloc
-  // faults its pages in while holding the driver's lock, 2.4-3.1 ms per
-  // 4 MiB, and copies issued from other threads stall for all of it; the
-  // page faults themselves are most of that cost. So: one anonymous mapping
-  // advised for transparent huge pages (MADV_HUGEPAGE; 2.5x cheaper faults),
-  // first-touched by several threads at once (no CUDA call, nothing stalls),
-  // then cudaHostRegister per slot in slot order (0.15 ms per touched 4 MiB),
-  // each slot published to the readers as soon as it is registered. A new
-  // engine's first load starts copying after the first slot instead of after
-  // the whole ring. On any failure the rest is left to the lazy path.
+  // Pins the ring in the background (started by create()); why this way:
+  // pinned_ring.cpp.
   void prepare_ring();
 
   // Touches slots [0, n) of `base` on helper threads and registers each, in
@@ -220,10 +211,7 @@ struct EngineState {
   void release_event(cudaEvent_t e);
 
   // Returns a slot, pinning a new one when none is free and the ring has room,
-  // or nullptr when `stop` became true while waiting. One reader pins at a
-  // time: the driver serializes pinning anyway (32 x 8 MiB took 0.155 s one
-  // after another and 0.115 s from 8 threads), and staggered slots start
-  // moving bytes as each one is ready instead of all at the end.
+  // or nullptr when `stop` became true while waiting (pinned_ring.cpp).
   Result<Slot*> acquire_slot(const std::atomic<bool>& stop);
   void release_slot(Slot* s);
 };
