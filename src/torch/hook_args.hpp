@@ -1,6 +1,6 @@
 // src/torch/hook_args.hpp — helpers the torch object model's files share
-// (not installed): argument readers for rebuild/numpy calls, checked
-// arithmetic. The object model's rules: src/torch/object_model.hpp.
+// (not installed): argument readers for rebuild/numpy calls. The object
+// model's rules: src/torch/object_model.hpp; checked arithmetic: util/bytes.hpp.
 //
 //   object_model.cpp  node and budget bookkeeping, globals, call/new_object/build dispatch
 //   rebuild.cpp       torch._utils rebuild functions, sets, torch.device
@@ -20,17 +20,6 @@ namespace safeckpt::hook_args {
 
 inline Unexpected bad_args(std::string_view fn, std::string_view what) {
   return make_error(ErrorCode::kMalformed, std::string(fn) + ": " + std::string(what));
-}
-
-inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
-  if (a != 0 && b > UINT64_MAX / a) return false;
-  out = a * b;
-  return true;
-}
-inline bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
-  if (b > UINT64_MAX - a) return false;
-  out = a + b;
-  return true;
 }
 
 struct Args {

@@ -6,12 +6,13 @@
 
 #include "torch/hook_args.hpp"
 #include "torch/object_model.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 
 using hook_args::Args;
 using hook_args::bad_args;
-using hook_args::checked_mul;
+using util::checked_mul;
 
 // numpy values (allowlist/numpy.allow), as numpy's own __reduce__ writes them:
 //   numpy.dtype(code, False, True) + BUILD (3, order, None, None, None, -1, -1, 0)

@@ -4,11 +4,12 @@
 
 #include "torch/hook_args.hpp"
 #include "torch/object_model.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 
-using hook_args::checked_add;
-using hook_args::checked_mul;
+using util::checked_add;
+using util::checked_mul;
 
 Status TorchHooks::check_view(const TensorInfo& t, std::uint64_t storage_nbytes) const {
   // Mirrors at::native::checkSetStorage / computeStorageNbytes (and the
