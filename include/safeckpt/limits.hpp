@@ -6,15 +6,14 @@
 // above what real checkpoints need (survey below) and small enough that a
 // 2-core / 24 GiB CI machine survives a hostile file.
 //
-// Survey the defaults were checked against (every data.pkl in
-// tests/data/corpus/torch-2.11 and torch-1.13 and ../shared/corpus, measured
-// with Python's pickletools on 2026-11-29 and 2026-12-01):
+// What real files need, which the defaults were checked against (every
+// data.pkl in tests/data/corpus/torch-2.11 and torch-1.13 and
+// ../shared/corpus; how and when it was surveyed: bench/RESULTS.md):
 //   largest data.pkl 309,142 bytes with 96,017 opcodes, 24,006 memo puts and
 //   3,000 persistent ids (many_tensors.pt: 3000 fp16 tensors); longest
 //   string 70,000 bytes (python_values.pt); deepest MARK nesting 6
 //   (torch-1.13/optimizer_states.pt); most zip entries 3,006.
-// Big realistic files written with Debian's PyTorch 1.13 by
-// bench/membudget_survey.py (2026-12-01; not committed, 32 and 56 MB):
+// Big realistic files written with Debian's PyTorch 1.13 (32 and 56 MB):
 //   sd_100k.pt, a 100,000-tensor state_dict with transformer-style names:
 //     data.pkl 12,477,346 bytes, 3,000,211 opcodes, 800,006 memo puts;
 //   adam_50k.pt, 50,000 parameters + their Adam state_dict:
@@ -106,9 +105,6 @@ struct Limits {
   std::uint64_t max_zip_name_bytes = 4096;
   // Legacy sequential-pickle format: storages in the file.
   std::uint64_t max_legacy_storages = 1u << 20;
-  // Depth of nested value trees when emitting JSON / comparing; iteration is
-  // explicit-stack, this only bounds output size for hostile shared graphs.
-  std::uint64_t max_output_nodes = 64u << 20;
 };
 
 // The running total of bytes charged against Limits::max_memory_bytes for one
