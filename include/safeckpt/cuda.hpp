@@ -57,8 +57,8 @@ inline constexpr std::uint64_t kArenaAlignment = 256;
 // error is swallowed: callers use this to decide whether to skip).
 int device_count() noexcept;
 
-// "NVIDIA H200, sm_90, 139.8 GiB, driver 13.0, runtime 13.0" or an error
-// (kDevice) for a bad index.
+// "<name>, sm_<major><minor>, <memory> GiB, driver <x.y>, runtime <x.y>", or
+// an error (kDevice) for a bad index.
 Result<std::string> device_description(int device);
 
 // Bytes free and total on `device` (cudaMemGetInfo). Creates the context if
@@ -73,8 +73,7 @@ Result<DeviceMemory> device_memory(int device);
 // result) from one pinned buffer of min(256 MiB, max(bytes, chunk_bytes)) to device memory in
 // `chunk_bytes` cudaMemcpyAsync calls spread round-robin over `streams`
 // streams; returns the median GB/s of 3 runs after a warm-up run. What the
-// transfer engine is compared against (docs/gpu-loading.md: 55 GB/s on the
-// H200 machine). Errors: kInvalidArgument (zero sizes, streams > 64),
+// transfer engine is compared against (docs/gpu-loading.md). Errors: kInvalidArgument (zero sizes, streams > 64),
 // kDevice (any CUDA call; memory is freed first).
 Result<double> measure_pinned_h2d(int device, std::uint64_t bytes, unsigned streams = 4,
                                   std::uint64_t chunk_bytes = 16ull << 20);
@@ -115,10 +114,8 @@ enum class IoMode : std::uint8_t {
   // of it from the reader threads, copy straight from the mapping, unregister
   // each block when its copies are done. No staging copy; pages fault in from
   // the page cache (or disk) during registration. Falls back to kPread when
-  // the device cannot register read-only memory. Measured 7.8-10 GB/s warm
-  // on the H200 machine against 34-45 for kPread in the same runs
-  // (registration dominates),
-  // which is why kAuto never picks it.
+  // the device cannot register read-only memory. Registration dominates its
+  // cost, which is why kAuto never picks it (bench/RESULTS.md has the runs).
   kMmapRegister = 3,
 };
 std::string_view io_mode_name(IoMode mode) noexcept;
@@ -133,22 +130,18 @@ struct TransferOptions {
   // slot); a load uses each slot as soon as it is pinned, so a new engine's
   // first load does not wait for the whole ring. If that path fails, the
   // remaining slots are pinned lazily with cudaHostAlloc when every slot is
-  // busy. Slots stay pinned until the engine is destroyed. On the H200
-  // machine the default ring was pinned 10-27 ms after engine creation this
-  // way (6-8 ms without the 50 us pause between slots that lets other CUDA
-  // calls through), against 73-98 ms of cudaHostAlloc (bench/RESULTS.md).
+  // busy. Slots stay pinned until the engine is destroyed. A short pause
+  // between slots lets other threads' CUDA calls through.
   // Default 128 MiB (31 slots of 4 MiB + 8 KiB); host memory stays bounded
-  // by it. Bigger is not faster: there (300 MiB L3), 256 and 512 MiB rings
-  // moved 35-41 GB/s against 40-46 for 128 MiB in the same sweep, and
-  // 16-64 MiB rings 18-37 GB/s. >= chunk_bytes, <= 16 GiB.
+  // by it. Bigger rings were not faster, smaller ones slower
+  // (bench/RESULTS.md, ring sweeps). >= chunk_bytes, <= 16 GiB.
   std::uint64_t ring_bytes = 128ull << 20;
   // Bytes per read / per cudaMemcpyAsync. A multiple of 4096, 64 KiB..1 GiB.
-  // 4 MiB: on the H200 machine 4 MiB beat 8 and 16 MiB in both runs (45 vs
-  // 43 vs 39 GB/s; 38 vs 32 vs -), 2 MiB was as fast (bench/RESULTS.md).
+  // Default 4 MiB: the fastest in the chunk sweeps (bench/RESULTS.md).
   std::uint64_t chunk_bytes = 4ull << 20;
   // Reader threads; 0 = min(16, hardware threads). One page-cache pread
-  // thread moves ~3 GB/s, so 12-16 are needed to approach the PCIe link
-  // (8 readers 38 GB/s, 12-16 readers 38-45 GB/s; 24 no better). At most 256.
+  // thread moves far less than the PCIe link, so several are needed to
+  // approach it (reader sweeps in bench/RESULTS.md). At most 256.
   unsigned reader_threads = 0;
   // CUDA streams the copies are spread over. 1..64.
   unsigned streams = 4;
@@ -156,12 +149,9 @@ struct TransferOptions {
   // Stage every chunk in a reader's own pageable buffer instead of the
   // pinned ring: no ring is pinned (kMmapRegister still registers file
   // pages; it does not stage), the copy goes through the driver's own staging
-  // memory and the reader waits for it before reusing its buffer. Measured on the H200
-  // machine (bench/RESULTS.md): 8.5-11 GB/s against 45 with the ring, and
-  // no faster to the first tensor (29-56 ms); staging in pageable memory only
-  // while the ring was still being pinned was worse still (cudaHostAlloc
-  // stalled behind the pageable copies: 3 slots in 465 ms). For hosts where
-  // pinned memory must not be used.
+  // memory and the reader waits for it before reusing its buffer. Slower than
+  // the ring and no faster to the first tensor (bench/RESULTS.md). For hosts
+  // where pinned memory must not be used.
   bool pageable_staging = false;
   // Compare each storage's CRC-32 with StorageSource::expected_crc32 (when
   // nonzero; storages without one, e.g. safetensors, are not hashed). Costs
@@ -241,16 +231,16 @@ class DeviceArena {
 };
 
 // Streams, events and the pinned ring for one device, reused across loads
-// (pinning costs ~0.1 ms per MiB even the fast way, see ring_bytes).
+// (pinning is costly even the fast way, see ring_bytes).
 // Move-only; a moved-from engine may only be destroyed or assigned to. One
 // load() at a time per engine (calls are serialized internally). While the
 // ring is being pinned, other threads' CUDA calls may wait for each slot's
-// cudaHostRegister (it holds the driver's lock): 0.15-0.3 ms per slot, the
-// first up to ~3 ms; on the cudaHostAlloc fallback, 2-3 ms per slot.
+// cudaHostRegister (it holds the driver's lock), longer on the cudaHostAlloc
+// fallback (bench/RESULTS.md).
 class TransferEngine {
  public:
   // Validates options, creates the device's CUDA context if there is none
-  // yet (~100-140 ms on the H200 machine) and the streams, and starts pinning
+  // yet (the slow part of create) and the streams, and starts pinning
   // the staging ring on a background thread (not with pageable_staging; it
   // uses up to 8 short-lived helper threads); returns without waiting for
   // it. The caller's current device is left as it was. The destructor stops

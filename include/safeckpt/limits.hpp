@@ -6,21 +6,20 @@
 // above what real checkpoints need (survey below) and small enough that a
 // 2-core / 24 GiB CI machine survives a hostile file.
 //
-// Survey the defaults were checked against (every data.pkl in
-// tests/data/corpus/torch-2.11 and torch-1.13 and ../shared/corpus, measured
-// with Python's pickletools on 2026-11-29 and 2026-12-01):
+// What real files need, which the defaults were checked against (every
+// data.pkl in tests/data/corpus/torch-2.11 and torch-1.13 and
+// ../shared/corpus; how and when it was surveyed: bench/RESULTS.md):
 //   largest data.pkl 309,142 bytes with 96,017 opcodes, 24,006 memo puts and
 //   3,000 persistent ids (many_tensors.pt: 3000 fp16 tensors); longest
 //   string 70,000 bytes (python_values.pt); deepest MARK nesting 6
 //   (torch-1.13/optimizer_states.pt); most zip entries 3,006.
-// Big realistic files written with Debian's PyTorch 1.13 by
-// bench/membudget_survey.py (2026-12-01; not committed, 32 and 56 MB):
+// Big realistic files written with Debian's PyTorch 1.13 (32 and 56 MB):
 //   sd_100k.pt, a 100,000-tensor state_dict with transformer-style names:
 //     data.pkl 12,477,346 bytes, 3,000,211 opcodes, 800,006 memo puts;
 //   adam_50k.pt, 50,000 parameters + their Adam state_dict:
 //     data.pkl 17,677,368 bytes, 6,450,382 opcodes, 1,550,033 memo puts.
 // max_memory_bytes needed to load them (SAFECKPT_MEMBUDGET_PROBE in
-// tests/unit/test_membudget.cpp): sd_100k.pt 481 MiB (fits, 6% spare), adam_50k.pt
+// tests/checkpoint/test_membudget.cpp): sd_100k.pt 481 MiB (fits, 6% spare), adam_50k.pt
 // 998 MiB (250,000 tensors: raise max_memory_bytes); many_tensors.pt 16 MiB.
 //
 // Worst-case peak memory of one load() under the default Limits:

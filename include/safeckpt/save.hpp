@@ -81,7 +81,7 @@ struct SaveOptions {
   // several dtypes or as a dtype without a legacy storage class (uint16/32/
   // 64, float8, bits...), and one whose bytes are not a whole number of
   // elements of its dtype. Read back by
-  // PyTorch 1.13 and 2.11 with weights_only=True (tests/unit/test_save_legacy.cpp,
+  // PyTorch 1.13 and 2.11 with weights_only=True (tests/save/test_save_legacy.cpp,
   // tests/interop/README.md).
   bool legacy_format = false;
   // Saved device of every storage; empty keeps each storage's own location

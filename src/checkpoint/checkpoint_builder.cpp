@@ -3,19 +3,17 @@
 #include <limits>
 
 #include "safeckpt/builder.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
+
+using util::checked_add;
+using util::checked_mul;
 
 namespace {
 
 Unexpected invalid(std::string msg) {
   return make_error(ErrorCode::kInvalidArgument, std::move(msg));
-}
-
-bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return true;
-  out = a * b;
-  return false;
 }
 
 }  // namespace
@@ -33,14 +31,13 @@ std::optional<std::uint64_t> strided_extent_bytes(const std::vector<std::int64_t
   std::uint64_t last = static_cast<std::uint64_t>(storage_offset);
   for (std::size_t i = 0; i < shape.size(); ++i) {
     std::uint64_t span = 0;
-    if (mul_overflows(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(stride[i]), span))
+    if (!checked_mul(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(stride[i]), span) ||
+        !checked_add(last, span, last))
       return std::nullopt;
-    if (span > std::numeric_limits<std::uint64_t>::max() - last) return std::nullopt;
-    last += span;
   }
   if (last == std::numeric_limits<std::uint64_t>::max()) return std::nullopt;
   std::uint64_t bytes = 0;
-  if (mul_overflows(last + 1, element_size, bytes)) return std::nullopt;
+  if (!checked_mul(last + 1, element_size, bytes)) return std::nullopt;
   return bytes;
 }
 
@@ -263,10 +260,10 @@ Result<std::uint64_t> state_dict_nbytes(DType dtype, const std::vector<std::int6
   std::uint64_t n = 1;
   for (auto d : shape) {
     if (d < 0) return invalid("state_dict tensor: negative size");
-    if (mul_overflows(n, static_cast<std::uint64_t>(d), n)) return invalid("state_dict tensor: numel overflows");
+    if (!checked_mul(n, static_cast<std::uint64_t>(d), n)) return invalid("state_dict tensor: numel overflows");
   }
   std::uint64_t bytes = 0;
-  if (dtype >= DType::kCount_ || mul_overflows(n, dtype_size(dtype), bytes))
+  if (dtype >= DType::kCount_ || !checked_mul(n, dtype_size(dtype), bytes))
     return invalid("state_dict tensor: bad dtype or size overflow");
   if (bytes != have)
     return invalid("state_dict tensor: " + std::to_string(have) + " bytes given, shape and dtype need " +

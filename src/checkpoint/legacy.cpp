@@ -19,6 +19,7 @@
 
 #include "checkpoint/builder.hpp"
 #include "torch/object_model.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -124,8 +125,7 @@ Result<Checkpoint> load_legacy(LoadBuilder& b, Bytes file, const LoadOptions& op
     if (file.size() - pos < 8)
       return make_error(ErrorCode::kMalformed, "truncated storage data for key '" + s.key + "'",
                         Location{s.record, pos});
-    std::uint64_t count = 0;
-    for (int i = 0; i < 8; ++i) count |= std::uint64_t{file[pos + static_cast<std::uint64_t>(i)]} << (8 * i);
+    const std::uint64_t count = util::load_le<std::uint64_t>(file.data() + pos);
     std::uint64_t es = dtype_size(s.dtype);
     if (count != s.nbytes / es)
       return make_error(ErrorCode::kMalformed,

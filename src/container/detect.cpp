@@ -27,6 +27,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "util/bytes.hpp"
+
 namespace safeckpt {
 namespace {
 
@@ -59,8 +61,7 @@ constexpr std::string_view kPickleFirstOpcodes = "(NIJKMLFGSTUVXPc]})";
 // safetensors: u64le header length N, then N bytes of JSON starting with '{'.
 bool is_safetensors(Bytes f) noexcept {
   if (f.size() < 9) return false;
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | f[static_cast<std::size_t>(i)];
+  const std::uint64_t n = util::load_le<std::uint64_t>(f.data());
   return n >= 2 && n <= f.size() - 8 && f[8] == '{';
 }
 

@@ -11,7 +11,7 @@
 // Chromium zlib's crc32_simd.c). Lengths below 64 and the < 16-byte tail go
 // to zlib. Runtime dispatch on PCLMULQDQ + SSE4.1; other CPUs use zlib.
 // Tested against zlib's crc32 on random lengths and alignments
-// (tests/unit/test_cuda.cpp).
+// (tests/cuda/test_cuda.cpp).
 #include <zlib.h>
 
 #include <cstddef>

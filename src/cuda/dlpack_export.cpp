@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "safeckpt/cuda.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt::cuda {
 namespace {
@@ -60,13 +61,13 @@ Status fill_tensor(const TensorView& v, DLTensor& t, std::int64_t* shape, std::i
     std::uint64_t last = static_cast<std::uint64_t>(v.storage_offset);
     for (std::size_t i = 0; i < v.shape.size(); ++i) {
       std::uint64_t step = 0;
-      if (__builtin_mul_overflow(static_cast<std::uint64_t>(v.shape[i] - 1), static_cast<std::uint64_t>(v.strides[i]),
-                                 &step) ||
-          __builtin_add_overflow(last, step, &last))
+      if (!util::checked_mul(static_cast<std::uint64_t>(v.shape[i] - 1), static_cast<std::uint64_t>(v.strides[i]),
+                             step) ||
+          !util::checked_add(last, step, last))
         return make_error(ErrorCode::kMalformed, "view extent overflows 64 bits");
     }
     std::uint64_t need = 0;
-    if (__builtin_add_overflow(last, 1, &need) || __builtin_mul_overflow(need, itemsize, &need))
+    if (!util::checked_add(last, 1, need) || !util::checked_mul(need, itemsize, need))
       return make_error(ErrorCode::kMalformed, "view extent overflows 64 bits");
     if (need > v.storage_nbytes)
       return make_error(ErrorCode::kMalformed, "view needs " + std::to_string(need) +

@@ -1,6 +1,6 @@
 // Internal, for tests: how many times run_pickle() has started on the
 // calling thread. The scanner promises one machine run per pickle stream
-// (issue 12); tests/unit/test_scan_runs.cpp holds it to that.
+// (issue 12); tests/scanner/test_scan_runs.cpp holds it to that.
 #pragma once
 
 #include <cstdint>

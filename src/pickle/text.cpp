@@ -188,7 +188,7 @@ std::optional<std::string> raw_unicode_escape_decode(std::string_view in) {
 // ---- CPython's readings of textual number operands ---------------------------
 // What Modules/_pickle.c does with the text of INT, LONG, FLOAT, GET and PUT
 // (CPython 3.11, observed with Debian's /usr/bin/python3; see
-// tests/unit/test_scan_text_operands.cpp): the line is a C string, so a NUL
+// tests/scanner/test_scan_text_operands.cpp): the line is a C string, so a NUL
 // ends it; load_int tries strtol(s, &end, 0) and accepts it when `end` is at
 // the '\n' or a NUL (a 2-character line of value 0 or 1 is a bool), else
 // falls back to int(s, 0); load_long drops a final 'L' and uses int(s, 0);

@@ -18,6 +18,7 @@
 
 #include "safeckpt/json.hpp"
 #include "safetensors/internal.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -26,22 +27,11 @@ Unexpected unsupported(std::string msg) {
   return make_error(ErrorCode::kUnsupported, "safetensors: " + std::move(msg));
 }
 
+// JSON string of `s`: every control character as \u00xx.
 std::string json_quote(std::string_view s) {
-  static const char* hex = "0123456789abcdef";
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"')
-      out += "\\\"";
-    else if (c == '\\')
-      out += "\\\\";
-    else if (c < 0x20) {
-      out += "\\u00";
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    } else
-      out.push_back(static_cast<char>(c));
-  }
-  return out + "\"";
+  std::string out;
+  util::append_json_string(out, s, util::JsonControls::kUnicode);
+  return out;
 }
 
 struct Encoded {
@@ -75,7 +65,7 @@ Encoded encode(const ValueArena& a, NodeId root, std::uint64_t budget) {
         return true;
       }
       case Kind::kStr:
-        if (!st_valid_utf8(n.text)) {
+        if (!util::valid_utf8(n.text)) {
           e.unrepresentable = "str (not valid UTF-8)";
           return false;
         }

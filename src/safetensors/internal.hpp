@@ -12,7 +12,6 @@ namespace safeckpt {
 
 // Position of a dtype in the reference's Dtype enum (-1 if unknown).
 int safetensors_dtype_rank(std::string_view name) noexcept;
-bool st_valid_utf8(std::string_view s);
 // JSON with duplicate keys and nesting deeper than max_depth refused.
 Result<nlohmann::ordered_json> parse_strict_json(std::string_view text, std::size_t max_depth, std::string_view what);
 // Adds one safetensors tensor (zero-copy) to `b`; `out` = its kTensor node.

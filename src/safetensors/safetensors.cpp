@@ -18,6 +18,7 @@
 
 #include "safeckpt/builder.hpp"
 #include "safetensors/internal.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -67,39 +68,6 @@ Unexpected malformed(std::string msg) {
   return make_error(ErrorCode::kMalformed, "safetensors: " + std::move(msg));
 }
 
-bool valid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const std::size_t n = s.size();
-  std::size_t i = 0;
-  while (i < n) {
-    unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len;
-    std::uint32_t cp;
-    if ((c & 0xE0) == 0xC0)
-      len = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0)
-      len = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0)
-      len = 4, cp = c & 0x07;
-    else
-      return false;
-    if (i + len > n) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-    i += len;
-  }
-  return true;
-}
-
 struct JsonReject {
   std::string why;
 };
@@ -123,10 +91,6 @@ int safetensors_dtype_rank(std::string_view name) noexcept {
   for (std::size_t i = 0; i < kDtypes.size(); ++i)
     if (kDtypes[i].name == name) return static_cast<int>(i);
   return -1;
-}
-
-bool st_valid_utf8(std::string_view s) {
-  return valid_utf8(s);
 }
 
 // Parses JSON text refusing duplicate keys (at every level) and nesting
@@ -166,7 +130,7 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
   if (b.size() < 8)
     return malformed("file of " + std::to_string(b.size()) + " bytes is shorter than the 8-byte header length");
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | b[static_cast<std::size_t>(i)];
+  n = util::load_le<std::uint64_t>(b.data());
   if (n > opt.max_header_bytes)
     return make_error(ErrorCode::kLimitExceeded, "safetensors: header of " + std::to_string(n) +
                                                      " bytes exceeds max_header_bytes " +
@@ -177,7 +141,7 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
   if (n < 2) return malformed("header of " + std::to_string(n) + " bytes cannot hold a JSON object");
   std::string_view text(reinterpret_cast<const char*>(b.data() + 8), static_cast<std::size_t>(n));
   if (text[0] != '{') return malformed("header does not start with '{'");
-  if (!valid_utf8(text)) return malformed("header is not valid UTF-8");
+  if (!util::valid_utf8(text)) return malformed("header is not valid UTF-8");
   // The JSON tree is charged to limits.max_memory_bytes before it is built
   // (MemoryBudget::kJsonBytesPerByte bounds the tree per header byte), and
   // so is each tensor's metadata as it is listed.
@@ -384,7 +348,7 @@ Result<Checkpoint> load_safetensors_bytes(Bytes data, const SafetensorsOptions& 
 Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const SafetensorsOptions& options) {
   if (text.size() > options.max_header_bytes)
     return make_error(ErrorCode::kLimitExceeded, "safetensors index: larger than max_header_bytes");
-  if (!valid_utf8(text)) return malformed("index is not valid UTF-8");
+  if (!util::valid_utf8(text)) return malformed("index is not valid UTF-8");
   SAFECKPT_TRY(json root, parse_strict_json(text, 64, "index"));
   if (!root.is_object()) return malformed("index is not a JSON object");
   if (!root.contains("weight_map") || !root["weight_map"].is_object())

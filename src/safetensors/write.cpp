@@ -5,6 +5,7 @@
 #include <set>
 
 #include "safetensors/internal.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -16,28 +17,7 @@ Unexpected invalid(std::string msg) {
 // serde_json's string escaping: \" \\ \b \f \n \r \t, other controls as
 // \u00xx (lower-case hex); everything else, non-ASCII included, verbatim.
 void json_string(std::string& out, std::string_view s) {
-  static const char* hex = "0123456789abcdef";
-  out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out.push_back(hex[c >> 4]);
-          out.push_back(hex[c & 15]);
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out.push_back('"');
+  util::append_json_string(out, s, util::JsonControls::kSerde);
 }
 
 }  // namespace
@@ -48,7 +28,7 @@ Result<std::vector<std::uint8_t>> safetensors_header(std::vector<SafetensorsEntr
   std::set<std::string> names;
   for (const auto& e : entries) {
     if (e.name.empty() || e.name == "__metadata__") return invalid("invalid tensor name \"" + e.name + "\"");
-    if (!st_valid_utf8(e.name)) return invalid("tensor name is not valid UTF-8");
+    if (!util::valid_utf8(e.name)) return invalid("tensor name is not valid UTF-8");
     if (!names.insert(e.name).second) return invalid("duplicate tensor name \"" + e.name + "\"");
     const std::uint32_t bits = safetensors_dtype_bits(e.dtype);
     if (bits == 0) return invalid("unknown dtype \"" + e.dtype + "\" for \"" + e.name + "\"");
@@ -84,7 +64,8 @@ Result<std::vector<std::uint8_t>> safetensors_header(std::vector<SafetensorsEntr
       if (!keys.insert(kv.first).second) return invalid("duplicate __metadata__ key \"" + kv.first + "\"");
     h += "\"__metadata__\":{";
     for (std::size_t i = 0; i < md.size(); ++i) {
-      if (!st_valid_utf8(md[i].first) || !st_valid_utf8(md[i].second)) return invalid("metadata is not valid UTF-8");
+      if (!util::valid_utf8(md[i].first) || !util::valid_utf8(md[i].second))
+        return invalid("metadata is not valid UTF-8");
       if (i) h.push_back(',');
       json_string(h, md[i].first);
       h.push_back(':');
@@ -112,7 +93,7 @@ Result<std::vector<std::uint8_t>> safetensors_header(std::vector<SafetensorsEntr
   h.append((8 - h.size() % 8) % 8, ' ');
   std::vector<std::uint8_t> out(8 + h.size());
   const std::uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(n >> (8 * i));
+  util::store_le(out.data(), n);
   std::copy(h.begin(), h.end(), out.begin() + 8);
   return out;
 }

@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include "safeckpt/allowlist.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -180,9 +181,7 @@ class Pickler {
 
   // ---- output primitives ----
   void emit(std::uint8_t b) { out_.push_back(b); }
-  void emit32(std::uint32_t x) {
-    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<std::uint8_t>(x >> (8 * i)));
-  }
+  void emit32(std::uint32_t x) { util::append_le(out_, x); }
   void emit_bytes(std::string_view s) { out_.insert(out_.end(), s.begin(), s.end()); }
   Status memoize(std::uint32_t& slot_out) {
     if (memo_count_ == 0xFFFFFFFFu) return unsupported("save: more than 2^32-1 memo entries");
@@ -218,7 +217,7 @@ class Pickler {
       emit32(static_cast<std::uint32_t>(v));
     } else {
       std::vector<std::uint8_t> b(8);
-      for (int i = 0; i < 8; ++i) b[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i));
+      util::store_le(b.data(), static_cast<std::uint64_t>(v));
       while (b.size() > 1) {
         std::uint8_t last = b.back(), prev = b[b.size() - 2];
         if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80)))
@@ -308,14 +307,7 @@ class Pickler {
       case Op::kLatin1: {
         std::string utf8;
         utf8.reserve(act.text.size() * 2);
-        for (unsigned char ch : act.text) {
-          if (ch < 0x80) {
-            utf8.push_back(static_cast<char>(ch));
-          } else {
-            utf8.push_back(static_cast<char>(0xC0 | (ch >> 6)));
-            utf8.push_back(static_cast<char>(0x80 | (ch & 0x3F)));
-          }
-        }
+        for (unsigned char ch : act.text) util::append_utf8(utf8, ch);
         return write_str(utf8);
       }
       case Op::kGlobal: return write_global(act.text);

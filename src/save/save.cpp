@@ -7,6 +7,7 @@
 
 #include "save/pickler.hpp"
 #include "save/zip_writer.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -55,7 +56,7 @@ Status write_zip(const std::function<Status(Bytes)>& write, const Checkpoint& ck
 // protocol 2: MAGIC_NUMBER (LONG1), PROTOCOL_VERSION 1001, and sys_info
 // {'protocol_version': 1001, 'little_endian': True, 'type_sizes':
 // {'short': 2, 'int': 4, 'long': 4}} (serialization.py's constants).
-// tests/unit/test_save_legacy.cpp compares them with files PyTorch wrote.
+// tests/save/test_save_legacy.cpp compares them with files PyTorch wrote.
 void legacy_header(std::vector<std::uint8_t>& out) {
   static constexpr std::uint8_t kMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
                                             0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, '.'};
@@ -69,7 +70,7 @@ void legacy_header(std::vector<std::uint8_t>& out) {
   };
   auto str = [&](std::string_view t) {
     out.push_back('X');
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(t.size() >> (8 * i)));
+    util::append_le(out, static_cast<std::uint32_t>(t.size()));
     out.insert(out.end(), t.begin(), t.end());
     put();
   };
@@ -109,7 +110,7 @@ std::vector<std::uint8_t> legacy_key_list(const std::vector<std::string>& keys) 
       out.push_back(static_cast<std::uint8_t>(memo));
     } else {
       out.push_back('r');
-      for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(memo >> (8 * i)));
+      util::append_le(out, memo);
     }
     ++memo;
   };
@@ -120,7 +121,7 @@ std::vector<std::uint8_t> legacy_key_list(const std::vector<std::string>& keys) 
     if (!single) out.push_back('(');
     for (std::size_t i = b; i < b + n; ++i) {
       out.push_back('X');
-      for (int j = 0; j < 4; ++j) out.push_back(static_cast<std::uint8_t>(keys[i].size() >> (8 * j)));
+      util::append_le(out, static_cast<std::uint32_t>(keys[i].size()));
       out.insert(out.end(), keys[i].begin(), keys[i].end());
       put();
     }
@@ -163,7 +164,7 @@ Status write_legacy(const std::function<Status(Bytes)>& write, const Checkpoint&
     // THPStorage_writeFileRaw: int64 numel in the storage's dtype, then the bytes.
     const std::uint64_t numel = pk.numels[k];
     std::uint8_t count[8];
-    for (int i = 0; i < 8; ++i) count[i] = static_cast<std::uint8_t>(numel >> (8 * i));
+    util::store_le(count, numel);
     SAFECKPT_CHECK(write(Bytes(count, 8)));
     SAFECKPT_CHECK(write(s.bytes));
   }

@@ -6,21 +6,22 @@
 #include <zlib.h>
 
 #include "safeckpt/save.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
 
 constexpr std::uint64_t kU32Max = 0xFFFFFFFFu;
 
+// Little-endian fields, truncated to their width as the callers expect.
 void put16(std::vector<std::uint8_t>& v, std::uint64_t x) {
-  v.push_back(static_cast<std::uint8_t>(x));
-  v.push_back(static_cast<std::uint8_t>(x >> 8));
+  util::append_le(v, static_cast<std::uint16_t>(x));
 }
 void put32(std::vector<std::uint8_t>& v, std::uint64_t x) {
-  for (int i = 0; i < 4; ++i) v.push_back(static_cast<std::uint8_t>(x >> (8 * i)));
+  util::append_le(v, static_cast<std::uint32_t>(x));
 }
 void put64(std::vector<std::uint8_t>& v, std::uint64_t x) {
-  for (int i = 0; i < 8; ++i) v.push_back(static_cast<std::uint8_t>(x >> (8 * i)));
+  util::append_le(v, x);
 }
 
 // miniz mz_zip_writer_create_zip64_extra_data: id 1, then the 64-bit fields

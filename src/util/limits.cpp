@@ -35,7 +35,6 @@ Limits fuzz_limits() noexcept {
   l.max_memory_bytes = 64u << 20;
   l.max_zip_name_bytes = 1024;
   l.max_legacy_storages = 1u << 12;
-  l.max_output_nodes = 1u << 18;
   return l;
 }
 

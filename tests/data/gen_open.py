@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Real files for tests/unit/test_open.cpp (the format dispatcher, safeckpt::open).
+"""Real files for tests/open/test_open.cpp (the format dispatcher, safeckpt::open).
 
 Run with Debian's Python (3.11, PyTorch 1.13 installed as python3-torch):
     /usr/bin/python3 tests/data/gen_open.py

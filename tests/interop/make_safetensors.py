@@ -18,7 +18,7 @@ Writes, with safetensors.torch.save_file (its Rust core orders tensors and pads 
   model-0000{1,2}-of-00002.safetensors + model.safetensors.index.json   a sharded checkpoint
   expected.json           for every file: tensors {name: {dtype, shape, sha256}} and metadata,
                           plus the versions used
-tests/unit/test_safetensors.cpp reads the directory when present: every file must parse, give
+tests/safetensors/test_safetensors.cpp reads the directory when present: every file must parse, give
 these tensors, and re-serialize byte-identically with our writer (metadata kept in file order).
 """
 import hashlib

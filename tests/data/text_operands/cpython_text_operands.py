@@ -2,7 +2,7 @@
 
 Run with Debian's Python (the one beside PyTorch 1.13):
     /usr/bin/python3 tests/data/text_operands/cpython_text_operands.py
-It prints the rows of tests/unit/test_scan_text_operands.cpp: each operand
+It prints the rows of tests/scanner/test_scan_text_operands.cpp: each operand
 as a C++ string literal and what pickle.loads made of it (repr), or the
 exception CPython raised. Observed with CPython 3.11.2 (Debian 12); the
 output is committed beside this script as observed.txt.

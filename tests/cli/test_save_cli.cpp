@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "safeckpt/safetensors.hpp"
-#include "test_save_util.hpp"
+#include "support/save_util.hpp"
 
 using namespace safeckpt;
 using namespace safeckpt::save_test;

@@ -13,7 +13,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/pickle.hpp"
 #include "safeckpt/save.hpp"
-#include "test_save_util.hpp"
+#include "support/save_util.hpp"
 
 using namespace safeckpt;
 using namespace safeckpt::save_test;

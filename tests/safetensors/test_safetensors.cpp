@@ -10,7 +10,7 @@
 #include "safeckpt/hash.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
-#include "test_save_util.hpp"
+#include "support/save_util.hpp"
 
 using namespace safeckpt;
 using namespace safeckpt::save_test;

@@ -15,7 +15,7 @@
 #include "safeckpt/json.hpp"
 #include "safeckpt/save.hpp"
 #include "safeckpt/zip.hpp"
-#include "test_save_util.hpp"
+#include "support/save_util.hpp"
 
 using nlohmann::json;
 namespace fs = std::filesystem;

@@ -17,8 +17,8 @@
 
 #include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "support/save_util.hpp"
 #include "support/zip_builder.hpp"
-#include "test_save_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace safeckpt;

@@ -1,0 +1,40 @@
+// allow_hint: the message of a refused global (safeckpt/allowlist.hpp).
+#include <string>
+
+#include "torch/hook_args.hpp"
+#include "torch/object_model.hpp"
+
+namespace safeckpt {
+
+std::string allow_hint(std::string_view g) {
+  std::string name(g);
+  if (Allowlist::is_blocked(g))
+    return "Unsupported global: GLOBAL " + name + " is " + Allowlist::blocked_reason(g) +
+           ". This file tries to run code when unpickled; safeckpt refuses it always (it cannot be allowlisted). "
+           "Do not load this file with torch.load(weights_only=False).";
+  if (const DangerousGlobal* d = find_dangerous_global(g); d != nullptr && is_known_dangerous(g))
+    return "Unsupported global: GLOBAL " + name + " is a known-dangerous callable (" + std::string(d->category) + ": " +
+           std::string(d->why) +
+           "). This file tries to run code (or build objects the weights-only rules forbid) when unpickled; do "
+           "not allowlist it and do not load it with torch.load(weights_only=False).";
+  // numpy values: the shipped numpy.allow rebuilds arrays as tensors; a plain
+  // line would turn them into opaque objects.
+  bool numpy_value = g.rfind("numpy.dtypes.", 0) == 0;
+  for (std::string_view n :
+       {"numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy._core.multiarray.scalar",
+        "numpy.core.multiarray.scalar", "numpy.ndarray", "numpy.dtype"})
+    numpy_value = numpy_value || g == n;
+  if (numpy_value)
+    return "Unsupported global: GLOBAL " + name +
+           " was not an allowed global by default (PyTorch's weights-only set). The file holds numpy arrays "
+           "or scalars: if you trust it, load it with `--allow allowlist/numpy.allow` (the shipped list, "
+           "which rebuilds arrays as tensors and scalars as numbers) or Allowlist::add_file(\"allowlist/"
+           "numpy.allow\").";
+  return "Unsupported global: GLOBAL " + name +
+         " was not an allowed global by default (PyTorch's weights-only set). If you trust this file, "
+         "allow it with `--allow FILE` (a line `" +
+         name + "`) or Allowlist::add(\"" + name + "\") — the equivalent of torch.serialization.add_safe_globals([" +
+         name + "]).";
+}
+
+}  // namespace safeckpt
