@@ -34,6 +34,10 @@ inline void add_max_memory_option(CLI::App* cmd, std::uint64_t& mib) {
                       "); raise it for a real checkpoint refused by max_memory_bytes")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
 }
+// Printed under a kLimitExceeded refusal (inspect, convert).
+inline constexpr const char* kLimitHint =
+    "  (a cap that protects against hostile files was hit; for a file you trust, --max-memory MIB raises "
+    "max_memory_bytes, the one most real files reach)\n";
 inline void apply_max_memory(std::uint64_t mib, Limits& limits) {
   if (mib != 0) limits.max_memory_bytes = mib << 20;
 }

@@ -47,6 +47,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 
 int fail(const std::string& what, const Error& e) {
   std::fprintf(stderr, "safeckpt convert: %s\n  %s\n", what.c_str(), e.to_string().c_str());
+  if (e.code() == ErrorCode::kLimitExceeded) std::fputs(kLimitHint, stderr);
   return e.code() == ErrorCode::kOk ? 2 : (is_policy_error(e.code()) ? 1 : 2);
 }
 

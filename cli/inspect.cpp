@@ -53,6 +53,7 @@ int run_inspect(const InspectArgs& a) {
   if (!r) {
     const Error& e = r.error();
     std::fprintf(stderr, "safeckpt: %s: %s\n  %s\n", a.file.c_str(), failure_word(e.code()), e.to_string().c_str());
+    if (e.code() == ErrorCode::kLimitExceeded) std::fputs(kLimitHint, stderr);
     return is_policy_error(e.code()) ? 1 : 2;
   }
   const Checkpoint& c = *r;
@@ -88,7 +89,7 @@ void register_inspect(CLI::App& app, int& exit_code) {
   cmd->add_option("file", args->file,
                   "checkpoint file (.pt, .pth, .bin, legacy, bare pickle, .safetensors, .safetensors.index.json)")
       ->required();
-  cmd->add_option("--allow", args->allow_files, kAllowHelp)->expected(1)->allow_extra_args(false);
+  cmd->add_option("--allow", args->allow_files, kAllowHelp)->allow_extra_args(false);
   cmd->add_option("--format", args->format, "output: text (tables and values) or json (docs/inspect-json.md)")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag_callback(

@@ -91,11 +91,10 @@ bool is_kind_name(std::string_view n) {
 // allowlisting remedy: issue 11, item 6).
 std::string how_to_allow(std::string_view name) {
   if (name.rfind("numpy.", 0) == 0)
-    return "the loader refuses it; the file holds numpy arrays or scalars: if you trust it, use --allow "
-           "allowlist/numpy.allow (the shipped list, which rebuilds arrays as tensors and scalars as numbers)";
-  return "the loader refuses it; if you trust this file and the callable is harmless, allow it with --allow FILE "
-         "(a line `" +
-         std::string(name) + "`)";
+    return "the loader refuses it; the file holds numpy arrays or scalars: if you trust it, use --allow numpy "
+           "(the bundled allowlist/numpy.allow, which rebuilds arrays as tensors and scalars as numbers)";
+  return "the loader refuses it; if you trust this file and the callable is harmless, allow it with --allow " +
+         std::string(name) + " or --allow FILE (a line `" + std::string(name) + "`)";
 }
 
 }  // namespace

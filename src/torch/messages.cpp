@@ -27,14 +27,20 @@ std::string allow_hint(std::string_view g) {
   if (numpy_value)
     return "Unsupported global: GLOBAL " + name +
            " was not an allowed global by default (PyTorch's weights-only set). The file holds numpy arrays "
-           "or scalars: if you trust it, load it with `--allow allowlist/numpy.allow` (the shipped list, "
-           "which rebuilds arrays as tensors and scalars as numbers) or Allowlist::add_file(\"allowlist/"
-           "numpy.allow\").";
+           "or scalars: if you trust it, load it with `--allow numpy` (the bundled allowlist/numpy.allow, "
+           "installed in <prefix>/share/safeckpt/allowlist/; it rebuilds arrays as tensors and scalars as "
+           "numbers) or Allowlist::add_file(<that file>).";
+  // Bundled allowlists that cover a global: name them (`--allow NAME`).
+  std::string bundled;
+  if (g == "builtins.frozenset" || g == "builtins.slice")
+    bundled = " The bundled `--allow python_values` allows frozenset and slice.";
+  else if (g == "argparse.Namespace")
+    bundled = " The bundled `--allow argparse` allows it.";
   return "Unsupported global: GLOBAL " + name +
          " was not an allowed global by default (PyTorch's weights-only set). If you trust this file, "
          "allow it with `--allow FILE` (a line `" +
-         name + "`) or Allowlist::add(\"" + name + "\") — the equivalent of torch.serialization.add_safe_globals([" +
-         name + "]).";
+         name + "`), `--allow " + name + "` or Allowlist::add(\"" + name +
+         "\") — the equivalent of torch.serialization.add_safe_globals([" + name + "])." + bundled;
 }
 
 }  // namespace safeckpt

@@ -66,6 +66,17 @@ TEST_CASE("cli: --allow takes a file, a bundled allowlist name or a global name"
   CHECK(r.out.find("cannot read allowlist file ./no/such.allow") != std::string::npos);
 }
 
+TEST_CASE("cli: --allow repeats in inspect as in scan (a file needing several globals)") {
+  // python_values.pt needs builtins.frozenset and builtins.slice (allowlist/python_values.allow).
+  const std::string file = corpus("python_values.pt");
+  CHECK(run_cli("inspect " + file).code == 1);
+  const std::string both = " --allow builtins.frozenset --allow builtins.slice ";
+  auto r = run_cli("inspect" + both + file, true);
+  CHECK_MESSAGE(r.code == 0, r.out);
+  CHECK(run_cli("scan -q" + both + file).code == 0);
+  CHECK(run_cli("inspect --allow builtins.frozenset " + file).code == 1);  // one is not enough
+}
+
 TEST_CASE("cli: convert reads --allow the same way") {
   // (to safetensors, dropping the Namespace: save() refuses to write a
   // global that torch.load(weights_only=True) would refuse)
@@ -95,6 +106,7 @@ TEST_CASE("cli: --max-memory sets the parse budget in inspect, scan and convert"
   auto r = run_cli("inspect --max-memory 2 " + f, true);
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.out.find("max_memory_bytes") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("--max-memory MIB raises") != std::string::npos, r.out);  // the remedy is named
   r = run_cli("inspect --max-memory 64 " + f, true);
   CHECK_MESSAGE(r.code == 0, r.out);
   r = run_cli("scan --max-memory 2 " + f, true);

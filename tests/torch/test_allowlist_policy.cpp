@@ -185,6 +185,9 @@ TEST_CASE("refusal messages: dangerous globals never offer allowlisting; numpy p
   CHECK(pv.error().message().find("GLOBAL builtins.frozenset was not an allowed global by default") !=
         std::string::npos);
   CHECK(pv.error().message().find("allow it with `--allow FILE`") != std::string::npos);
+  // ... and names the bundled allowlist that covers it, as `--allow NAME` finds it after install.
+  CHECK(pv.error().message().find("`--allow python_values`") != std::string::npos);
+  CHECK(safeckpt::allow_hint("argparse.Namespace").find("`--allow argparse`") != std::string::npos);
   // A harmless unknown global keeps torch's remedy.
   CHECK(safeckpt::allow_hint("mypkg.Config").find("allow it with `--allow FILE`") != std::string::npos);
 
@@ -195,6 +198,7 @@ TEST_CASE("refusal messages: dangerous globals never offer allowlisting; numpy p
   INFO(m);
   CHECK(n.error().code() == ErrorCode::kDisallowedGlobal);
   CHECK(m.find("allowlist/numpy.allow") != std::string::npos);
+  CHECK(m.find("`--allow numpy`") != std::string::npos);  // the bundled name: works from any directory
   CHECK(m.find("(a line `") == std::string::npos);
   auto s = safeckpt::scan::scan_file(kC211 / "numpy_array.pt");
   bool pointed = false;
