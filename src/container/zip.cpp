@@ -25,6 +25,8 @@
 #include <new>
 #include <utility>
 
+#include "util/bytes.hpp"
+
 namespace safeckpt {
 namespace {
 
@@ -68,16 +70,15 @@ constexpr bool in_bounds(std::uint64_t size, std::uint64_t off, std::uint64_t le
   return off <= size && len <= size - off;
 }
 
-// Little-endian readers. Callers check bounds first.
+// Little-endian readers (src/util/bytes.hpp). Callers check bounds first.
 std::uint16_t le16(Bytes b, std::uint64_t off) noexcept {
-  return static_cast<std::uint16_t>(b[off] | (b[off + 1] << 8));
+  return util::load_le<std::uint16_t>(b.data() + off);
 }
 std::uint32_t le32(Bytes b, std::uint64_t off) noexcept {
-  return static_cast<std::uint32_t>(b[off]) | (static_cast<std::uint32_t>(b[off + 1]) << 8) |
-         (static_cast<std::uint32_t>(b[off + 2]) << 16) | (static_cast<std::uint32_t>(b[off + 3]) << 24);
+  return util::load_le<std::uint32_t>(b.data() + off);
 }
 std::uint64_t le64(Bytes b, std::uint64_t off) noexcept {
-  return static_cast<std::uint64_t>(le32(b, off)) | (static_cast<std::uint64_t>(le32(b, off + 4)) << 32);
+  return util::load_le<std::uint64_t>(b.data() + off);
 }
 
 std::string_view as_chars(Bytes b) noexcept {

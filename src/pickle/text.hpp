@@ -4,8 +4,8 @@
 // GET and PUT (PickleOptions::cpython_text_operands; the rules are stated
 // above each definition in text.cpp). No recursion; inputs are bounded by the
 // caller (the machine checks lengths against Limits first).
-// UTF-8 helpers here are pickle's own reading (surrogates as "surrogatepass");
-// a shared UTF-8 util is planned (issue 12): move to it when it lands.
+// UTF-8 helpers are the shared ones (src/util/bytes.hpp; pickle passes
+// allow_surrogates = true: Python's "surrogatepass").
 #pragma once
 
 #include <cstddef>
@@ -14,14 +14,14 @@
 #include <string>
 #include <string_view>
 
+#include "util/bytes.hpp"
+
 namespace safeckpt::pickle_text {
 
 // Decimal text of a little-endian two's-complement integer of `n` bytes.
 std::string bigint_decimal(const std::uint8_t* p, std::size_t n);
-// Whether `s` is UTF-8 (with `allow_surrogates`, encoded surrogates pass).
-bool valid_utf8(std::string_view s, bool allow_surrogates);
-// Appends code point `cp` as UTF-8.
-void append_utf8(std::string& out, std::uint32_t cp);
+using util::append_utf8;
+using util::valid_utf8;
 // Value of a hex digit, or -1.
 int hex_value(char c);
 // Python's escape decoding of a STRING operand's quoted body; nullopt if invalid.
