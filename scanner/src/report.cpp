@@ -1,5 +1,4 @@
 // Reports: human text, JSON (schema: scanner/README.md), SARIF 2.1.0.
-#include <fmt/format.h>
 #include <fnmatch.h>
 
 #include <cstdio>
@@ -155,14 +154,16 @@ std::string fingerprint(const std::string& path, const Finding& f) {
     h ^= c;
     h *= 1099511628211ull;
   }
-  return fmt::format("{:016x}", h);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
 }
 
 // ANSI colours for the text report (only with ReportOptions::color).
 struct Paint {
   bool on;
   std::string operator()(std::string_view s, const char* code) const {
-    return on ? fmt::format("\033[{}m{}\033[0m", code, s) : std::string(s);
+    return on ? "\033[" + std::string(code) + "m" + std::string(s) + "\033[0m" : std::string(s);
   }
 };
 const char* severity_colour(Severity s) {
@@ -219,7 +220,7 @@ Result<std::vector<IgnoreRule>> parse_ignore(std::string_view text, std::string_
     if (std::size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
     std::string l = trim(line);
     if (l.empty()) continue;
-    const std::string where = fmt::format("{}:{}", source, line_no);
+    const std::string where = std::string(source) + ":" + std::to_string(line_no);
     std::size_t sp = l.find_last_of(" \t");
     if (sp == std::string::npos)
       return make_error(ErrorCode::kInvalidArgument, where + ": expected `PATH_GLOB RULE`, got `" + l + "`");
@@ -324,7 +325,7 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, const
       std::string reason;
       for (const Finding& f : r.findings)
         if (f.rule == Rule::kIo) reason = f.message;
-      out << fmt::format("{}: {} ({})\n", clean(r.path), paint("NOT SCANNED", "1;31"), one_line(clean(reason)));
+      out << clean(r.path) << ": " << paint("NOT SCANNED", "1;31") << " (" << one_line(clean(reason)) << ")\n";
       continue;
     }
     if (r.verdict == Verdict::kNotModel && r.findings.empty() && !o.verbose) {
@@ -333,10 +334,10 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, const
     }
     std::string v(verdict_name(r.verdict));
     for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    out << fmt::format("{}: {} [{}, {} bytes", clean(r.path), paint(v, verdict_colour(r.verdict)), r.format, r.size);
-    if (r.pickle_streams)
-      out << fmt::format(", {} pickle stream{}", r.pickle_streams, r.pickle_streams == 1 ? "" : "s");
-    if (r.members) out << fmt::format(", {} member{}", r.members, r.members == 1 ? "" : "s");
+    out << clean(r.path) << ": " << paint(v, verdict_colour(r.verdict)) << " [" << r.format << ", " << r.size
+        << " bytes";
+    if (r.pickle_streams) out << ", " << r.pickle_streams << " pickle stream" << (r.pickle_streams == 1 ? "" : "s");
+    if (r.members) out << ", " << r.members << " member" << (r.members == 1 ? "" : "s");
     out << "]";
     if (!r.complete) out << " (scan incomplete)";
     out << "\n";
@@ -347,39 +348,39 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, const
       if (f.severity == Severity::kInfo && !o.verbose) continue;
       const RuleInfo& ri = rule_info(f.rule);
       std::string w = where(f);
-      std::string tag = fmt::format("[{}]", severity_name(f.severity));
-      out << fmt::format("  {} {} {}{}: {}{}\n", paint(tag, severity_colour(f.severity)), ri.id, ri.name,
-                         w.empty() ? std::string() : " at " + one_line(clean(w)), one_line(clean(f.message)),
-                         f.suppressed ? " (suppressed by " + clean(f.suppression) + ")" : std::string());
+      const std::string tag = "[" + std::string(severity_name(f.severity)) + "]";
+      out << "  " << paint(tag, severity_colour(f.severity)) << " " << ri.id << " " << ri.name
+          << (w.empty() ? std::string() : " at " + one_line(clean(w))) << ": " << one_line(clean(f.message))
+          << (f.suppressed ? " (suppressed by " + clean(f.suppression) + ")" : std::string()) << "\n";
       if (!f.why.empty() && !f.suppressed) out << "      why: " << one_line(clean(f.why)) << "\n";
     }
     if (o.verbose) {
       for (const Event& e : r.events) {
-        out << fmt::format("  {} {} {}{} @{} {} ({})\n", event_type_name(e.type), clean(e.name),
-                           e.member.empty() ? std::string() : clean(e.member) + " ",
-                           "stream " + std::to_string(e.stream), e.offset, e.opcode,
-                           e.allowed ? "allowed" : "NOT allowed");
+        out << "  " << event_type_name(e.type) << " " << clean(e.name) << " "
+            << (e.member.empty() ? std::string() : clean(e.member) + " ") << "stream " << e.stream << " @" << e.offset
+            << " " << e.opcode << " (" << (e.allowed ? "allowed" : "NOT allowed") << ")\n";
       }
     }
   }
   if (quiet_not_models > 0)
-    out << fmt::format("{} file{} not a model (no loader can start on {}; -v lists {})\n", quiet_not_models,
-                       quiet_not_models == 1 ? " is" : "s are", quiet_not_models == 1 ? "it" : "them",
-                       quiet_not_models == 1 ? "it" : "them");
+    out << quiet_not_models << " file" << (quiet_not_models == 1 ? " is" : "s are")
+        << " not a model (no loader can start on " << (quiet_not_models == 1 ? "it" : "them") << "; -v lists "
+        << (quiet_not_models == 1 ? "it" : "them") << ")\n";
   for (const PathProblem& s : o.skipped)
-    if (o.verbose) out << fmt::format("{}: skipped ({})\n", clean(s.path), one_line(clean(s.reason)));
+    if (o.verbose) out << clean(s.path) << ": skipped (" << one_line(clean(s.reason)) << ")\n";
   Totals t = totals(reports, o);
-  out << fmt::format(
-      "\n{} file{} scanned: {} clean, {} unsafe, {} incomplete, {} unscannable, {} not a model, {} unreadable; "
-      "{} finding{} ({} critical, {} high, {} medium, {} low)",
-      t.files, t.files == 1 ? "" : "s", t.clean, t.unsafe, t.incomplete, t.unscannable, t.not_model, t.errors,
-      t.findings, t.findings == 1 ? "" : "s", t.by_severity[4], t.by_severity[3], t.by_severity[2], t.by_severity[1]);
-  if (t.suppressed > 0) out << fmt::format(", {} suppressed", t.suppressed);
-  if (t.skipped > 0) out << fmt::format(", {} skipped", t.skipped);
+  out << "\n"
+      << t.files << " file" << (t.files == 1 ? "" : "s") << " scanned: " << t.clean << " clean, " << t.unsafe
+      << " unsafe, " << t.incomplete << " incomplete, " << t.unscannable << " unscannable, " << t.not_model
+      << " not a model, " << t.errors << " unreadable; " << t.findings << " finding" << (t.findings == 1 ? "" : "s")
+      << " (" << t.by_severity[4] << " critical, " << t.by_severity[3] << " high, " << t.by_severity[2] << " medium, "
+      << t.by_severity[1] << " low)";
+  if (t.suppressed > 0) out << ", " << t.suppressed << " suppressed";
+  if (t.skipped > 0) out << ", " << t.skipped << " skipped";
   out << "\n";
   if (t.errors > 0)
-    out << paint(fmt::format("{} path{} not scanned: the run is not clean (exit code 2)", t.errors,
-                             t.errors == 1 ? " was" : "s were"),
+    out << paint(std::to_string(t.errors) + " path" + (t.errors == 1 ? " was" : "s were") +
+                     " not scanned: the run is not clean (exit code 2)",
                  "1;31")
         << "\n";
 }

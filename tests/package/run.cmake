@@ -8,7 +8,7 @@
 #      bundled `--allow argparse` under <prefix>/share; pkg-config reads
 #      safeckpt.pc;
 #   3. configure tests/package/subproject (add_subdirectory of the source tree)
-#      with CLI11_DIR/benchmark_DIR pointing at configs that fail if searched.
+#      with CLI11_DIR/fmt_DIR/benchmark_DIR pointing at configs that fail if searched.
 # Inputs: -DBUILD=<build dir> -DSOURCE=<source dir> -DWORK=<scratch dir>
 #         -DGENERATOR=... -DCXX=<compiler> -DFILE=<corpus file>
 #         -DBAD_FILE=<malicious corpus file>
@@ -96,5 +96,6 @@ endif()
 # minutes on CI's 2 cores; the consumer above links the same code).
 run(${CMAKE_COMMAND} -S ${SOURCE}/tests/package/subproject -B ${WORK}/subproject -G ${GENERATOR}
     -DCMAKE_CXX_COMPILER=${CXX} -DSAFECKPT_SOURCE=${SOURCE} -DSAFECKPT_CUDA=OFF
-    -DCLI11_DIR=${SOURCE}/tests/package/poison -Dbenchmark_DIR=${SOURCE}/tests/package/poison)
-message(STATUS "subproject: configured without CLI11/benchmark, build type untouched")
+    -DCLI11_DIR=${SOURCE}/tests/package/poison -Dbenchmark_DIR=${SOURCE}/tests/package/poison
+    -Dfmt_DIR=${SOURCE}/tests/package/poison)
+message(STATUS "subproject: configured without CLI11/fmt/benchmark, build type untouched")
