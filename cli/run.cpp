@@ -12,10 +12,10 @@
 // the user outputs as output.0, output.1, ... (safetensors, atomic; --force to
 // replace). --device cuda[:N] is the next issue and says so.
 //
-// inspect-program: models, user inputs/outputs with shapes (symbolic dims by
+// inspect-program (and `safeckpt inspect` on a PT2 archive): models, user inputs/outputs with shapes (symbolic dims by
 // symbol, with ranges), the op histogram, weights (name, dtype, shape,
 // bytes, tied records) and every reason the engine would refuse the program.
-// --json prints one object: {"file", "models": [{"name", "schema_version",
+// --format json (alias --json, as for inspect) prints one object: {"file", "models": [{"name", "schema_version",
 // "torch_version", "inputs": [{"name", "dtype", "shape": [int|str]}],
 // "outputs": [...same...], "ranges": {sym: [min|null, max|null]},
 // "ops": {target: count}, "weights": [{"name", "kind", "dtype", "shape",
@@ -274,7 +274,11 @@ void register_run(CLI::App& app, int& exit_code) {
       app.add_subcommand("inspect-program", "Describe a PT2 archive and say whether the engine accepts it");
   isub->add_option("program", iargs->program, "PT2 archive")->required();
   isub->add_option("--model", iargs->model, "only this model");
-  isub->add_flag("--json", iargs->json, "one JSON object (schema at the top of cli/run.cpp)");
+  isub->add_option_function<std::string>(
+          "--format", [iargs](const std::string& f) { iargs->json = f == "json"; },
+          "output: text (default) or json (one object; schema at the top of cli/run.cpp)")
+      ->check(CLI::IsMember({"text", "json"}));
+  isub->add_flag("--json", iargs->json, "same as --format json");
   isub->callback([iargs, &exit_code] { exit_code = inspect_program(*iargs); });
 }
 

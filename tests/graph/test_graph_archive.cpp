@@ -282,6 +282,8 @@ TEST_CASE("graph cli: safeckpt inspect on a PT2 archive describes the program (s
   for (const char* f : {"mlp.train.pt2", "gpt2_dynbatchseq.core.pt2"}) {
     auto a = test_support::run_cli("inspect " + pt2_dir() + f + " --format json");
     auto b = test_support::run_cli("inspect-program " + pt2_dir() + f + " --json");
+    auto c = test_support::run_cli("inspect-program " + pt2_dir() + f + " --format json");  // one spelling
+    CHECK(c.out == b.out);
     CHECK(a.code == 0);
     CHECK(a.code == b.code);
     CHECK_MESSAGE(a.out == b.out, a.out.substr(0, 400));
