@@ -88,7 +88,9 @@ TEST_CASE("scan: a torch zip whose data.pkl is cut short is incomplete; its stor
   CHECK(r.verdict == Verdict::kIncomplete);
   check_no_false_attack(r);
   CHECK(count_rule(r, Rule::kMalformed) == 1);
-  CHECK(has_text(r, Rule::kMalformed, ""));
+  safeckpt::scan::ReportOptions critical;
+  critical.fail_on = Severity::kCritical;
+  CHECK(safeckpt::scan::exit_code({r}, critical) == 0);  // `--fail-on critical` exited 1 (false attack)
   bool on_data_pkl = false;
   for (const auto& f : r.findings)
     if (f.rule == Rule::kMalformed && f.member == "many_tensors/data.pkl") on_data_pkl = true;
@@ -134,6 +136,9 @@ TEST_CASE("scan: a storage record shorter than its tensor is SCK113 storage-out-
   for (const auto& f : r.findings)
     if (f.rule == Rule::kStorageOutOfBounds) CHECK(f.severity == Severity::kHigh);
   CHECK(r.verdict == Verdict::kUnsafe);
+  safeckpt::scan::ReportOptions high;
+  high.fail_on = Severity::kHigh;
+  CHECK(safeckpt::scan::exit_code({r}, high) == 1);  // `safeckpt scan --fail-on high` exited 0
   CHECK(safeckpt::scan::rule_info(Rule::kStorageOutOfBounds).id == "SCK113");
   // Crafted: 2 floats need 8 bytes; 4 are short, 8 are not.
   for (std::size_t n : {4u, 8u}) {
