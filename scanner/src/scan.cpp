@@ -5,7 +5,11 @@
 //     .pkl or _pkl is scanned as pickle streams (CRC always checked; on a
 //     mismatch the bytes PyTorch would read are still scanned); storage
 //     records named by a persistent id are tensor data (CRC with
-//     verify_data only); every other member is sniffed by content and
+//     verify_data only; shorter than numel x element size: SCK113,
+//     CVE-2026-24747); in a torch.save zip every other <root>/data/<key>
+//     record is tensor data too (torch never unpickles it; one info note,
+//     also when data.pkl failed and the storages are unknown); every other
+//     member is sniffed by content and
 //     scanned when it is a pickle, a checkpoint or a container (CVE-2025-1889:
 //     a pickle in `data.txt`). TorchScript code and PT2 native code are
 //     findings.
@@ -94,6 +98,10 @@ const std::vector<RuleInfo>& rules() {
        "Opcode the loader never accepts (INST, OBJ, NEWOBJ_EX, EXTn, PERSID)", Severity::kHigh},
       {Rule::kRefusedOperation, "SCK112", "operation-refused",
        "Operation the weights-only rules refuse (SETITEM on a tensor, APPEND to a non-list, ...)", Severity::kHigh},
+      {Rule::kStorageOutOfBounds, "SCK113", "storage-out-of-bounds",
+       "Storage record shorter than its tensor's numel x element size: an out-of-bounds read in torch < 2.10 "
+       "(CVE-2026-24747)",
+       Severity::kHigh},
       {Rule::kEmbeddedPayload, "SCK120", "embedded-payload",
        "Byte string inside a pickle that is itself a pickle or checkpoint with findings", Severity::kHigh},
       {Rule::kExecutableCode, "SCK130", "executable-code",

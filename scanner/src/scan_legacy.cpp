@@ -17,6 +17,15 @@
 
 namespace safeckpt::scan {
 
+std::optional<std::uint32_t> storage_element_size(std::string_view cls) {
+  Builtin b;
+  DType dt;
+  if (cls == "torch.storage.UntypedStorage") return 1;
+  if (lookup_known_global(cls, b, dt) && b == Builtin::kStorageClass) return dtype_size(dt);
+  if (auto d2 = dtype_from_storage_class(cls.substr(cls.rfind('.') + 1))) return dtype_size(*d2);
+  return std::nullopt;
+}
+
 // ---- legacy sequential pickles ------------------------------------------------
 
 void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
@@ -52,20 +61,7 @@ void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
   std::unordered_map<std::string, std::uint32_t> elem;
   for (const PidInfo& p : pids) {
     if (!p.well_formed) continue;
-    std::uint32_t size = 1;
-    Builtin b;
-    DType dt;
-    std::string_view cls = p.storage_type;
-    if (cls == "torch.storage.UntypedStorage") {
-      size = 1;
-    } else if (lookup_known_global(cls, b, dt) && b == Builtin::kStorageClass) {
-      size = dtype_size(dt);
-    } else if (auto d2 = dtype_from_storage_class(cls.substr(cls.rfind('.') + 1))) {
-      size = dtype_size(*d2);
-    } else {
-      continue;
-    }
-    elem.emplace(p.key, size);
+    if (auto size = storage_element_size(p.storage_type)) elem.emplace(p.key, *size);
   }
   if (keys.size() > opt_.limits.max_legacy_storages) {
     add(Rule::kLimit, Severity::kHigh, member, "more than max_legacy_storages storages", kIncompleteWhy, pos);

@@ -106,6 +106,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
   }
   // Pass 1: pickle members (by name), collecting persistent ids.
   std::vector<PidInfo> pids;
+  bool pickles_complete = true;  // every pickle member parsed to its end: the persistent ids are all known
   std::vector<bool> done(zip.entries().size(), false);
   for (const ZipEntry& e : zip.entries()) {
     if (!is_pickle_name(e.name)) continue;
@@ -116,6 +117,7 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
     auto rb = zip.read(e, false, opt_.limits.max_pickle_record_bytes, "max_pickle_record_bytes");
     if (!rb) {
       add_error(rb.error(), member_label(e), -1, 0, "the member could not be read: it was not examined");
+      pickles_complete = false;
       continue;
     }
     if (auto crc = zip.verify_crc(e, rb->bytes); !crc) {
@@ -125,18 +127,54 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
           e.local_header_offset);
     }
     std::vector<PidInfo> p;
-    scan_streams(rb->bytes, member_label(e), depth, 0, 0, true, &p);
+    if (!scan_streams(rb->bytes, member_label(e), depth, 0, 0, true, &p)) pickles_complete = false;
     pids.insert(pids.end(), p.begin(), p.end());
   }
-  // Storage records named by persistent ids are tensor bytes.
-  std::set<std::string> storage_names;
-  for (const PidInfo& p : pids)
-    if (!p.key.empty()) storage_names.insert(zip.root() + "/data/" + p.key);
+  // Storage records named by persistent ids are tensor bytes. For each, the
+  // bytes the largest persistent id declares (numel x element size; 0 when
+  // its storage class is unknown).
+  const std::string data_dir = zip.root() + "/data/";
+  std::map<std::string, std::uint64_t> storage_need;
+  for (const PidInfo& p : pids) {
+    if (p.key.empty()) continue;
+    std::uint64_t& need = storage_need[data_dir + p.key];
+    const auto elem = p.well_formed && p.numel >= 0 ? storage_element_size(p.storage_type) : std::nullopt;
+    if (!elem) continue;
+    const auto numel = static_cast<std::uint64_t>(p.numel);
+    const std::uint64_t bytes = numel > UINT64_MAX / *elem ? UINT64_MAX : numel * *elem;
+    need = std::max(need, bytes);
+  }
+  // The torch layout (torch/serialization.py _save/_load): `<root>/data/<key>`
+  // records are raw storages that torch.load reads through persistent_load and
+  // never unpickles. In a torch zip they are never sniffed as pickles: named
+  // by a persistent id they are tensor bytes; otherwise (data.pkl not fully
+  // parsed, or a record no id names) they are listed in one info note.
+  auto is_tensor_record = [&](const ZipEntry& e) {
+    if (kind != FileFormat::kTorchZip || !e.name.starts_with(data_dir)) return false;
+    const std::string_view key = std::string_view(e.name).substr(data_dir.size());
+    return !key.empty() && key.find('/') == std::string_view::npos;
+  };
+  std::uint64_t unnamed_records = 0;
   // Pass 2: every other member, by content.
   for (const ZipEntry& e : zip.entries()) {
     if (done[e.index]) continue;
     ++rep.members;
-    const bool is_storage = storage_names.count(e.name) != 0;
+    const auto need = storage_need.find(e.name);
+    const bool is_storage = need != storage_need.end();
+    if (is_storage && e.uncompressed_size < need->second) {
+      // CVE-2026-24747: torch < 2.10 built the tensor over the record without
+      // checking its size and read past its end.
+      add(Rule::kStorageOutOfBounds, Severity::kHigh, member_label(e),
+          "storage record has " + std::to_string(e.uncompressed_size) + " bytes but a persistent id declares " +
+              std::to_string(need->second) + " (numel x element size)",
+          "torch < 2.10 reads past the end of the record (out-of-bounds read, CVE-2026-24747); the loader refuses "
+          "it",
+          e.local_header_offset);
+    }
+    if (!is_storage && is_tensor_record(e)) {
+      ++unnamed_records;
+      continue;
+    }
     if (is_storage && !opt_.verify_data) continue;
     if (is_storage) {
       auto rb = zip.read(e, true);
@@ -188,6 +226,15 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
       continue;
     }
     dispatch(b, member_label(e), full == FileFormat::kTorchZip ? depth + 1 : depth, false);
+  }
+  if (unnamed_records > 0) {
+    add(Rule::kUnsupported, Severity::kInfo, prefix + data_dir,
+        "not examined: tensor data: " + std::to_string(unnamed_records) + " record" +
+            (unnamed_records == 1 ? "" : "s") + " under " + data_dir +
+            (pickles_complete ? " named by no persistent id"
+                              : " (data.pkl could not be fully parsed, so which records are storages is unknown)"),
+        "torch.load reads <root>/data/<key> records only as raw storage bytes (persistent_load) and never "
+        "unpickles them");
   }
 }
 

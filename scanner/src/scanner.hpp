@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pickle_scan.hpp"
@@ -27,6 +28,10 @@ Rule rule_for_error(ErrorCode c);
 // Protocol-2+ opcodes that push a value: a pickle without PROTO can start
 // with them (sniff_format only knows protocol 0/1 starts and PROTO).
 bool can_start_pickle(Bytes b);
+// Bytes per element of a storage class named in a persistent id
+// (torch.FloatStorage, torch.storage.UntypedStorage = 1, ...); nullopt when
+// the name is no storage class the loader knows. scan_legacy.cpp.
+std::optional<std::uint32_t> storage_element_size(std::string_view storage_class);
 
 // ---- the scanner ----------------------------------------------------------
 

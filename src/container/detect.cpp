@@ -6,7 +6,9 @@
 //  3. "PYTORCH1" at 0 (inline_container.cc)        -> kPreviewPytorch1
 //  4. "ustar" at 257 (POSIX tar; torch tries tarfile before the legacy pickle)
 //                                                  -> kLegacyTar
-//  5. u64le N, 2 <= N <= size - 8, byte 8 == '{'   -> kSafetensors
+//  5. u64le N, 2 <= N <= max(size - 8, 100,000,000), byte 8 == '{'
+//     (a header cut short is still safetensors: malformed, not unknown)
+//                                                  -> kSafetensors
 //  6. "\x93NUMPY"                                  -> kNumpyNpy
 //  7. gzip 1F 8B, bzip2 "BZh", xz FD 37 7A 58 5A 00, zstd 28 B5 2F FD,
 //     7z 37 7A BC AF 27 1C, rar "Rar!\x1a\x07"     -> kGzip ... kRar
@@ -58,11 +60,18 @@ bool is_legacy_magic(Bytes f) noexcept {
 // so a file starting with them fails at its first byte in any unpickler.
 constexpr std::string_view kPickleFirstOpcodes = "(NIJKMLFGSTUVXPc]})";
 
+// The largest header safetensors accepts (safetensors/src/tensor.rs
+// MAX_HEADER_SIZE; SafetensorsOptions::max_header_bytes defaults to it).
+constexpr std::uint64_t kMaxSafetensorsHeader = 100'000'000;
+
 // safetensors: u64le header length N, then N bytes of JSON starting with '{'.
+// N larger than the file but within the format's header limit is still
+// safetensors, cut short (a truncated download): the reader then says
+// malformed instead of "unknown" (fail closed).
 bool is_safetensors(Bytes f) noexcept {
   if (f.size() < 9) return false;
   const std::uint64_t n = util::load_le<std::uint64_t>(f.data());
-  return n >= 2 && n <= f.size() - 8 && f[8] == '{';
+  return n >= 2 && (n <= f.size() - 8 || n <= kMaxSafetensorsHeader) && f[8] == '{';
 }
 
 // huggingface_hub / transformers sharded index: {"metadata": ..., "weight_map": {...}}.

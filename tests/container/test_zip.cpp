@@ -11,6 +11,7 @@
 // written; the optional "differential" case re-checks every corpus file
 // against CPython's zipfile when a python3 is on PATH and skips otherwise.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -28,6 +29,7 @@
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
+#include "safeckpt/open.hpp"
 #include "safeckpt/zip.hpp"
 
 namespace {
@@ -988,8 +990,12 @@ TEST_CASE("detect: sniff_format by magic bytes") {
       {std::string("Rar!\x1a\x07\x01\x00", 8), FileFormat::kRar},
       {std::string("\x93NUMPY\x01\x00", 8), FileFormat::kNumpyNpy},
       {std::string("\x02\x00\x00\x00\x00\x00\x00\x00{}", 10), FileFormat::kSafetensors},
-      {std::string("\x05\x00\x00\x00\x00\x00\x00\x00{}", 10), FileFormat::kUnknown},  // N > size - 8
-      {std::string("\x01\x00\x00\x00\x00\x00\x00\x00{}", 10), FileFormat::kUnknown},  // N < 2
+      // N > size - 8 but within safetensors' 100,000,000-byte header limit: a header cut short is still
+      // safetensors (parse says malformed), never "unknown" (fail closed).
+      {std::string("\x05\x00\x00\x00\x00\x00\x00\x00{}", 10), FileFormat::kSafetensors},
+      {std::string("\x00\xe1\xf5\x05\x00\x00\x00\x00{}", 10), FileFormat::kSafetensors},  // N = 100,000,000
+      {std::string("\x01\xe1\xf5\x05\x00\x00\x00\x00{}", 10), FileFormat::kUnknown},      // N = 100,000,001
+      {std::string("\x01\x00\x00\x00\x00\x00\x00\x00{}", 10), FileFormat::kUnknown},      // N < 2
       // Legacy magic number in every protocol torch.save(_use_new_zipfile_serialization=False) can use.
       {"L119547037146038801333356L\n.", FileFormat::kLegacyPickle},
       {std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15), FileFormat::kLegacyPickle},
@@ -1022,6 +1028,29 @@ TEST_CASE("detect: sniff_format by magic bytes") {
   CHECK(safeckpt::sniff_format(span(tar)) == FileFormat::kLegacyTar);
 }
 
+TEST_CASE("detect: a safetensors file cut inside its JSON header is safetensors, and opening it says malformed") {
+  // The safetensors package's basic.safetensors (header of 888 bytes) cut to
+  // 8 + 216 bytes, as by an interrupted download: detection must not call it
+  // "unknown" (inspect said "not a PyTorch checkpoint: detected unknown").
+  const auto src = std::filesystem::path(SAFECKPT_TEST_DATA) / "safetensors-ref" / "basic.safetensors";
+  std::ifstream in(src, std::ios::binary);
+  Buf b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(b.size() > 8 + 216);
+  b.resize(8 + 216);
+  CHECK(safeckpt::sniff_format(span(b)) == FileFormat::kSafetensors);
+  CHECK(safeckpt::detect_format(span(b), Limits{}) == FileFormat::kSafetensors);
+  const auto tmp =
+      std::filesystem::temp_directory_path() / ("safeckpt_st_trunc_hdr_" + std::to_string(::getpid()) + ".safetensors");
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  }
+  auto r = safeckpt::open(tmp);
+  std::filesystem::remove(tmp);
+  REQUIRE_FALSE(r.has_value());
+  CHECK_MESSAGE(r.error().code() == safeckpt::ErrorCode::kMalformed, r.error().to_string());
+}
+
 TEST_CASE("detect: real files") {
   CHECK(safeckpt::detect_format(span(load("legacy_format.pt")), Limits{}) == FileFormat::kLegacyPickle);
   CHECK(safeckpt::detect_format(span(load("mal_raw_pickle.pkl")), Limits{}) == FileFormat::kBarePickle);
@@ -1044,6 +1073,6 @@ TEST_CASE("detect/zip: names of enums are distinct") {
     ++seen[safeckpt::zip_anomaly_name(static_cast<ZipAnomalyKind>(i))];
   }
   for (const auto& kv : seen) CHECK_MESSAGE(kv.second == 1, kv.first);
-  CHECK(seen.size() ==
-        static_cast<std::size_t>(FileFormat::kUnknown) + 1 + static_cast<std::size_t>(ZipAnomalyKind::kNoRootFolder) + 1);
+  CHECK(seen.size() == static_cast<std::size_t>(FileFormat::kUnknown) + 1 +
+                           static_cast<std::size_t>(ZipAnomalyKind::kNoRootFolder) + 1);
 }

@@ -75,6 +75,8 @@ enum class Rule : std::uint8_t {
   kSafetensors,       // safetensors header/offset anomaly
   kLoaderRefused,     // safeckpt::load() refused the file (the verdict)
   kIo,                // file or member could not be read
+  // storage record shorter than numel x element size (CVE-2026-24747)
+  kStorageOutOfBounds,
   kCount_
 };
 struct RuleInfo {
