@@ -39,7 +39,8 @@ TEST_CASE("cli: an unknown command names the nearest one") {
   CHECK(r.out == "safeckpt: unknown command 'sca' (did you mean scan?)\n");
   r = run_cli("frobnicate", true);  // nothing close: the list
   CHECK(r.code == 2);
-  CHECK(r.out == "safeckpt: unknown command 'frobnicate' (commands: inspect, scan, convert, bench)\n");
+  CHECK(r.out ==
+        "safeckpt: unknown command 'frobnicate' (commands: inspect, scan, convert, bench, run, inspect-program)\n");
 }
 
 TEST_CASE("cli: --allow takes a file, a bundled allowlist name or a global name") {
