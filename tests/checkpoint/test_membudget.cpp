@@ -275,23 +275,15 @@ TEST_CASE("memory budget: the CLI refuses a 512 MiB deflate bomb under a 1.5 GiB
       std::ofstream(path, std::ios::binary)
           .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     }
-    const char* env = std::getenv("SAFECKPT_CLI");
-    const std::string cli = env ? env : SAFECKPT_CLI_PATH;
+    const std::string cli = test_support::cli_path();
     for (const char* cmd : {"inspect", "scan"}) {
-      const std::string line = "sh -c 'ulimit -v 1572864 && exec \"$0\" \"$1\" \"$2\"' '" + cli + "' " + cmd + " '" +
-                               path.string() + "' 2>&1";
-      FILE* p = popen(line.c_str(), "r");
-      REQUIRE(p != nullptr);
-      std::string out;
-      char buf[4096];
-      std::size_t n;
-      while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-      const int st = pclose(p);
-      INFO(b.name << " " << cmd << ": " << out);
-      REQUIRE(WIFEXITED(st));
-      CHECK(out.find(b.want) != std::string::npos);
+      const auto r = test_support::run_shell("sh -c 'ulimit -v 1572864 && exec \"$0\" \"$1\" \"$2\"' '" + cli + "' " +
+                                             cmd + " '" + path.string() + "' 2>&1");
+      INFO(b.name << " " << cmd << ": " << r.out);
+      REQUIRE(r.code >= 0);  // exited, not killed
+      CHECK(r.out.find(b.want) != std::string::npos);
       // inspect: 2 = refused; scan: 1 = a finding (the loader's refusal).
-      CHECK(WEXITSTATUS(st) == (std::string(cmd) == "inspect" ? 2 : 1));
+      CHECK(r.code == (std::string(cmd) == "inspect" ? 2 : 1));
     }
   }
 #endif

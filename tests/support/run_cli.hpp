@@ -17,11 +17,15 @@ struct CliRun {
   std::string out;  // stdout (and stderr with merge_stderr)
 };
 
-inline CliRun run_cli(const std::string& args, bool merge_stderr = false) {
+// The CLI under test: $SAFECKPT_CLI (e.g. a binary on the GPU machine) or the build's.
+inline std::string cli_path() {
   const char* cli = std::getenv("SAFECKPT_CLI");
-  const std::string cmd =
-      std::string(cli ? cli : SAFECKPT_CLI_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
+  return cli ? cli : SAFECKPT_CLI_PATH;
+}
+
+// Runs a shell command line; its stdout (redirect stderr in `line` to see it).
+inline CliRun run_shell(const std::string& line) {
+  FILE* p = popen(line.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
   char buf[4096];
@@ -29,6 +33,10 @@ inline CliRun run_cli(const std::string& args, bool merge_stderr = false) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   const int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+inline CliRun run_cli(const std::string& args, bool merge_stderr = false) {
+  return run_shell(cli_path() + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 }  // namespace test_support
