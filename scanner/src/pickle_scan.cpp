@@ -304,7 +304,10 @@ Result<NodeId> ScanHooks::call(NodeId callable, NodeId args, const OpContext&) {
               break;
             }
           }
-          n.text = ok ? std::move(out) : s.text;
+          if (ok)
+            n.text = std::move(out);
+          else
+            n.text = s.text;
         }
       }
       return arena_.add(std::move(n));
