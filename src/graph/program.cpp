@@ -296,30 +296,15 @@ Result<std::int64_t> eval_srepr(std::string_view e, const std::unordered_map<std
 
 }  // namespace detail
 
+using detail::field;  // the JSON field helpers above, one copy
+using detail::get_int;
+using detail::get_string;
+using detail::malformed;
 using detail::parse_json;
 using nlohmann::json;
 
 namespace {
 
-Unexpected malformed(std::string_view where, std::string what) {
-  return make_error(ErrorCode::kMalformed, std::string(where) + ": " + what);
-}
-Result<const json*> field(const json& obj, const char* key, std::string_view where) {
-  if (!obj.is_object()) return malformed(where, "expected an object");
-  auto it = obj.find(key);
-  if (it == obj.end()) return malformed(where, std::string("missing field '") + key + "'");
-  return &*it;
-}
-Result<std::int64_t> get_int(const json& j, std::string_view where) {
-  if (j.is_number_integer()) return j.get<std::int64_t>();
-  if (j.is_number_unsigned() && j.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX))
-    return static_cast<std::int64_t>(j.get<std::uint64_t>());
-  return malformed(where, "expected an integer");
-}
-Result<std::string> get_string(const json& j, std::string_view where) {
-  if (!j.is_string()) return malformed(where, "expected a string");
-  return j.get<std::string>();
-}
 Result<double> get_float(const json& j, std::string_view where) {
   if (j.is_number()) return j.get<double>();
   if (j.is_string()) {
