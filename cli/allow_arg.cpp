@@ -19,12 +19,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-std::filesystem::path executable_dir() {
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::filesystem::path() : exe.parent_path();
-}
-
 std::string bundled_names() {
   std::string out;
   for (const auto& d : bundled_allowlist_dirs()) {
@@ -41,17 +35,31 @@ std::string bundled_names() {
 
 }  // namespace
 
+std::filesystem::path executable_dir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : exe.parent_path();
+}
+
+bool running_from_build_tree() {
+#if defined(SAFECKPT_BUILD_CLI_DIR)
+  const std::filesystem::path exe_dir = executable_dir();
+  std::error_code ec;
+  return !exe_dir.empty() && std::filesystem::equivalent(exe_dir, SAFECKPT_BUILD_CLI_DIR, ec);
+#else
+  return false;
+#endif
+}
+
 std::vector<std::filesystem::path> bundled_allowlist_dirs() {
   std::vector<std::filesystem::path> candidates;
   if (const char* env = std::getenv("SAFECKPT_ALLOWLIST_DIR"); env && *env) candidates.emplace_back(env);
   const std::filesystem::path exe_dir = executable_dir();
   if (!exe_dir.empty()) candidates.push_back(exe_dir / ".." / "share" / "safeckpt" / "allowlist");
-#if defined(SAFECKPT_SOURCE_ALLOWLIST_DIR) && defined(SAFECKPT_BUILD_CLI_DIR)
+#if defined(SAFECKPT_SOURCE_ALLOWLIST_DIR)
   // Only the binary in its build tree uses the sources (an installed copy
   // must not depend on where it was built).
-  std::error_code same_ec;
-  if (!exe_dir.empty() && std::filesystem::equivalent(exe_dir, SAFECKPT_BUILD_CLI_DIR, same_ec))
-    candidates.emplace_back(SAFECKPT_SOURCE_ALLOWLIST_DIR);
+  if (running_from_build_tree()) candidates.emplace_back(SAFECKPT_SOURCE_ALLOWLIST_DIR);
 #endif
   std::vector<std::filesystem::path> out;
   for (auto& c : candidates) {

@@ -35,6 +35,12 @@ namespace safeckpt::cli {
 // Directories that do not exist are left out.
 std::vector<std::filesystem::path> bundled_allowlist_dirs();
 
+// The directory of the running executable (/proc/self/exe), or empty.
+std::filesystem::path executable_dir();
+// Whether this is the binary in its build tree (SAFECKPT_BUILD_CLI_DIR): only
+// then may the tool read files of the source tree it was built from.
+bool running_from_build_tree();
+
 // Adds what ARG names (see above) to `allow`.
 Status add_allow_arg(Allowlist& allow, std::string_view arg);
 

@@ -24,7 +24,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/open.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_writer.hpp"
 #include "safeckpt/save.hpp"
 
 namespace safeckpt::cli {

@@ -5,6 +5,7 @@
 // to_json), so the fuzzers run exactly what users see; --format json is
 // documented in docs/inspect-json.md.
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,31 @@
 #include "safeckpt/json.hpp"
 #include "safeckpt/mapped_file.hpp"
 #include "safeckpt/open.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 
 namespace safeckpt::cli {
 namespace {
+
+// --format json when nothing can be described: one JSON object on stdout
+// instead of the tree (docs/inspect-json.md, "Errors"), so a consumer that
+// parses stdout always gets a document; stderr and the exit code are as for
+// text.
+void print_json_error(const std::string& file, const Error& e) {
+  nlohmann::ordered_json err;
+  err["code"] = std::string(error_code_name(e.code()));
+  err["code_number"] = static_cast<int>(e.code());
+  err["message"] = e.message();
+  err["file"] = file;
+  if (!e.where().record.empty()) err["record"] = e.where().record;
+  if (e.where().offset != Location::kNoOffset) err["offset"] = e.where().offset;
+  if (!e.where().opcode.empty()) err["opcode"] = e.where().opcode;
+  nlohmann::ordered_json doc;
+  doc["$schema_version"] = kInspectJsonSchemaVersion;
+  doc["error"] = std::move(err);
+  // Names and messages may quote bytes from the file that are not UTF-8.
+  const std::string text = doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
+}
 
 struct InspectArgs {
   std::string file;
@@ -45,6 +67,7 @@ int run_inspect(const InspectArgs& a) {
   if (!mf) {
     std::fprintf(stderr, "safeckpt: %s: %s\n  %s\n", a.file.c_str(), failure_word(mf.error().code()),
                  mf.error().to_string().c_str());
+    if (a.format == "json") print_json_error(a.file, mf.error());
     return 2;
   }
   if (detect_format(mf->bytes(), opt.limits) == FileFormat::kPt2Archive)
@@ -54,6 +77,7 @@ int run_inspect(const InspectArgs& a) {
     const Error& e = r.error();
     std::fprintf(stderr, "safeckpt: %s: %s\n  %s\n", a.file.c_str(), failure_word(e.code()), e.to_string().c_str());
     if (e.code() == ErrorCode::kLimitExceeded) std::fputs(kLimitHint, stderr);
+    if (a.format == "json") print_json_error(a.file, e);
     return is_policy_error(e.code()) ? 1 : 2;
   }
   const Checkpoint& c = *r;
@@ -65,6 +89,7 @@ int run_inspect(const InspectArgs& a) {
     auto j = to_json(c, jo);
     if (!j) {
       std::fprintf(stderr, "safeckpt: %s: %s\n", a.file.c_str(), j.error().to_string().c_str());
+      print_json_error(a.file, j.error());
       return 2;
     }
     std::fwrite(j->data(), 1, j->size(), stdout);

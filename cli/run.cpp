@@ -33,7 +33,7 @@
 #include "commands.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/graph.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_writer.hpp"
 
 namespace safeckpt::cli {
 namespace {

@@ -27,11 +27,39 @@ namespace {
 
 // The tool version written in JSON/SARIF (safeckpt/version.hpp, = --version).
 constexpr const char* kToolVersion = SAFECKPT_VERSION_STRING;
-// SARIF informationUri/helpUri: CMake cache variable SAFECKPT_PROJECT_URL
-// (empty: omitted rather than guessed).
+// SARIF informationUri/helpUri: the CMake cache variable SAFECKPT_PROJECT_URL
+// when set; else the installed documentation (SAFECKPT_BIN_TO_DOCDIR: from
+// <prefix>/bin to <prefix>/share/doc/safeckpt, cmake/Install.cmake), or the
+// source tree's for the binary in its build tree; else omitted, never guessed.
 #ifndef SAFECKPT_PROJECT_URL
 #define SAFECKPT_PROJECT_URL ""
 #endif
+
+struct DocUris {
+  std::string info, rules;
+};
+
+DocUris doc_uris() {
+  const std::string url = SAFECKPT_PROJECT_URL;
+  if (!url.empty()) return {url, url + "/blob/main/scanner/README.md#rules"};
+  namespace fs = std::filesystem;
+  auto uris = [](const fs::path& readme, const fs::path& rules) -> DocUris {
+    std::error_code e1, e2;
+    if (!fs::is_regular_file(readme, e1) || !fs::is_regular_file(rules, e2)) return {};
+    return {scan::file_uri(readme.lexically_normal().string()), scan::file_uri(rules.lexically_normal().string())};
+  };
+#if defined(SAFECKPT_BIN_TO_DOCDIR)
+  if (const fs::path exe_dir = executable_dir(); !exe_dir.empty()) {
+    const fs::path doc = exe_dir / SAFECKPT_BIN_TO_DOCDIR;
+    if (DocUris d = uris(doc / "README.md", doc / "scan.md"); !d.info.empty()) return d;
+  }
+#endif
+#if defined(SAFECKPT_SOURCE_DIR)
+  if (running_from_build_tree())
+    return uris(fs::path(SAFECKPT_SOURCE_DIR) / "README.md", fs::path(SAFECKPT_SOURCE_DIR) / "scanner" / "README.md");
+#endif
+  return {};
+}
 
 // Progress only pays off for many files.
 constexpr std::size_t kProgressMinFiles = 2;
@@ -81,7 +109,11 @@ int run_scan(const ScanArgs& a) {
   scan::ReportOptions ro;
   ro.fail_on = parse_severity(a.fail_on);
   ro.tool_version = kToolVersion;
-  ro.information_uri = SAFECKPT_PROJECT_URL;
+  {
+    DocUris d = doc_uris();
+    ro.information_uri = std::move(d.info);
+    ro.rules_uri = std::move(d.rules);
+  }
   ro.verbose = a.verbose;
   {
     std::error_code ec;

@@ -2,7 +2,7 @@
 # public headers (include/safeckpt/*.hpp, the scanner's scan.hpp and the
 # generated version.hpp, all under <prefix>/include/safeckpt/), the bundled
 # allowlists (<prefix>/share/safeckpt/allowlist/*.allow, where the installed
-# CLI looks for `--allow NAME`), the CMake package
+# CLI looks for `--allow NAME`), the documentation (<prefix>/share/doc/safeckpt), the CMake package
 # (<prefix>/lib/cmake/safeckpt: safeckpt::safeckpt, safeckpt::scanner,
 # safeckpt::cuda when built) and safeckpt.pc. Included after GNUInstallDirs.
 include(CMakePackageConfigHelpers)
@@ -13,6 +13,12 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/safeckpt ${PROJECT_SOURCE_DIR}/s
                   ${SAFECKPT_GENERATED_INCLUDE_DIR}/safeckpt
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.hpp")
+# Documentation (<prefix>/share/doc/safeckpt): the installed CLI's SARIF
+# informationUri (README.md) and rules helpUri (scan.md = scanner/README.md)
+# point here as file: URIs (cli/scan.cpp), and the inspect JSON schema.
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/docs/inspect-json.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/scanner/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} RENAME scan.md)
 file(GLOB _safeckpt_allow_files ${PROJECT_SOURCE_DIR}/allowlist/*.allow)
 install(FILES ${_safeckpt_allow_files} DESTINATION ${SAFECKPT_INSTALL_ALLOWDIR})
 

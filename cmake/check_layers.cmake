@@ -7,12 +7,17 @@
 #        < scanner < cuda < cli
 #
 # plus two rules the order alone does not say:
-#   - the safetensors reader (src/safetensors/safetensors.cpp) includes no
-#     save-layer header (it builds Checkpoints, it does not save);
+#   - the safetensors reader (src/safetensors/safetensors.cpp, internal.hpp
+#     and include/safeckpt/safetensors_reader.hpp) reaches no save-layer
+#     header, directly or through the headers it includes (it builds
+#     Checkpoints, it does not save): safetensors_writer.hpp and the
+#     compatibility safetensors.hpp include save.hpp, so the reader names
+#     neither;
 #   - the shipped CLI (cli/) includes nothing from bench/: a quoted include
 #     there is either safeckpt/... or a file in cli/.
 # A header's layer: include/safeckpt/<name>.hpp by the table below, an
 # internal "<layer>/x.hpp" by its folder.
+cmake_policy(SET CMP0057 NEW)  # if(... IN_LIST ...) in script mode
 if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
@@ -24,7 +29,8 @@ set(_hdr_pickle pickle value)
 set(_hdr_torch allowlist tensor)
 set(_hdr_checkpoint checkpoint json builder)
 set(_hdr_save save)
-set(_hdr_safetensors safetensors)
+# safetensors.hpp: compatibility header = reader + writer.
+set(_hdr_safetensors safetensors safetensors_reader safetensors_writer)
 set(_hdr_graph graph)
 set(_hdr_open open)
 set(_hdr_scanner scan)
@@ -107,12 +113,48 @@ foreach(entry IN LISTS _files)
       message(SEND_ERROR "layers: ${f} (${layer}) includes \"${inc}\" (${target_layer}): upward include")
       math(EXPR _bad "${_bad} + 1")
     endif()
-    if(f MATCHES "/src/safetensors/safetensors\\.cpp$" AND target_layer STREQUAL "save")
-      message(SEND_ERROR "layers: the safetensors reader ${f} includes \"${inc}\" (save layer)")
-      math(EXPR _bad "${_bad} + 1")
-    endif()
   endforeach()
 endforeach()
+# The safetensors reader reaches no save-layer header: follow its quoted
+# includes (safeckpt/X.hpp in include/ or scanner/include/, layer/x.hpp in
+# src/, or a header beside the file) transitively.
+set(_reader_files ${ROOT}/src/safetensors/safetensors.cpp ${ROOT}/src/safetensors/internal.hpp
+                  ${ROOT}/include/safeckpt/safetensors_reader.hpp)
+foreach(start IN LISTS _reader_files)
+  if(NOT EXISTS ${start})
+    continue()
+  endif()
+  set(_todo ${start})
+  set(_seen ${start})
+  while(_todo)
+    list(POP_FRONT _todo f)
+    get_filename_component(dir ${f} DIRECTORY)
+    file(STRINGS ${f} _incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+    foreach(line IN LISTS _incs)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" inc "${line}")
+      set(hdr_layer "")
+      if(inc MATCHES "^safeckpt/([A-Za-z0-9_]+)\\.hpp$")
+        set(hdr_layer "${_layer_of_${CMAKE_MATCH_1}}")  # CMAKE_MATCH_1 is set only after MATCHES ran
+      endif()
+      if(hdr_layer STREQUAL "save")
+        message(SEND_ERROR "layers: the safetensors reader ${start} reaches \"${inc}\" (save layer) through ${f}")
+        math(EXPR _bad "${_bad} + 1")
+        continue()
+      endif()
+      set(next "")
+      foreach(cand ${ROOT}/include/${inc} ${ROOT}/scanner/include/${inc} ${ROOT}/src/${inc} ${dir}/${inc})
+        if(next STREQUAL "" AND EXISTS ${cand})
+          set(next ${cand})
+        endif()
+      endforeach()
+      if(NOT next STREQUAL "" AND NOT next IN_LIST _seen)
+        list(APPEND _seen ${next})
+        list(APPEND _todo ${next})
+      endif()
+    endforeach()
+  endwhile()
+endforeach()
+
 if(_bad GREATER 0)
   message(FATAL_ERROR "layers: ${_bad} upward include(s); the order is in cmake/check_layers.cmake")
 endif()

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "safeckpt/checkpoint.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_writer.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

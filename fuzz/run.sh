@@ -1,6 +1,6 @@
 #!/bin/sh
-# fuzz/run.sh SECONDS [TARGET...] — build every fuzzer with clang (libFuzzer +
-# ASan + UBSan, -fno-sanitize-recover=all) and run each for SECONDS over a
+# fuzz/run.sh SECONDS [TARGET...] — build every fuzzer with the `fuzz` preset
+# (clang, libFuzzer + ASan + UBSan, -fno-sanitize-recover=all) and run each for SECONDS over a
 # scratch copy of its corpus. Exit status 0 only if no target crashed, leaked,
 # timed out, ran out of memory or broke an invariant.
 #
@@ -13,7 +13,7 @@
 #   JOBS=N        targets fuzzed at once (default 1; CI on 2 cores: 2)
 #   NICE=N        nice level for the fuzzers (default 19)
 #   BUILD_DIR=D   build tree (default <repo>/build-fuzz)
-#   CXX=...       clang++ to use (default clang++-14, else clang++)
+#   CXX=...       clang++ to use instead of the preset's clang++-14
 #   MAX_LEN=N     largest input libFuzzer generates (default 65536)
 #   SKIP_BUILD=1  use the existing build
 #   KEEP_GOING=1  libFuzzer fork mode (-fork=1 -ignore_crashes=1 ...): keep
@@ -31,19 +31,16 @@ jobs=${JOBS:-1}
 nice_level=${NICE:-19}
 max_len=${MAX_LEN:-65536}
 
-if [ -z "${CXX:-}" ]; then
-  if command -v clang++-14 >/dev/null 2>&1; then CXX=clang++-14; else CXX=clang++; fi
-fi
-CC=$(echo "$CXX" | sed 's/clang++/clang/')
-flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all -fno-omit-frame-pointer"
-
+# One recipe per build tree: the `fuzz` preset (CMakePresets.json: clang-14,
+# libFuzzer, ASan+UBSan, no CUDA, no bench) configures $build; CXX, when set,
+# only swaps the compiler.
 if [ -z "${SKIP_BUILD:-}" ]; then
-  cmake -S "$root" -B "$build" -G Ninja \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
-    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
-    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-    -DSAFECKPT_LIBFUZZER=ON -DSAFECKPT_CUDA=OFF -DSAFECKPT_BUILD_BENCH=OFF >/dev/null
+  cxx_args=""
+  if [ -n "${CXX:-}" ]; then
+    cxx_args="-DCMAKE_C_COMPILER=$(echo "$CXX" | sed 's/clang++/clang/') -DCMAKE_CXX_COMPILER=$CXX"
+  fi
+  # shellcheck disable=SC2086
+  (cd "$root" && cmake --preset fuzz -B "$build" $cxx_args >/dev/null)
   nice -n "$nice_level" cmake --build "$build" --target safeckpt_fuzzers -- -j"$(nproc)"
 fi
 

@@ -20,7 +20,9 @@
 // that block to every global of the known-dangerous table below whose level is
 // kCritical (eval/exec/compile, os/posix/nt/subprocess/pty, runpy, importlib,
 // nested loaders such as torch.load / pickle.loads, getattr-style
-// introspection, network, file writes, native code; see
+// introspection, the call gadgets functools.partial and
+// copyreg._reconstructor (docs/threats.md: a helper that hides the real call
+// or builds any class), network, file writes, native code; see
 // find_dangerous_global): add() and the file parser refuse such a name
 // (kInvalidArgument saying why), and find() never returns it, so neither the
 // loader nor the scanner can treat it as allowed. Reason: an allowlist line

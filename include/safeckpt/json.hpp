@@ -70,7 +70,11 @@ struct TextOptions {
 // tensor reachable by a path (name, dtype, shape, bytes, storage key); a
 // totals line; then the non-tensor values by path ("epoch = 5",
 // "optimizer.param_groups.0.lr = 0.001"), each container expanded once, at
-// most max_depth deep and max_value_lines lines. Never fails on a loaded
+// most max_depth deep and max_value_lines lines. Paths go through every dict
+// key (a key that is not str/int is its repr in brackets: "state.[(1, 2)]")
+// and into objects of allowlisted classes (a whole module saved with
+// torch.save(model): "<root> = <torch.nn.modules.linear.Linear object>",
+// "__dict__._parameters.weight"; non-empty constructor args as "(args)"). Never fails on a loaded
 // checkpoint except kLimitExceeded for out of memory. Output is at most
 // ~(max_name_bytes + 150) bytes per tensor plus ~(max_name_bytes +
 // max_repr_bytes + 8) per value line plus a header.

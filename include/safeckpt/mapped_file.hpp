@@ -20,6 +20,15 @@
 //    legacy storages carry no checksum, so for them only a hash of these
 //    same bytes (the signing issue) can detect it. Don't load files that
 //    an untrusted party can still write to.
+//  - truncating the opened file while it is mapped makes a later access to
+//    a page past the new end raise SIGBUS (mmap(2)), which kills the
+//    process: a library cannot catch it without a process-wide signal
+//    handler, which safeckpt does not install. Files of at most 1 MiB are
+//    therefore read into memory by open()/adopt() (pread(2);
+//    src/util/mapped_file.cpp kReadSmallBytes), so truncating them
+//    afterwards changes nothing (a file that shrinks while it is read is
+//    kIo); larger files are mapped, and for them the limit stands: don't
+//    truncate a checkpoint while it is being loaded.
 #pragma once
 
 #include <cstddef>
@@ -44,12 +53,13 @@ class MappedFile {
   MappedFile& operator=(MappedFile&& o) noexcept;
   ~MappedFile();
 
-  // Maps `path` read-only. Errors: kIo (open/stat/mmap failed, not a regular
-  // file). An empty file maps to an empty span.
+  // Maps `path` read-only (reads it when it has at most 1 MiB, above).
+  // Errors: kIo (open/stat/mmap/read failed, not a regular file, the file
+  // shrank while read). An empty file maps to an empty span.
   static Result<MappedFile> open(const std::filesystem::path& path);
-  // Maps an already open descriptor, taking ownership of `fd` (closed on
-  // every error too). `path` only names the file in messages and path().
-  // Errors: kIo (fstat/mmap failed, not a regular file).
+  // Maps (or reads, as open()) an already open descriptor, taking ownership
+  // of `fd` (closed on every error too). `path` only names the file in
+  // messages and path(). Errors: as open().
   static Result<MappedFile> adopt(int fd, const std::filesystem::path& path);
   // Reads everything from `read` (returns bytes read, 0 at end, -1 on error)
   // into an owned buffer of at most `max_bytes`. Errors: kIo, kLimitExceeded.
@@ -62,7 +72,8 @@ class MappedFile {
   std::size_t size() const noexcept { return size_; }
   // The open descriptor of a file from open()/adopt() (for pread, a second
   // mapping, or an O_DIRECT reopen of the same inode through
-  // /proc/self/fd/N), owned by this object; -1 for buffers.
+  // /proc/self/fd/N), owned by this object (also for a small file that was
+  // read); -1 for buffers.
   int fd() const noexcept { return fd_; }
   const std::filesystem::path& path() const noexcept { return path_; }
 

@@ -11,7 +11,7 @@
 //       {"metadata": ..., "weight_map": {name: shard}}: shards are plain
 //       file names in the index's directory, each opened once, tensor names
 //       unique across shards and equal to the weight_map;
-//       safeckpt/safetensors.hpp);
+//       safeckpt/safetensors_reader.hpp);
 //   PT2 program (torch.export / AOTInductor zip) -> kUnsupported: a program,
 //       not a checkpoint; read it with graph::Pt2Archive (safeckpt/graph.hpp;
 //       `safeckpt inspect` routes it there); TorchScript, tar, compressed wrappers and

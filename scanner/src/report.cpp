@@ -193,6 +193,10 @@ std::string trim(std::string_view s) {
 
 }  // namespace
 
+std::string file_uri(const std::string& path) {
+  return "file://" + uri_escape(path);
+}
+
 FileReport unscanned_report(std::string path, std::string reason) {
   FileReport rep;
   rep.path = std::move(path);
@@ -462,6 +466,9 @@ std::string to_json(const std::vector<FileReport>& reports, const ReportOptions&
 }
 
 std::string to_sarif(const std::vector<FileReport>& reports, const ReportOptions& o) {
+  std::string help_uri = o.rules_uri;
+  if (help_uri.empty() && (o.information_uri.rfind("https://", 0) == 0 || o.information_uri.rfind("http://", 0) == 0))
+    help_uri = o.information_uri + "/blob/main/scanner/README.md#rules";
   json rules_j = json::array();
   for (const RuleInfo& ri : rules()) {
     json rj = {{"id", std::string(ri.id)},
@@ -477,7 +484,7 @@ std::string to_sarif(const std::vector<FileReport>& reports, const ReportOptions
                 {{"tags", json::array({"security", "pickle", "model"})},
                  {"precision", "very-high"},
                  {"security-severity", security_severity(ri.default_severity)}}}};
-    if (!o.information_uri.empty()) rj["helpUri"] = o.information_uri + "/blob/main/scanner/README.md#rules";
+    if (!help_uri.empty()) rj["helpUri"] = help_uri;
     rules_j.push_back(std::move(rj));
   }
   json results = json::array();

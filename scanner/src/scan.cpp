@@ -22,7 +22,7 @@
 //     legacy_load).
 //  5. numpy .npy: header; object arrays' pickled payload scanned.
 //  6. safetensors: validated by the library's own reader
-//     (SafetensorsFile::parse, include/safeckpt/safetensors.hpp).
+//     (SafetensorsFile::parse, include/safeckpt/safetensors_reader.hpp).
 //  7. gzip/bzip2/xz/zstd/7z/rar/PYTORCH1 preview: "unscannable container".
 //  8. anything else is tried as a pickle without PROTO (the C unpickler
 //     accepts any opcode first); a file whose first opcode already fails is
@@ -41,7 +41,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/dtype.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 #include "safeckpt/zip.hpp"
 #include "scanner.hpp"
 

@@ -11,9 +11,10 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/dtype.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 #include "safeckpt/zip.hpp"
 #include "scanner.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt::scan {
 
@@ -80,9 +81,7 @@ void Scanner::scan_legacy(Bytes data, const std::string& member, int depth) {
           kIncompleteWhy, pos);
       return;
     }
-    std::uint64_t count = 0;
-    for (int b = 7; b >= 0; --b)
-      count = (count << 8) | data[static_cast<std::size_t>(pos) + static_cast<std::size_t>(b)];
+    const std::uint64_t count = util::load_le<std::uint64_t>(data.data() + pos);
     pos += 8;
     if (count > (data.size() - pos) / it->second) {
       add(Rule::kMalformed, Severity::kHigh, member,
@@ -208,9 +207,7 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
             bad = true;
             break;
           }
-          std::uint64_t cnt = 0;
-          for (int b = 7; b >= 0; --b)
-            cnt = (cnt << 8) | body[static_cast<std::size_t>(p) + static_cast<std::size_t>(b)];
+          const std::uint64_t cnt = util::load_le<std::uint64_t>(body.data() + p);
           p += 8;
           if (cnt > (body.size() - p) / esz) {
             add(Rule::kMalformed, Severity::kHigh, m, "tar storage declares more bytes than remain", kIncompleteWhy,
@@ -224,9 +221,7 @@ void Scanner::scan_tar(Bytes data, const std::string& member, int depth) {
             bad = true;
             break;
           }
-          std::uint32_t ndim = 0;
-          for (int b = 3; b >= 0; --b)
-            ndim = (ndim << 8) | body[static_cast<std::size_t>(p) + static_cast<std::size_t>(b)];
+          const std::uint32_t ndim = util::load_le<std::uint32_t>(body.data() + p);
           p += 8;
           if (ndim > opt_.limits.max_tensor_rank || (2ull * ndim + 1) * 8 > body.size() - p) {
             add(Rule::kMalformed, Severity::kHigh, m, "tar tensor record with a bad rank", kIncompleteWhy, p - 8);

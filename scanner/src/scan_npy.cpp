@@ -11,9 +11,10 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/dtype.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 #include "safeckpt/zip.hpp"
 #include "scanner.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt::scan {
 
@@ -28,14 +29,14 @@ void Scanner::scan_npy(Bytes data, const std::string& member, int depth) {
   const int major = data[6];
   std::uint64_t hlen = 0, start = 0;
   if (major == 1) {
-    hlen = data[8] | (static_cast<std::uint64_t>(data[9]) << 8);
+    hlen = util::load_le<std::uint16_t>(data.data() + 8);
     start = 10;
   } else if (major == 2 || major == 3) {
     if (data.size() < 12) {
       add(Rule::kMalformed, Severity::kHigh, member, "numpy .npy header truncated", kIncompleteWhy, 0);
       return;
     }
-    for (int b = 3; b >= 0; --b) hlen = (hlen << 8) | data[8 + static_cast<std::size_t>(b)];
+    hlen = util::load_le<std::uint32_t>(data.data() + 8);
     start = 12;
   } else {
     add(Rule::kUnsupported, Severity::kMedium, member, "numpy .npy format version " + std::to_string(major),
@@ -87,7 +88,7 @@ void Scanner::scan_npy(Bytes data, const std::string& member, int depth) {
 
 // ---- safetensors ---------------------------------------------------------------
 
-// The library's own safetensors reader (include/safeckpt/safetensors.hpp:
+// The library's own safetensors reader (include/safeckpt/safetensors_reader.hpp:
 // header cap, UTF-8, duplicate keys, known dtypes, overflow-checked sizes,
 // tensors tiling the data section exactly) — the parser the loader uses.
 void Scanner::scan_safetensors(Bytes data, const std::string& member) {

@@ -11,7 +11,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/dtype.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 #include "safeckpt/zip.hpp"
 #include "scanner.hpp"
 

@@ -560,20 +560,45 @@ Result<std::string> to_text(const Checkpoint& c, const TextOptions& o) {
       std::string name;
       std::uint32_t tensor;
     };
+    // Every value is shown (user test finding): keys that are not str/int by
+    // their repr in brackets ("[(1, 2)]"), and the insides of objects (a
+    // whole module saved with torch.save(model): "__dict__._parameters.weight").
+    detail::PathWalkOptions all;
+    all.other_key = [&](NodeId k) {
+      // A tuple key of plain values in full ("[(1, 2)]"), as Python prints it.
+      const Node& kn = a[k];
+      std::string text = repr(a, c, k, o.max_repr_bytes);
+      if (kn.kind == Kind::kTuple && kn.items.size() <= 8) {
+        std::string inl = "(";
+        bool flat = true;
+        for (std::size_t i = 0; i < kn.items.size() && flat; ++i) {
+          const NodeId e = kn.items[i];
+          flat = e < a.size() && !detail::is_named_container(a[e].kind) && a[e].kind != Kind::kTensor;
+          if (flat) inl += (i ? ", " : "") + repr(a, c, e, o.max_repr_bytes);
+        }
+        inl += kn.items.size() == 1 ? ",)" : ")";
+        if (flat && inl.size() <= o.max_repr_bytes) text = std::move(inl);
+      }
+      return "[" + text + "]";
+    };
+    all.into_objects = true;
     std::vector<Row> rows;
     std::vector<bool> seen(c.tensors().size(), false);
-    detail::walk_paths(a, c.root(), o.max_name_bytes, [&](const detail::PathVisit& v) {
-      const Node& n = a[v.id];
-      if (n.kind != Kind::kTensor) return detail::WalkStep::kDescend;
-      const auto t = static_cast<std::uint32_t>(n.i);
-      if (t < seen.size() && !seen[t]) {
-        seen[t] = true;
-        std::string name = v.path.empty() && v.path_bytes == 0 ? "<root>" : escaped(v.path, o.max_name_bytes, 0);
-        if (!v.path_complete) name += "…";
-        rows.push_back({std::move(name), t});
-      }
-      return detail::WalkStep::kSkip;
-    });
+    detail::walk_paths(
+        a, c.root(), o.max_name_bytes,
+        [&](const detail::PathVisit& v) {
+          const Node& n = a[v.id];
+          if (n.kind != Kind::kTensor) return detail::WalkStep::kDescend;
+          const auto t = static_cast<std::uint32_t>(n.i);
+          if (t < seen.size() && !seen[t]) {
+            seen[t] = true;
+            std::string name = v.path.empty() && v.path_bytes == 0 ? "<root>" : escaped(v.path, o.max_name_bytes, 0);
+            if (!v.path_complete) name += "…";
+            rows.push_back({std::move(name), t});
+          }
+          return detail::WalkStep::kSkip;
+        },
+        all);
 
     std::string out;
     std::vector<int> storage_users(c.storages().size(), 0);
@@ -608,7 +633,7 @@ Result<std::string> to_text(const Checkpoint& c, const TextOptions& o) {
            " storages (* = nn.Parameter)";
     if (rows.size() < c.tensors().size())
       out += "; " + std::to_string(c.tensors().size() - rows.size()) +
-             " more tensor objects without a path (sparse parts, quantization parameters, tensors in objects)";
+             " more tensor objects without a path (sparse parts, quantization parameters)";
     out += "\n";
 
     // Non-tensor values by path, containers expanded once and at most max_depth deep.
@@ -624,44 +649,54 @@ Result<std::string> to_text(const Checkpoint& c, const TextOptions& o) {
       if (!v.path_complete) name += "…";
       values += "  " + name + " = " + text + "\n";
     };
-    detail::walk_paths(a, c.root(), o.max_name_bytes, [&](const detail::PathVisit& v) {
-      const Node& n = a[v.id];
-      if (n.kind == Kind::kTensor) return detail::WalkStep::kSkip;  // a row above
-      if (!detail::is_named_container(n.kind)) {
-        line(v, repr(a, c, v.id, o.max_repr_bytes));
-        return detail::WalkStep::kSkip;
-      }
-      if (v.revisit) {
-        line(v, repr(a, c, v.id, o.max_repr_bytes) + " (the same object as an earlier path)");
-        return detail::WalkStep::kSkip;
-      }
-      if (n.items.empty()) {
-        line(v, n.kind == Kind::kList ? "[]" : n.kind == Kind::kTuple ? "()" : "{}");
-        return detail::WalkStep::kSkip;
-      }
-      if ((n.kind == Kind::kList || n.kind == Kind::kTuple) && n.items.size() <= 8) {
-        // A short list/tuple of plain values on one line: "betas = (0.9, 0.999)".
-        std::string inl = n.kind == Kind::kList ? "[" : "(";
-        bool flat = true;
-        for (std::size_t i = 0; i < n.items.size() && flat; ++i) {
-          const NodeId e = n.items[i];
-          flat = e < a.size() && !detail::is_named_container(a[e].kind) && a[e].kind != Kind::kTensor;
-          if (flat) inl += (i ? ", " : "") + repr(a, c, e, o.max_repr_bytes);
-        }
-        if (n.kind == Kind::kTuple && n.items.size() == 1) inl += ",";
-        inl += n.kind == Kind::kList ? "]" : ")";
-        if (flat && inl.size() <= o.max_repr_bytes) {
-          line(v, inl);
-          return detail::WalkStep::kSkip;
-        }
-      }
-      if (v.depth >= o.max_depth) {
-        line(v, repr(a, c, v.id, o.max_repr_bytes) + " (nested deeper than " + std::to_string(o.max_depth) +
-                    " levels: not shown)");
-        return detail::WalkStep::kSkip;
-      }
-      return detail::WalkStep::kDescend;
-    });
+    detail::walk_paths(
+        a, c.root(), o.max_name_bytes,
+        [&](const detail::PathVisit& v) {
+          const Node& n = a[v.id];
+          if (n.kind == Kind::kTensor) return detail::WalkStep::kSkip;  // a row above
+          if (n.kind == Kind::kObject) {
+            // The object's class on its own line, then what it holds.
+            line(v, repr(a, c, v.id, o.max_repr_bytes) + (v.revisit ? " (the same object as an earlier path)" : ""));
+            if (v.revisit) return detail::WalkStep::kSkip;
+            if (v.depth >= o.max_depth) return detail::WalkStep::kSkip;
+            return detail::WalkStep::kDescend;
+          }
+          if (!detail::is_named_container(n.kind)) {
+            line(v, repr(a, c, v.id, o.max_repr_bytes));
+            return detail::WalkStep::kSkip;
+          }
+          if (v.revisit) {
+            line(v, repr(a, c, v.id, o.max_repr_bytes) + " (the same object as an earlier path)");
+            return detail::WalkStep::kSkip;
+          }
+          if (n.items.empty()) {
+            line(v, n.kind == Kind::kList ? "[]" : n.kind == Kind::kTuple ? "()" : "{}");
+            return detail::WalkStep::kSkip;
+          }
+          if ((n.kind == Kind::kList || n.kind == Kind::kTuple) && n.items.size() <= 8) {
+            // A short list/tuple of plain values on one line: "betas = (0.9, 0.999)".
+            std::string inl = n.kind == Kind::kList ? "[" : "(";
+            bool flat = true;
+            for (std::size_t i = 0; i < n.items.size() && flat; ++i) {
+              const NodeId e = n.items[i];
+              flat = e < a.size() && !detail::is_named_container(a[e].kind) && a[e].kind != Kind::kTensor;
+              if (flat) inl += (i ? ", " : "") + repr(a, c, e, o.max_repr_bytes);
+            }
+            if (n.kind == Kind::kTuple && n.items.size() == 1) inl += ",";
+            inl += n.kind == Kind::kList ? "]" : ")";
+            if (flat && inl.size() <= o.max_repr_bytes) {
+              line(v, inl);
+              return detail::WalkStep::kSkip;
+            }
+          }
+          if (v.depth >= o.max_depth) {
+            line(v, repr(a, c, v.id, o.max_repr_bytes) + " (nested deeper than " + std::to_string(o.max_depth) +
+                        " levels: not shown)");
+            return detail::WalkStep::kSkip;
+          }
+          return detail::WalkStep::kDescend;
+        },
+        all);
     if (lines > 0) {
       out += "values (" + std::to_string(lines) + " non-tensor, by path):\n" + values;
       if (hidden > 0)

@@ -14,9 +14,11 @@
 // in memory), and everything the pickle run allocates. Records other than
 // storages are inflated at most max_pickle_record_bytes at a time (transient).
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "checkpoint/builder.hpp"
+#include "pickle/run_detail.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/zip.hpp"
 #include "torch/object_model.hpp"
@@ -94,9 +96,13 @@ class ZipStorages final : public StorageProvider {
   std::uint64_t total_ = 0;
 };
 
-// After a policy refusal, parse the stream again in the scanner's continue
-// mode so the message names every refused global, not only the first
-// (PyTorch's get_unsafe_globals_in_checkpoint lists them all).
+// The load's one machine run (issue 12: a refused stream is not parsed a
+// second time to name what was refused). The run is in continue mode, so a
+// refused stream is parsed to its end and the message names every refused
+// global, not only the first (PyTorch's get_unsafe_globals_in_checkpoint
+// lists them all); the error returned is the one a stop-at-first run gives:
+// the first policy error when one came before anything else went wrong,
+// else that other error. Without a policy error it is exactly a normal run.
 class RefusedGlobals final : public PickleObserver {
  public:
   explicit RefusedGlobals(const Allowlist& a) : allow_(a) {}
@@ -113,25 +119,23 @@ class RefusedGlobals final : public PickleObserver {
   const Allowlist& allow_;
 };
 
-// `budget`: the load's (the first run's arena is still alive), so this second
-// run stops, with the names found so far, when the budget is spent.
-Error name_all_refused(Error e, Bytes pickle, StorageProvider* provider, TorchTables& tables, PidForm form,
-                       const LoadOptions& opt, const Allowlist& allow, MemoryBudget& budget) {
-  if (!is_policy_error(e.code())) return e;
-  ValueArena arena;
-  TorchHooks hooks(arena, tables, allow, provider, opt.limits, form);
+Error with_every_name(Error e, const std::vector<std::string>& names) {
+  if (names.size() <= 1) return e;
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  return Error(e.code(), e.message() + "\nEvery global this file imports that is not allowlisted: " + all, e.where());
+}
+
+Result<PickleResult> run_once(Bytes pickle, ValueArena& arena, PickleHooks& hooks, PickleOptions po,
+                              const Allowlist& allow) {
   RefusedGlobals seen(allow);
-  PickleOptions po;
-  po.limits = opt.limits;
   po.continue_after_policy_error = true;
-  po.budget = &budget;
-  (void)run_pickle(pickle, arena, hooks, &seen, po);
-  if (seen.names.size() > 1) {
-    std::string all;
-    for (const auto& n : seen.names) all += (all.empty() ? "" : ", ") + n;
-    return Error(e.code(), e.message() + "\nEvery global this file imports that is not allowlisted: " + all, e.where());
-  }
-  return e;
+  std::optional<Error> refused_first;
+  auto run = detail::run_pickle_keeping_policy_error(pickle, arena, hooks, &seen, po, &refused_first);
+  if (run && !run->policy_error) return run;
+  if (run) return unexpected(with_every_name(std::move(*run->policy_error), seen.names));
+  if (!refused_first) return run;  // failed before any policy error
+  return unexpected(with_every_name(std::move(*refused_first), seen.names));
 }
 
 Result<std::string> small_record(const ZipArchive& zip, const ZipEntry& e, std::size_t max) {
@@ -213,14 +217,7 @@ Result<Checkpoint> load_zip(LoadBuilder& b, Bytes file, const LoadOptions& opt, 
   po.limits = opt.limits;
   po.record = pkl->name;
   po.budget = &budget;
-  auto run = run_pickle(pbytes.bytes, b.arena(), hooks, nullptr, po);
-  if (!run) {
-    TorchTables scratch;
-    ZipStorages again(zip, scratch, b, big, false, opt.limits, budget);
-    return unexpected(
-        name_all_refused(std::move(run).error(), pbytes.bytes, &again, scratch, PidForm::kZip, opt, allow, budget));
-  }
-  PickleResult pr = *run;
+  SAFECKPT_TRY(PickleResult pr, run_once(pbytes.bytes, b.arena(), hooks, po, allow));
   if (pr.end_offset != pbytes.bytes.size())
     return make_error(ErrorCode::kMalformed, "bytes after STOP in data.pkl", Location{pkl->name, pr.end_offset});
   return b.finish(FileFormat::kTorchZip, pr.root, std::move(tables));
@@ -234,13 +231,7 @@ Result<Checkpoint> load_bare_pickle(LoadBuilder& b, Bytes file, const LoadOption
   po.limits = opt.limits;
   po.record = "<pickle>";
   po.budget = &budget;
-  auto run = run_pickle(file, b.arena(), hooks, nullptr, po);
-  if (!run) {
-    TorchTables scratch;
-    return unexpected(
-        name_all_refused(std::move(run).error(), file, nullptr, scratch, PidForm::kZip, opt, allow, budget));
-  }
-  PickleResult pr = *run;
+  SAFECKPT_TRY(PickleResult pr, run_once(file, b.arena(), hooks, po, allow));
   if (pr.end_offset != file.size())
     return make_error(ErrorCode::kMalformed, "bytes after the pickle's STOP (several concatenated pickles?)",
                       Location{"<pickle>", pr.end_offset});

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,13 +36,28 @@ inline bool is_named_container(Kind k) {
   return k == Kind::kDict || k == Kind::kOrderedDict || k == Kind::kCounter || k == Kind::kList || k == Kind::kTuple;
 }
 
+// What walk_paths follows beyond torch's state_dict naming (the defaults).
+struct PathWalkOptions {
+  // Names a dict key that is not str/int (e.g. "[(1, 2)]"); null: such keys
+  // are not followed, as in torch's state_dict naming. The name is one path
+  // component like any other.
+  std::function<std::string(NodeId key)> other_key;
+  // Walk into kObject nodes (allowlisted classes the library does not model,
+  // e.g. a whole nn.Module saved with torch.save(model)): their non-empty
+  // args as "(args)", their BUILD state as "__dict__" when it is a dict (what
+  // BUILD updates), else "(state)".
+  bool into_objects = false;
+};
+
 // Calls visit(const PathVisit&) -> WalkStep for the root and every value
-// reachable through dicts (str/int keys; other keys are not followed, as in
-// torch's state_dict naming), lists and tuples, depth-first, in order.
+// reachable through dicts (str/int keys; others as `options` says), lists and
+// tuples (and objects, with options.into_objects), depth-first, in order.
 // kDescend on a container (not a revisit) walks its children; kStop ends the walk.
 template <class Visit>
-void walk_paths(const ValueArena& a, NodeId root, std::uint64_t max_path_bytes, Visit&& visit) {
+void walk_paths(const ValueArena& a, NodeId root, std::uint64_t max_path_bytes, Visit&& visit,
+                const PathWalkOptions& options = {}) {
   if (root == kNoNode || root >= a.size()) return;
+  auto is_container = [&](Kind k) { return is_named_container(k) || (options.into_objects && k == Kind::kObject); };
   struct Frame {
     NodeId id;
     std::uint64_t len;  // real path length at this container
@@ -51,7 +67,7 @@ void walk_paths(const ValueArena& a, NodeId root, std::uint64_t max_path_bytes, 
   std::vector<bool> expanded(a.size(), false);
   std::string path;
   auto enter = [&](NodeId id, std::uint64_t len, std::uint64_t depth) -> bool {
-    const bool container = is_named_container(a[id].kind);
+    const bool container = is_container(a[id].kind);
     const bool revisit = container && expanded[id];
     const PathVisit v{id, path, len <= max_path_bytes, len, depth, revisit};
     const WalkStep s = visit(v);
@@ -76,14 +92,26 @@ void walk_paths(const ValueArena& a, NodeId root, std::uint64_t max_path_bytes, 
     const std::size_t i = f.next;
     f.next += step;
     if (dict) {
-      if (n.items[i] == kNoNode) continue;
+      if (n.items[i] == kNoNode || n.items[i] >= a.size()) continue;
       const Node& k = a[n.items[i]];
       if (k.kind == Kind::kStr)
         key = k.text;
       else if (k.kind == Kind::kInt)
         key = std::to_string(k.i);
+      else if (options.other_key)
+        key = options.other_key(n.items[i]);
       else
-        continue;  // other keys do not name values
+        continue;                          // other keys do not name values
+    } else if (n.kind == Kind::kObject) {  // items: [args, state] (value.hpp)
+      const NodeId c = n.items[i];
+      if (c == kNoNode || c >= a.size()) continue;
+      if (i == 0) {
+        if (a[c].items.empty()) continue;  // no args
+        key = "(args)";
+      } else {
+        const Kind sk = a[c].kind;
+        key = sk == Kind::kDict || sk == Kind::kOrderedDict ? "__dict__" : "(state)";
+      }
     } else {
       key = std::to_string(i);
     }

@@ -963,28 +963,40 @@ const ZipEntry* ZipArchive::find(std::string_view name_under_root) const {
   return &entries_[*it];
 }
 
+namespace {
+
+// The raw (stored or deflated) bytes of `e` in `file`: refused when the entry
+// is not of this archive (kInvalidArgument) or uses another compression
+// method (kUnsupported). One copy for read() and read_prefix().
+Result<Bytes> record_data(Bytes file, const ZipEntry& e) {
+  if (!in_bounds(file.size(), e.data_offset, e.compressed_size)) {
+    return fail(ErrorCode::kInvalidArgument, "entry " + quote_name(e.name) + " does not belong to this archive",
+                e.data_offset, e.name);
+  }
+  if (e.method != kMethodStored && e.method != kMethodDeflate) {
+    return fail(ErrorCode::kUnsupported,
+                "record " + quote_name(e.name) + " uses compression method " + std::to_string(e.method) +
+                    " (only 0 stored and 8 deflate are supported)",
+                e.local_header_offset, e.name);
+  }
+  return file.subspan(static_cast<std::size_t>(e.data_offset), static_cast<std::size_t>(e.compressed_size));
+}
+
+}  // namespace
+
 Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc) const {
   return read(e, verify_crc, limits_.max_inflated_bytes, "max_inflated_bytes");
 }
 
 Result<RecordBytes> ZipArchive::read(const ZipEntry& e, bool verify_crc, std::uint64_t max_bytes,
                                      std::string_view cap_name) const try {
-  if (!in_bounds(file_.size(), e.data_offset, e.compressed_size)) {
-    return fail(ErrorCode::kInvalidArgument, "entry " + quote_name(e.name) + " does not belong to this archive",
-                e.data_offset, e.name);
-  }
-  const Bytes raw = file_.subspan(e.data_offset, e.compressed_size);
+  SAFECKPT_TRY(const Bytes raw, record_data(file_, e));
   RecordBytes r;
   if (e.method == kMethodStored) {
     r.bytes = raw;
-  } else if (e.method == kMethodDeflate) {
+  } else {
     SAFECKPT_TRY(r, inflate_record(raw, e, std::min(max_bytes, limits_.max_inflated_bytes),
                                    max_bytes < limits_.max_inflated_bytes ? cap_name : "max_inflated_bytes"));
-  } else {
-    return fail(ErrorCode::kUnsupported,
-                "record " + quote_name(e.name) + " uses compression method " + std::to_string(e.method) +
-                    " (only 0 stored and 8 deflate are supported)",
-                e.local_header_offset, e.name);
   }
   // Flag bits (encryption, ...) are reported by open() as anomalies; read()
   // still returns the bytes PyTorch would use, so the scanner can scan them.
@@ -999,21 +1011,11 @@ Status ZipArchive::verify_crc(const ZipEntry& e, Bytes bytes) const {
 }
 
 Result<RecordBytes> ZipArchive::read_prefix(const ZipEntry& e, std::size_t n) const try {
-  if (!in_bounds(file_.size(), e.data_offset, e.compressed_size)) {
-    return fail(ErrorCode::kInvalidArgument, "entry " + quote_name(e.name) + " does not belong to this archive",
-                e.data_offset, e.name);
-  }
-  const Bytes raw = file_.subspan(e.data_offset, e.compressed_size);
+  SAFECKPT_TRY(const Bytes raw, record_data(file_, e));
   RecordBytes r;
   if (e.method == kMethodStored) {
     r.bytes = raw.first(std::min<std::size_t>(raw.size(), n));
     return r;
-  }
-  if (e.method != kMethodDeflate) {
-    return fail(ErrorCode::kUnsupported,
-                "record " + quote_name(e.name) + " uses compression method " + std::to_string(e.method) +
-                    " (only 0 stored and 8 deflate are supported)",
-                e.local_header_offset, e.name);
   }
   auto out = std::make_shared<std::vector<std::uint8_t>>(n);
   Inflater inf;

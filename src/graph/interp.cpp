@@ -160,6 +160,28 @@ std::int64_t get_i(const HostTensor& t, std::uint64_t i) {
     }
   }
 }
+// Stores x into element i of an integer tensor (truncated as a C++ cast, as
+// torch's integer conversions do); false for any other dtype. The one copy of
+// the integer stores, for put_d and put_i.
+bool put_int(HostTensor& t, std::uint64_t i, std::int64_t x) {
+  std::uint8_t* p = t.data->data();
+  switch (t.dtype) {
+    case DType::kInt64: std::memcpy(p + 8 * i, &x, 8); return true;
+    case DType::kInt32: {
+      auto y = static_cast<std::int32_t>(x);
+      std::memcpy(p + 4 * i, &y, 4);
+      return true;
+    }
+    case DType::kInt16: {
+      auto y = static_cast<std::int16_t>(x);
+      std::memcpy(p + 2 * i, &y, 2);
+      return true;
+    }
+    case DType::kInt8: p[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(x)); return true;
+    case DType::kUInt8: p[i] = static_cast<std::uint8_t>(x); return true;
+    default: return false;
+  }
+}
 void put_d(HostTensor& t, std::uint64_t i, double v) {
   std::uint8_t* p = t.data->data();
   switch (t.dtype) {
@@ -180,46 +202,16 @@ void put_d(HostTensor& t, std::uint64_t i, double v) {
       return;
     }
     case DType::kBool: p[i] = v != 0.0; return;
-    default: {
-      std::int64_t x = (v > -9.2e18 && v < 9.2e18) ? static_cast<std::int64_t>(v) : 0;
-      switch (t.dtype) {
-        case DType::kInt64: std::memcpy(p + 8 * i, &x, 8); return;
-        case DType::kInt32: {
-          auto y = static_cast<std::int32_t>(x);
-          std::memcpy(p + 4 * i, &y, 4);
-          return;
-        }
-        case DType::kInt16: {
-          auto y = static_cast<std::int16_t>(x);
-          std::memcpy(p + 2 * i, &y, 2);
-          return;
-        }
-        case DType::kInt8: p[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(x)); return;
-        case DType::kUInt8: p[i] = static_cast<std::uint8_t>(x); return;
-        default: return;
-      }
-    }
+    default: (void)put_int(t, i, (v > -9.2e18 && v < 9.2e18) ? static_cast<std::int64_t>(v) : 0); return;
   }
 }
 void put_i(HostTensor& t, std::uint64_t i, std::int64_t x) {
-  std::uint8_t* p = t.data->data();
-  switch (t.dtype) {
-    case DType::kInt64: std::memcpy(p + 8 * i, &x, 8); return;
-    case DType::kInt32: {
-      auto y = static_cast<std::int32_t>(x);
-      std::memcpy(p + 4 * i, &y, 4);
-      return;
-    }
-    case DType::kInt16: {
-      auto y = static_cast<std::int16_t>(x);
-      std::memcpy(p + 2 * i, &y, 2);
-      return;
-    }
-    case DType::kInt8: p[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(x)); return;
-    case DType::kUInt8: p[i] = static_cast<std::uint8_t>(x); return;
-    case DType::kBool: p[i] = x != 0; return;
-    default: put_d(t, i, static_cast<double>(x)); return;
+  if (put_int(t, i, x)) return;
+  if (t.dtype == DType::kBool) {
+    t.data->data()[i] = x != 0;
+    return;
   }
+  put_d(t, i, static_cast<double>(x));
 }
 
 DType promote(DType a, DType b) {

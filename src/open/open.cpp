@@ -3,7 +3,7 @@
 // is a layer of its own; the sniffing itself is src/container/detect.cpp.
 #include "safeckpt/open.hpp"
 
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 
 namespace safeckpt {
 

@@ -14,8 +14,10 @@
 #include "pickle/key.hpp"
 #include "pickle/opcodes.hpp"
 #include "pickle/run_count.hpp"
+#include "pickle/run_detail.hpp"
 #include "pickle/text.hpp"
 #include "safeckpt/pickle.hpp"
+#include "util/bytes.hpp"
 
 namespace safeckpt {
 namespace {
@@ -41,6 +43,15 @@ static_assert(2 * sizeof(NodeId) <= MemoryBudget::kItemBytes);
 static_assert(2 * sizeof(std::size_t) <= MemoryBudget::kMarkBytes);
 static_assert(sizeof(std::string) <= MemoryBudget::kStringBytes);
 
+// The wording of every refusal of an opcode that calls: the same as the
+// GLOBAL/REDUCE refusals of known-dangerous callables (src/torch/messages.cpp),
+// so a user reads one sentence for one risk. torch.save never writes these
+// opcodes; torch.load(weights_only=True) refuses them ("Unsupported operand").
+constexpr const char* kCodeRunWords =
+    ": this file tries to run code when unpickled (torch.save never writes this opcode; "
+    "torch.load(weights_only=True) refuses it too); refused. Do not load this file with "
+    "torch.load(weights_only=False)";
+
 class Machine {
  public:
   Machine(Bytes data, ValueArena& arena, PickleHooks& hooks, PickleObserver* obs, const PickleOptions& opt)
@@ -55,6 +66,9 @@ class Machine {
         charged_nodes_(arena.size()) {}
 
   Result<PickleResult> run();
+  // After a failed run in continue mode: the first policy error met before
+  // the failure, if any (src/pickle/run_detail.hpp).
+  std::optional<Error>& first_policy_error() noexcept { return first_policy_error_; }
 
  private:
   // ---- errors -------------------------------------------------------------
@@ -130,9 +144,7 @@ class Machine {
   template <class T>
   Result<T> read_le() {
     SAFECKPT_TRY(Bytes b, read(sizeof(T)));
-    T v = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>(v | (static_cast<T>(b[i]) << (8 * i)));
-    return v;
+    return util::load_le<T>(b.data());
   }
   Result<std::string_view> read_line() {
     std::size_t limit = frame_end_ != 0 && pos_ != frame_end_ ? frame_end_ : d_.size();
@@ -657,8 +669,7 @@ Result<PickleResult> Machine::run() {
       }
       case op::kBinFloat: {
         SAFECKPT_TRY(Bytes b, read(8));
-        std::uint64_t u = 0;
-        for (int i = 0; i < 8; ++i) u = (u << 8) | b[static_cast<std::size_t>(i)];
+        const std::uint64_t u = util::load_be<std::uint64_t>(b.data());  // BINFLOAT is big-endian
         Node n;
         n.kind = Kind::kFloat;
         std::memcpy(&n.re, &u, 8);
@@ -914,8 +925,8 @@ Result<PickleResult> Machine::run() {
         emit(PickleEvent::Type::kImport, canon, std::string(module), std::string(name), false,
              name.find('.') != std::string_view::npos);
         emit(PickleEvent::Type::kCall, canon);
-        SAFECKPT_CHECK(
-            policy(Error(ErrorCode::kDisallowedGlobal, "INST opcode imports and calls '" + canon + "'; refused")));
+        SAFECKPT_CHECK(policy(
+            Error(ErrorCode::kDisallowedGlobal, "INST opcode imports and calls '" + canon + "'" + kCodeRunWords)));
         SAFECKPT_TRY(NodeId ph, refused_placeholder(canon));
         SAFECKPT_CHECK(push(ph));
         break;
@@ -925,7 +936,8 @@ Result<PickleResult> Machine::run() {
         if (items.empty()) return malformed("OBJ without a class");
         std::string name = callee_name(items[0]);
         emit(PickleEvent::Type::kCall, name);
-        SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedOperation, "OBJ opcode calls '" + name + "'; refused")));
+        SAFECKPT_CHECK(
+            policy(Error(ErrorCode::kDisallowedOperation, "OBJ opcode calls '" + name + "'" + kCodeRunWords)));
         SAFECKPT_TRY(NodeId ph, refused_placeholder(name));
         SAFECKPT_CHECK(push(ph));
         break;
@@ -969,7 +981,8 @@ Result<PickleResult> Machine::run() {
         (void)args;
         std::string name = callee_name(cls);
         emit(PickleEvent::Type::kCall, name);
-        SAFECKPT_CHECK(policy(Error(ErrorCode::kDisallowedOperation, "NEWOBJ_EX calls '" + name + "'; refused")));
+        SAFECKPT_CHECK(
+            policy(Error(ErrorCode::kDisallowedOperation, "NEWOBJ_EX opcode calls '" + name + "'" + kCodeRunWords)));
         SAFECKPT_TRY(NodeId ph, refused_placeholder(name));
         SAFECKPT_CHECK(push(ph));
         break;
@@ -1035,10 +1048,19 @@ std::uint64_t detail::pickle_runs_on_this_thread() noexcept {
 
 Result<PickleResult> run_pickle(Bytes data, ValueArena& arena, PickleHooks& hooks, PickleObserver* observer,
                                 const PickleOptions& options) {
+  return detail::run_pickle_keeping_policy_error(data, arena, hooks, observer, options, nullptr);
+}
+
+Result<PickleResult> detail::run_pickle_keeping_policy_error(Bytes data, ValueArena& arena, PickleHooks& hooks,
+                                                             PickleObserver* observer, const PickleOptions& options,
+                                                             std::optional<Error>* policy_error_before_failure) {
   ++t_runs;
+  if (policy_error_before_failure != nullptr) policy_error_before_failure->reset();
   try {
     Machine m(data, arena, hooks, observer, options);
-    return m.run();
+    auto r = m.run();
+    if (!r && policy_error_before_failure != nullptr) *policy_error_before_failure = std::move(m.first_policy_error());
+    return r;
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::kLimitExceeded, "out of memory while unpickling", Location{options.record});
   }

@@ -1,4 +1,4 @@
-// PyTorch checkpoint -> safetensors (safetensors.hpp, ToSafetensorsOptions).
+// PyTorch checkpoint -> safetensors (safetensors_writer.hpp, ToSafetensorsOptions).
 //
 // Walk (explicit stack, depth-first, in order): dicts/OrderedDicts with str
 // or int keys and lists/tuples are descended, their entries named by dotted
@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "safeckpt/json.hpp"
+#include "safeckpt/safetensors_writer.hpp"
 #include "safetensors/internal.hpp"
 #include "util/bytes.hpp"
 
@@ -385,6 +386,19 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
       continue;
     }
     SAFECKPT_CHECK(add_value(f.id, f.name));
+  }
+  // Nothing but the default metadata would be written: refuse rather than
+  // write an empty file and report success (a whole module saved with
+  // torch.save(model) keeps its tensors inside objects, which have no
+  // safetensors name).
+  if (p.entries.empty() && !dropped.empty()) {
+    const Node& root = a[ckpt.root()];
+    const std::string what = root.kind == Kind::kObject ? "its root is a " + root.text + " object"
+                                                        : "its root is a " + std::string(kind_name(root.kind));
+    return unsupported("nothing to write: no tensor has a safetensors name (" + what +
+                       ") and --drop-non-tensors "
+                       "drops every other value. A whole module saved with torch.save(model) keeps its tensors "
+                       "inside objects: save model.state_dict() and convert that");
   }
   if (dropped_metadata_attr) note("state_dict _metadata (module versions) is not carried over");
   if (!dropped.empty()) {

@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "safeckpt/builder.hpp"
-#include "safeckpt/safetensors.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 
 namespace safeckpt {
 

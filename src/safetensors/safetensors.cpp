@@ -1,6 +1,4 @@
-// safetensors reader: the grammar at the top of include/safeckpt/safetensors.hpp.
-#include "safeckpt/safetensors.hpp"
-
+// safetensors reader: the grammar at the top of include/safeckpt/safetensors_reader.hpp.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +15,7 @@
 #include <unordered_set>
 
 #include "safeckpt/builder.hpp"
+#include "safeckpt/safetensors_reader.hpp"
 #include "safetensors/internal.hpp"
 #include "util/bytes.hpp"
 
@@ -378,13 +377,25 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const Sa
 
 namespace {
 
+// The Hugging Face cache keeps a revision as <repo>/snapshots/<rev>/<file>,
+// each file a symlink to <repo>/blobs/<sha> (huggingface_hub file_download.py,
+// `_create_symlink`). When the index's real directory has that shape, its
+// shards may resolve into <repo>/blobs/; returns that directory, else "".
+std::filesystem::path hf_cache_blobs(const std::filesystem::path& dir_real) {
+  if (dir_real.empty() || dir_real.parent_path().filename() != "snapshots") return {};
+  std::filesystem::path blobs = dir_real.parent_path().parent_path() / "blobs";
+  std::error_code ec;
+  return std::filesystem::is_directory(blobs, ec) ? blobs : std::filesystem::path();
+}
+
 // Opens shard `name` (a plain file name, parse_safetensors_index) in the
 // directory `dirfd` exactly once. A regular file is opened with O_NOFOLLOW
 // (it cannot be swapped for a symlink in between); a symlink is followed and
-// the file it opened must lie in `dir_real` (checked on the descriptor, so
-// no race with the link changing).
-Result<MappedFile> open_shard(int dirfd, const std::filesystem::path& dir_real, const std::filesystem::path& shown,
-                              const std::string& name) {
+// the file it opened must lie in `dir_real`, or in `blobs` (the Hugging Face
+// cache layout, hf_cache_blobs) — checked on the descriptor, so no race with
+// the link changing.
+Result<MappedFile> open_shard(int dirfd, const std::filesystem::path& dir_real, const std::filesystem::path& blobs,
+                              const std::filesystem::path& shown, const std::string& name) {
   struct stat lst {};
   if (::fstatat(dirfd, name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0)
     return make_error(ErrorCode::kIo, "cannot open shard " + shown.string() + ": " + std::strerror(errno));
@@ -394,11 +405,13 @@ Result<MappedFile> open_shard(int dirfd, const std::filesystem::path& dir_real, 
   if (link) {
     std::error_code ec;
     const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
-    if (ec || target.parent_path() != dir_real) {
+    const bool inside = !ec && (target.parent_path() == dir_real || (!blobs.empty() && target.parent_path() == blobs));
+    if (!inside) {
       ::close(fd);
       return malformed("shard " + shown.string() + " is a symlink to " +
                        (ec ? std::string("a file that cannot be located") : target.string()) +
-                       ", outside the index's directory " + dir_real.string());
+                       ", outside the index's directory " + dir_real.string() +
+                       (blobs.empty() ? std::string() : " and the cache's " + blobs.string()));
     }
   }
   return MappedFile::adopt(fd, shown);
@@ -425,11 +438,12 @@ Result<Checkpoint> load_safetensors_index_file(MappedFile index, const Safetenso
   std::error_code ec;
   auto dir_real = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
   if (ec) dir_real.clear();  // no /proc: symlinked shards are refused below
+  const std::filesystem::path blobs = hf_cache_blobs(dir_real);
   CheckpointBuilder b(std::move(index));
   b.set_limits(options.limits);
   std::unordered_map<std::string, std::shared_ptr<SafetensorsFile>> shards;
   for (const auto& name : idx.shards) {
-    auto mf = open_shard(dirfd, dir_real, dir / name, name);
+    auto mf = open_shard(dirfd, dir_real, blobs, dir / name, name);
     if (!mf) {
       ::close(dirfd);
       return unexpected(std::move(mf.error().at_record(index_path.string())));

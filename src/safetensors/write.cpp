@@ -1,9 +1,10 @@
 // safetensors writer: the reference layout (huggingface/safetensors
-// tensor.rs `prepare`), deterministic. See safetensors.hpp.
+// tensor.rs `prepare`), deterministic. See safetensors_writer.hpp.
 #include <algorithm>
 #include <limits>
 #include <set>
 
+#include "safeckpt/safetensors_writer.hpp"
 #include "safetensors/internal.hpp"
 #include "util/bytes.hpp"
 

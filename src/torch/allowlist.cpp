@@ -97,7 +97,9 @@ constexpr DangerousGlobal kDangerous[] = {
     {"types.FunctionType", "exec", Danger::kCritical, "builds a function from a code object"},
     {"types.CodeType", "exec", Danger::kCritical, "builds a code object"},
     {"types.*", "gadget", Danger::kHigh, "creates functions, modules and classes at run time"},
-    {"functools.partial", "gadget", Danger::kHigh, "binds arguments to any callable (hides the real call)"},
+    // Call gadgets (docs/threats.md: bypasses hide the real call behind a
+    // helper): critical, so a user allowlist cannot enable them silently.
+    {"functools.partial", "gadget", Danger::kCritical, "binds arguments to any callable (hides the real call)"},
     {"functools.reduce", "gadget", Danger::kHigh, "calls a function repeatedly"},
     {"operator.attrgetter", "gadget", Danger::kCritical, "walks attributes: reaches any function"},
     {"operator.methodcaller", "gadget", Danger::kCritical, "calls any method by name"},
@@ -106,7 +108,7 @@ constexpr DangerousGlobal kDangerous[] = {
     {"_operator.methodcaller", "gadget", Danger::kCritical, "calls any method by name"},
     {"operator.*", "gadget", Danger::kHigh, "operator functions combine into arbitrary calls"},
     {"_operator.*", "gadget", Danger::kHigh, "operator functions combine into arbitrary calls"},
-    {"copyreg._reconstructor", "gadget", Danger::kHigh, "instantiates any class without calling __init__"},
+    {"copyreg._reconstructor", "gadget", Danger::kCritical, "instantiates any class without calling __init__"},
     {"copyreg.*", "gadget", Danger::kHigh, "pickle reconstruction helpers"},
     {"torch.utils.collect_env.run", "process", Danger::kCritical, "runs a shell command"},
     {"torch._dynamo.*", "exec", Danger::kHigh, "compiler internals can run code"},

@@ -1,5 +1,6 @@
 // src/util/bytes.hpp — byte-level helpers shared by the readers and writers
-// (internal, not installed; header-only): little-endian loads and stores,
+// (internal, not installed; header-only): little-endian loads and stores (and
+// the one big-endian load pickle's BINFLOAT needs),
 // checked 64-bit arithmetic, UTF-8 validation and encoding, JSON string
 // escaping. One copy each instead of one per file (issue 12).
 #pragma once
@@ -21,6 +22,16 @@ constexpr T load_le(const std::uint8_t* p) noexcept {
   static_assert(std::is_unsigned_v<T>);
   T v = 0;
   for (std::size_t i = sizeof(T); i-- > 0;) v = static_cast<T>((v << 8) | p[i]);
+  return v;
+}
+
+// The unsigned T stored big-endian at p[0, sizeof(T)) (pickle's BINFLOAT).
+// The caller has checked that those bytes exist.
+template <class T>
+constexpr T load_be(const std::uint8_t* p) noexcept {
+  static_assert(std::is_unsigned_v<T>);
+  T v = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>((v << 8) | p[i]);
   return v;
 }
 

@@ -7,8 +7,21 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 namespace safeckpt {
+namespace {
+
+// Files up to this size (bytes, inclusive) are read at open(), not mapped:
+// truncating a mapped file makes a later access past the new end raise
+// SIGBUS (mmap(2)), which a library cannot catch without a process-wide
+// signal handler; a read copy cannot be cut short. Small enough that the
+// copy is cheap next to opening the file; large enough for configs, indexes,
+// small checkpoints and every hand-made test. Larger files stay mapped: the
+// limit stands for them (README, "safeckpt::open").
+constexpr std::size_t kReadSmallBytes = std::size_t{1} << 20;
+
+}  // namespace
 
 MappedFile::MappedFile(MappedFile&& o) noexcept {
   *this = std::move(o);
@@ -66,6 +79,23 @@ Result<MappedFile> MappedFile::adopt(int fd, const std::filesystem::path& path) 
   f.fd_ = fd;
   f.path_ = path;
   f.size_ = static_cast<std::size_t>(st.st_size);
+  if (f.size_ > 0 && f.size_ <= kReadSmallBytes) {
+    // Read, not mapped: a later truncation cannot SIGBUS (mapped_file.hpp).
+    f.owned_.resize(f.size_);
+    std::size_t got = 0;
+    while (got < f.size_) {
+      const ssize_t n = ::pread(fd, f.owned_.data() + got, f.size_ - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = n < 0 ? std::strerror(errno) : "the file shrank while it was read";
+        f.size_ = 0;
+        return make_error(ErrorCode::kIo, "cannot read " + path.string() + ": " + why);
+      }
+      got += static_cast<std::size_t>(n);
+    }
+    f.data_ = f.owned_.data();
+    return f;
+  }
   if (f.size_ > 0) {
     void* p = mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -132,6 +132,26 @@ TEST_CASE("refusal codes: policy vs malformed") {
   CHECK(r.error().where().offset != safeckpt::Location::kNoOffset);
 }
 
+// User test finding: INST/OBJ refusals say what GLOBAL/REDUCE refusals of
+// dangerous callables say ("tries to run code").
+TEST_CASE("refusal wording: INST and OBJ say the file tries to run code, like GLOBAL") {
+  fs::path dir = corpus_dir("torch-2.11");
+  for (const char* f : {"mal_inst.pt", "mal_os_system.pt"}) {
+    CAPTURE(f);
+    auto r = safeckpt::load(dir / f);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().message().find("tries to run code") != std::string::npos);
+  }
+  // OBJ on an allowlisted class: the refusal is the OBJ opcode's own.
+  // MARK, GLOBAL collections OrderedDict, OBJ, STOP.
+  const std::string obj = "\x80\x02(ccollections\nOrderedDict\no.";
+  auto r = safeckpt::load_bytes({reinterpret_cast<const std::uint8_t*>(obj.data()), obj.size()});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == safeckpt::ErrorCode::kDisallowedOperation);
+  CHECK(r.error().where().opcode == "OBJ");
+  CHECK(r.error().message().find("tries to run code") != std::string::npos);
+}
+
 TEST_CASE("python_values loads with frozenset and slice allowlisted") {
   fs::path dir = corpus_dir("torch-2.11");
   json rec = read_json(dir / "python_values.json");

@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/json.hpp"
@@ -110,4 +113,92 @@ TEST_CASE("inspect reads safetensors files written by the reference implementati
     ++seen;
   }
   CHECK(seen >= 1);
+}
+
+// User test finding: --format json on a file that cannot be described printed
+// nothing on stdout. Now one error document (docs/inspect-json.md, "Errors");
+// the exit status is the text view's.
+TEST_CASE("inspect --format json: refused, malformed and missing files give one JSON error object") {
+  auto c211 = kData / "corpus" / "torch-2.11";
+  struct Case {
+    fs::path file;
+    int code;
+    const char* name;
+    int number;
+  };
+  for (const Case& c :
+       {Case{c211 / "mal_os_system.pt", 1, "disallowed_global", 4},
+        Case{c211 / "bad_storage_too_small.pt", 2, "malformed", 1}, Case{"/nonexistent/file.pt", 2, "io", 6}}) {
+    CAPTURE(c.file);
+    Run r = run("inspect --format json " + c.file.string());
+    CHECK(r.code == c.code);
+    REQUIRE(nlohmann::json::accept(r.out));
+    auto j = nlohmann::json::parse(r.out);
+    CHECK(j["$schema_version"] == safeckpt::kInspectJsonSchemaVersion);
+    REQUIRE(j.contains("error"));
+    CHECK(j["error"]["code"] == c.name);
+    CHECK(j["error"]["code_number"] == c.number);
+    CHECK(j["error"]["file"] == c.file.string());
+    CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+    // Text keeps stdout empty for these: the message is on stderr.
+    CHECK(run("inspect " + c.file.string()).out.empty());
+  }
+  // The refusal says where (record, offset, opcode), as the library's Error does.
+  auto lib = safeckpt::load(c211 / "mal_os_system.pt");
+  REQUIRE_FALSE(lib.has_value());
+  auto j = nlohmann::json::parse(run("inspect --json " + (c211 / "mal_os_system.pt").string()).out);
+  CHECK(j["error"]["opcode"] == lib.error().where().opcode);
+  CHECK(j["error"]["offset"] == lib.error().where().offset);
+}
+
+// User test finding: every member the JSON writes is documented in
+// docs/inspect-json.md (the `subclass` member of $tensor was not).
+TEST_CASE("inspect --format json: every $tensor member it writes is documented") {
+  std::ifstream in(fs::path(SAFECKPT_SOURCE_DIR) / "docs" / "inspect-json.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  REQUIRE_FALSE(doc.empty());
+  std::set<std::string> members;
+  std::vector<nlohmann::json> todo;
+  auto c211 = kData / "corpus" / "torch-2.11";
+  const fs::path subclass = kData / "tensor_subclass" / "my_tensor.pt";
+  for (const std::string& args :
+       {"inspect --json " + (c211 / "quantized.pt").string(), "inspect --json " + (c211 / "sparse.pt").string(),
+        "inspect --json " + (c211 / "training_checkpoint.pt").string(),
+        "inspect --json --allow mytensors.MyTensor " + subclass.string()}) {
+    Run r = run(args);
+    REQUIRE_MESSAGE(r.code == 0, args);
+    todo.push_back(nlohmann::json::parse(r.out));
+  }
+  while (!todo.empty()) {
+    nlohmann::json v = std::move(todo.back());
+    todo.pop_back();
+    if (v.is_object()) {
+      if (v.contains("$tensor"))
+        for (const auto& [k, x] : v["$tensor"].items()) members.insert(k);
+      for (const auto& [k, x] : v.items()) todo.push_back(x);
+    } else if (v.is_array()) {
+      for (const auto& x : v) todo.push_back(x);
+    }
+  }
+  CHECK(members.count("subclass") == 1);
+  for (const auto& m : members) CHECK_MESSAGE(doc.find("`" + m + "`") != std::string::npos, m);
+}
+
+// User test finding: the text view dropped values under dict keys that are not
+// str/int, and the tensors of a whole module saved with torch.save(model)
+// (they have no state_dict path). Both are shown now.
+TEST_CASE("inspect text view: values under any dict key, and the tensors inside objects") {
+  // tests/data/inspect_keys: gen_inspect_keys.py (PyTorch 1.13), observed.txt.
+  Run k = run("inspect " + (kData / "inspect_keys" / "odd_keys.pt").string());
+  REQUIRE(k.code == 0);
+  for (const char* text : {"\nby_pair.[(1, 2)] ", "  by_pair.[(3, 4)] = 'second'\n", "  by_bool.[True] = 7\n",
+                           "  by_none.[None] = 'nothing'\n", "(2 tensors,"})
+    CHECK_MESSAGE(k.out.find(text) != std::string::npos, text << "\n" << k.out);
+  // A whole nn.Linear(2, 2) (torch.save(model), trusted: its class allowed).
+  Run m = run("inspect --allow torch.nn.modules.linear.Linear " +
+              (kData / "corpus" / "torch-2.11" / "whole_module.pt").string());
+  REQUIRE(m.code == 0);
+  for (const char* text : {"(2 tensors,", "\n__dict__._parameters.weight ", "\n__dict__._parameters.bias ",
+                           "  <root> = <torch.nn.modules.linear.Linear object>\n", "  __dict__.in_features = 2\n"})
+    CHECK_MESSAGE(m.out.find(text) != std::string::npos, text << "\n" << m.out);
 }

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "safeckpt/safetensors.hpp"
 #include "support/save_util.hpp"
@@ -82,4 +84,27 @@ TEST_CASE("convert: PyTorch <-> safetensors through the CLI") {
             log) == 0);
   auto text = read_file(log);
   CHECK(std::string(text.begin(), text.end()).find("share storage") != std::string::npos);
+}
+
+// User test finding: a whole module saved with torch.save(model) has no
+// tensor safetensors can name; with --drop-non-tensors the conversion used to
+// write a file of 0 tensors and exit 0. It is refused now, and nothing is
+// written.
+TEST_CASE("convert: a whole-module torch.save with --drop-non-tensors is refused, not written empty") {
+  if (!fs::exists(cli_path())) {
+    MESSAGE("SKIP: " << cli_path().string() << " not built");
+    return;
+  }
+  TempDir dir;
+  const fs::path log = dir.path / "log.txt";
+  const fs::path out = dir.path / "m.safetensors";
+  const std::string args = "convert --allow torch.nn.modules.linear.Linear --drop-non-tensors " +
+                           (corpus_dir("torch-2.11") / "whole_module.pt").string() + " " + out.string();
+  CHECK(run(args, log) == 2);
+  CHECK_FALSE(fs::exists(out));
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  CAPTURE(text);
+  CHECK(text.find("nothing to write") != std::string::npos);
+  CHECK(text.find("model.state_dict()") != std::string::npos);
 }

@@ -166,6 +166,54 @@ TEST_CASE("open: PT2 programs, TorchScript and other files are refused by conten
   CHECK(missing.error().code() == ErrorCode::kIo);
 }
 
+// User test finding: the Hugging Face cache keeps a revision as
+// <repo>/snapshots/<rev>/<file> -> ../../blobs/<sha> (huggingface_hub
+// file_download.py); such shards load, links anywhere else stay refused.
+TEST_CASE("open: a sharded index in the Hugging Face cache layout; links out of blobs/ refused") {
+  TempDir dir;
+  const std::string s1 = "model-00001-of-00002.safetensors", s2 = "model-00002-of-00002.safetensors";
+  const fs::path repo = dir.path / "models--org--name";
+  const fs::path snap = repo / "snapshots" / "0123abc";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(snap);
+  fs::copy_file(data("safetensors-ref/" + s1), repo / "blobs" / "sha-one");
+  fs::copy_file(data("safetensors-ref/" + s2), repo / "blobs" / "sha-two");
+  write_text(repo / "blobs" / "sha-index", "{\"metadata\": {}, \"weight_map\": {\"lm_head.weight\": \"" + s2 +
+                                               "\", \"model.embed.weight\": \"" + s1 + "\", \"model.norm.weight\": \"" +
+                                               s1 + "\"}}");
+  fs::create_symlink("../../blobs/sha-index", snap / "model.safetensors.index.json");
+  fs::create_symlink("../../blobs/sha-two", snap / s2);
+  fs::create_symlink("../../blobs/sha-one", snap / s1);
+  {
+    auto r = safeckpt::open(snap / "model.safetensors.index.json");
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+    CHECK(r->state_dict().size() == 3);
+  }
+  // Out of the repository, or inside it but not in blobs/: refused.
+  fs::create_directories(dir.path / "elsewhere");
+  fs::create_directories(repo / "refs");
+  fs::copy_file(data("safetensors-ref/" + s1), dir.path / "elsewhere" / "sha-one");
+  fs::copy_file(data("safetensors-ref/" + s1), repo / "refs" / "sha-one");
+  for (const char* target : {"../../../elsewhere/sha-one", "../../refs/sha-one", "/etc/hostname"}) {
+    CAPTURE(target);
+    fs::remove(snap / s1);
+    fs::create_symlink(target, snap / s1);
+    auto r = safeckpt::open(snap / "model.safetensors.index.json");
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK(r.error().message().find("symlink") != std::string::npos);
+  }
+  // The same links from a directory that is not snapshots/<rev>: refused.
+  const fs::path other = repo / "snapshot-copy" / "0123abc";
+  fs::create_directories(other);
+  fs::copy_file(repo / "blobs" / "sha-index", other / "model.safetensors.index.json");
+  fs::create_symlink("../../blobs/sha-one", other / s1);
+  fs::create_symlink("../../blobs/sha-two", other / s2);
+  auto r = safeckpt::open(other / "model.safetensors.index.json");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kMalformed);
+}
+
 TEST_CASE("open: hostile sharded indexes") {
   TempDir dir;
   const std::string s1 = "model-00001-of-00002.safetensors", s2 = "model-00002-of-00002.safetensors";

@@ -47,6 +47,22 @@ string(REGEX MATCH "version=([0-9.]+)" _ "${out}")
 run(${prefix}/bin/safeckpt --version)
 expect("safeckpt --version vs SAFECKPT_VERSION_STRING" "${out}" "safeckpt ${CMAKE_MATCH_1}\n")
 
+# SARIF says where the tool and its rules are documented: the installed docs
+# as file: URIs (no public project URL exists; SAFECKPT_PROJECT_URL overrides).
+get_filename_component(_real_prefix ${prefix} REALPATH)
+execute_process(COMMAND ${prefix}/bin/safeckpt scan --format sarif ${FILE} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+string(JSON info GET "${out}" runs 0 tool driver informationUri)
+string(JSON help GET "${out}" runs 0 tool driver rules 0 helpUri)
+if(NOT info MATCHES "^https?://")
+  expect("SARIF informationUri (installed README.md)" "${info}" "file://${_real_prefix}/share/doc/safeckpt/README.md")
+  expect("SARIF helpUri (installed scan.md)" "${help}" "file://${_real_prefix}/share/doc/safeckpt/scan.md")
+endif()
+foreach(f share/doc/safeckpt/README.md share/doc/safeckpt/scan.md share/doc/safeckpt/inspect-json.md)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "not installed: ${prefix}/${f}")
+  endif()
+endforeach()
+
 # A clean file (loaded: tensor count vs inspect) and a malicious one
 # (refused: findings vs scan).
 foreach(f ${FILE} ${BAD_FILE})

@@ -46,6 +46,12 @@ const char* const kCritical[] = {
     "_pickle.loads",
     "marshal.loads",
     "webbrowser.open",
+    // User test finding: the call gadgets of threats.md ("only an exact
+    // allowlist holds"): partial binds any callable and hides the real call,
+    // _reconstructor instantiates any class; a user allowlist line must not
+    // turn them on silently.
+    "functools.partial",
+    "copyreg._reconstructor",
 };
 
 safeckpt::Result<safeckpt::Checkpoint> load_with(const fs::path& f, const Allowlist& a) {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -17,9 +18,19 @@ using safeckpt::util::append_utf8;
 using safeckpt::util::checked_add;
 using safeckpt::util::checked_mul;
 using safeckpt::util::JsonControls;
+using safeckpt::util::load_be;
 using safeckpt::util::load_le;
 using safeckpt::util::store_le;
 using safeckpt::util::valid_utf8;
+
+TEST_CASE("bytes: the big-endian load reads struct.pack('>d', 1.5) (pickle BINFLOAT)") {
+  // struct.pack(">d", 1.5).hex() == "3ff8000000000000"
+  const std::uint8_t d[8] = {0x3f, 0xf8, 0, 0, 0, 0, 0, 0};
+  const std::uint64_t bits = load_be<std::uint64_t>(d);
+  double v = 0;
+  std::memcpy(&v, &bits, 8);
+  CHECK(v == 1.5);
+}
 
 TEST_CASE("bytes: little-endian loads and stores match struct.pack('<Q') / ('<I')") {
   // struct.pack("<Q", 0x0102030405060708).hex() == "0807060504030201"

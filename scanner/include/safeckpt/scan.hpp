@@ -231,6 +231,11 @@ Result<std::vector<IgnoreRule>> parse_ignore(std::string_view text, std::string_
 Result<std::vector<IgnoreRule>> read_ignore_file(const std::filesystem::path& path);
 
 // ---- reports ---------------------------------------------------------------
+// "file://" + the absolute path `path`, percent-encoded as SARIF locations
+// are (RFC 3986: unreserved characters and '/' as they are, every other byte
+// as %XX). `path` must be absolute.
+std::string file_uri(const std::string& path);
+
 struct ReportOptions {
   // Exit code 1 only for a finding (not suppressed) at or above this severity.
   // Default kLow: every finding except info notes, i.e. exactly the files
@@ -239,10 +244,18 @@ struct ReportOptions {
   // Written as tool.version (JSON) and tool.driver.version (SARIF); omitted
   // when empty. The CLI fills it (cli/scan.cpp, kToolVersion).
   std::string tool_version;
-  // SARIF tool.driver.informationUri, and `URL/blob/main/scanner/README.md#rules`
-  // as each rule's helpUri; both omitted when empty (the CLI passes the CMake
-  // cache variable SAFECKPT_PROJECT_URL).
+  // SARIF tool.driver.informationUri (an absolute URI: where the tool is
+  // documented); omitted when empty.
   std::string information_uri;
+  // SARIF helpUri of every rule (an absolute URI: where the rules are
+  // documented). Empty: `information_uri + "/blob/main/scanner/README.md#rules"`
+  // when information_uri is an http(s) project URL (the layout of the
+  // repository), else omitted. The CLI (cli/scan.cpp) passes either the CMake
+  // cache variable SAFECKPT_PROJECT_URL, or file: URIs of the installed
+  // documentation (<prefix>/share/doc/safeckpt/README.md and scan.md, which is
+  // scanner/README.md), or of the source tree's for the binary in its build
+  // tree; nothing when none of them exists (no made-up address).
+  std::string rules_uri;
   // Directory that SARIF's %SRCROOT% stands for (absolute; the CLI uses the
   // current directory or --base). Paths under it are written relative to it
   // with uriBaseId %SRCROOT%; others as absolute file:// URIs. Empty: paths

@@ -1,0 +1,5 @@
+// Fixture (never compiled): a safetensors header that includes the save layer.
+#pragma once
+
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/save.hpp"
