@@ -24,6 +24,8 @@
 using namespace safeckpt;
 using namespace safeckpt::scan;
 using nlohmann::json;
+using scantest::has_text;
+using scantest::os_system_pickle;
 
 namespace {
 
