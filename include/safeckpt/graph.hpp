@@ -32,8 +32,16 @@
 //     use_pickle:true: the record is loaded with safeckpt::load_bytes (the
 //     restricted loader, default allowlist) and must be a single tensor.
 //  5. The JSON (below) is parsed with GraphLimits caps.
-//  The 2.6/2.7 flat layout (serialized_exported_program.json) is not read
-//  yet: kUnsupported naming it.
+//  The 2.6/2.7 flat layout is read too (torch 2.6 torch/export/__init__.py
+//  save(); 2.11's load() still falls back to it): a zip WITHOUT a root folder
+//  (the only anomaly tolerated) holding `serialized_exported_program.json`
+//  (the JSON below; model name "model"), `serialized_state_dict.pt` and
+//  `serialized_constants.pt` (optional) — torch.save dicts FQN -> dense
+//  tensor read ONLY through safeckpt::load_bytes (restricted loader, default
+//  allowlist) — and `version` whose text starts with "8." (2.11 requires the
+//  major to equal its own). `serialized_example_inputs.pt` and
+//  `extra_files/` are ignored; code records are refused as above.
+//  `serialized_exported_program.json` under a root folder is kUnsupported.
 //
 // Accepted JSON (schema major 8, any minor; pt2-format.md §2):
 //  - structs: every required field present with the right JSON type; keys not
@@ -63,6 +71,10 @@
 #include "safeckpt/limits.hpp"
 #include "safeckpt/mapped_file.hpp"
 
+namespace safeckpt {
+class ZipArchive;  // safeckpt/zip.hpp
+}  // namespace safeckpt
+
 namespace safeckpt::graph {
 
 // Caps on what a PT2 archive can make us do. Inclusive maxima. Defaults are
@@ -89,8 +101,19 @@ struct GraphLimits {
 };
 
 // True when `file` is a zip whose root holds `archive_format` (torch 2.11
-// `is_pt2_package`). Cheap; opens the central directory only.
+// `is_pt2_package`), or a zip without root folder holding
+// `serialized_exported_program.json` (the 2.6/2.7 flat layout). Cheap; opens
+// the central directory only.
 bool is_pt2_archive(Bytes file, const GraphLimits& limits = {});
+
+// True when `name` (a record name, full or relative to the root) is code that
+// an AOTInductor package loads or compiles (pt2-format.md §1.5; torch 2.11
+// torch/_inductor/package/package.py writes `data/aotinductor/<model>/` with
+// the shared library, its C++ source, kernels and object files): anything
+// under `data/aotinductor/`, and the extensions .so .dll .dylib .o .obj .a
+// .cubin .ptx .fatbin .hsaco .spv .cpp .cc .cxx .cu .c .h .hpp .py .pyc.
+// The engine refuses archives holding one; the scanner reports each.
+bool is_code_record(std::string_view name);
 
 // ---------------------------------------------------------------- the IR
 
@@ -217,6 +240,7 @@ struct ArchiveTensor {
   TensorMeta meta;
   HostTensor tensor;          // dense row-major copy of the view (the CPU interpreter's input; one per FQN)
   std::int32_t storage = -1;  // index of the shared record (tied weights share it)
+  bool pickled = false;       // use_pickle: true (read through safeckpt::load_bytes)
 };
 
 // A parsed archive: programs plus their weights.
@@ -239,6 +263,8 @@ class Pt2Archive {
   Result<const std::vector<ArchiveTensor>*> weights(std::string_view model = "model") const;
 
  private:
+  Status open_flat(const ZipArchive& zip, const GraphLimits& limits);  // the 2.6/2.7 layout
+
   std::shared_ptr<MappedFile> file_;
   std::vector<std::string> model_names_;
   std::vector<std::unique_ptr<Program>> programs_;
@@ -298,7 +324,12 @@ std::string schema_name_for_target(std::string_view target);
 // Shape pass (no values computed): runs the program at its example sizes
 // (every symbol at its recorded hint; weights from their recorded meta),
 // propagating dtypes and shapes through every kernel's shape logic and
-// comparing each output with its recorded tensor_meta; also checks the live
+// comparing each output with its recorded tensor_meta (dtype, sizes and
+// strides: view ops — permute, transpose, unsqueeze, expand, split, slice,
+// select, view/flatten/reshape — must record the strides ATen's formulas give
+// from their input's recorded strides, every other op a non-overlapping dense
+// layout, as PyTorch allocates fresh results; dims of size 1 and empty
+// tensors are not compared); also checks the live
 // tensors fit GraphLimits::max_run_bytes at that size. run_cpu() does the same
 // pass at the bound input sizes before computing anything.
 // Errors: kMalformed (disagreement, naming node and value; a symbolic input
@@ -322,6 +353,25 @@ Status validate(Program& program, const GraphLimits& limits = {});
 // Every reason validate() would give, one per line (empty when accepted).
 std::vector<std::string> refusal_reasons(Program& program, const GraphLimits& limits = {});
 
+// One reason, typed (what `safeckpt scan` maps to its rules). `message` is
+// the text refusal_reasons() gives.
+struct Refusal {
+  enum class Kind : std::uint8_t {
+    kOpNotAllowed,  // an aten op not in allowlist/ops.schema
+    kHigherOrder,   // torch.ops.higher_order.* (cond, while_loop, wrap, triton kernels)
+    kCustomOp,      // an op of another namespace (torch.ops.<ns>.*, not aten)
+    kMutation,      // in-place update of an input/buffer, or a mutation output spec
+    kPolicy,        // any other engine restriction (training mode, unbacked symbols, signature kinds)
+    kMalformed,     // broken structure or a tensor_meta the shape pass cannot reproduce
+  };
+  Kind kind = Kind::kMalformed;
+  std::string node;    // FX node name; empty when the reason is not about one node
+  std::string target;  // the node's target string; empty likewise
+  std::string message;
+};
+// Same reasons as refusal_reasons(), in the same order, typed.
+std::vector<Refusal> refusals(Program& program, const GraphLimits& limits = {});
+
 // ------------------------------------------------------------- running
 
 // Weights for a program: FQN -> tensor.
@@ -332,7 +382,10 @@ Result<WeightMap> archive_weights(const Pt2Archive& archive, std::string_view mo
 // Weights from a checkpoint loaded by our loader (.pt, .safetensors, index),
 // bound by state_dict key like load_state_dict(strict=True): every
 // parameter/buffer/constant of the program must be present with the recorded
-// dtype and shape; names the program does not take are reported too.
+// dtype, shape and strides (every dim of size > 1; a checkpoint tensor laid
+// out otherwise, e.g. saved from a transposed view, is refused: the engine
+// binds the program's recorded layout); names the program does not take are
+// reported too.
 // `fallback` (optional) supplies entries the checkpoint lacks that are
 // constants / non-persistent buffers (which state_dict() does not save).
 // Errors: kInvalidArgument naming every missing, unexpected and misshapen
@@ -345,7 +398,8 @@ Result<WeightMap> checkpoint_weights(const Program& program, const Checkpoint& c
 // dynamic dims within range_constraints, one value per symbol) before
 // anything runs. A shape pass at the bound sizes (see check_shapes) runs
 // first, then the values; after every node its outputs are compared with the
-// recorded tensor_meta (dtype and sizes, symbolic sizes evaluated) — a
+// recorded tensor_meta (dtype, sizes and strides as in check_shapes,
+// symbolic sizes evaluated) — a
 // disagreement refuses the program (kMalformed naming the node). Index-taking ops check
 // every index (kMalformed naming the node and the index).
 // Returns the user outputs in signature order.

@@ -408,6 +408,9 @@ std::string to_json(const std::vector<FileReport>& reports, const ReportOptions&
     f["members"] = r.members;
     if (r.loader.ran) {
       json l;
+      // Who decided: safeckpt::load() for checkpoints, the graph engine's
+      // reader and validator for PT2 archives (scanner/README.md).
+      l["by"] = r.format == "pt2_archive" ? "engine" : "load";
       l["ok"] = r.loader.ok;
       if (!r.loader.ok) {
         l["error"] = {{"code", std::string(error_code_name(r.loader.code))},

@@ -41,6 +41,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/dtype.hpp"
+#include "safeckpt/graph.hpp"
 #include "safeckpt/safetensors_reader.hpp"
 #include "safeckpt/zip.hpp"
 #include "scanner.hpp"
@@ -105,7 +106,14 @@ const std::vector<RuleInfo>& rules() {
       {Rule::kEmbeddedPayload, "SCK120", "embedded-payload",
        "Byte string inside a pickle that is itself a pickle or checkpoint with findings", Severity::kHigh},
       {Rule::kExecutableCode, "SCK130", "executable-code",
-       "TorchScript code or PT2 native code (.so, cubin) inside the archive", Severity::kHigh},
+       "TorchScript code, or AOTInductor code in a PT2 archive (.so, .cubin, .ptx, .cpp, .o, ...)", Severity::kHigh},
+      {Rule::kPt2Op, "SCK131", "pt2-op-not-allowed",
+       "PT2 program node whose op is not in the engine's allowlist (other ATen op, custom namespace, higher-order op)",
+       Severity::kHigh},
+      {Rule::kPt2Mutation, "SCK132", "pt2-mutation",
+       "PT2 program that updates an input or buffer in place (buffer/input mutation)", Severity::kHigh},
+      {Rule::kPt2Refused, "SCK133", "pt2-program-refused",
+       "The engine refuses this PT2 program or archive for another reason (named in the message)", Severity::kHigh},
       {Rule::kUnscannable, "SCK140", "unscannable-container",
        "Compressed or foreign container the scanner cannot look into", Severity::kHigh},
       {Rule::kArchiveAnomaly, "SCK150", "archive-anomaly", "Zip ambiguity that different readers resolve differently",
@@ -176,10 +184,17 @@ void Scanner::scan_top(Bytes data) {
   rep.size = data.size();
   FileFormat f = sniff_format(data);
   if (f == FileFormat::kTorchZip) f = detect_format(data, opt_.limits);
+  if (f == FileFormat::kTorchZip || f == FileFormat::kOtherZip || f == FileFormat::kUnknown) {
+    graph::GraphLimits gl;
+    gl.container = opt_.limits;
+    if (sniff_format(data) == FileFormat::kTorchZip && graph::is_pt2_archive(data, gl))
+      f = FileFormat::kPt2Archive;  // the torch 2.6/2.7 flat layout: judged like a PT2 archive
+  }
   rep.format = std::string(file_format_name(f));
   if (sniff_format(data) == FileFormat::kTorchZip && f == FileFormat::kUnknown) rep.format = "zip";
   dispatch(data, "", 0, true);
-  switch (sniff_format(data)) {
+  switch (f == FileFormat::kPt2Archive ? FileFormat::kPt2Archive : sniff_format(data)) {
+    case FileFormat::kPt2Archive: break;  // the engine's reader and validator decided (scan_pt2)
     case FileFormat::kTorchZip:
     case FileFormat::kLegacyPickle:
     case FileFormat::kBarePickle: run_loader(data); break;

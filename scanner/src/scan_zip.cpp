@@ -63,9 +63,12 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
         "findings name their copy. The loader refuses the archive",
         first.local_header_offset);
   }
+  // torch 2.6/2.7 flat torch.export layout: no root folder (graph.hpp).
+  const bool pt2_flat = zip.root().empty() && zip.find_full("serialized_exported_program.json") != nullptr;
   auto member_label = [&](const ZipEntry& e) { return prefix + (label[e.index].empty() ? e.name : label[e.index]); };
   for (const ZipAnomaly& a : zip.anomalies()) {
-    if (a.kind == ZipAnomalyKind::kDuplicateName) continue;  // reported above, with the copy PyTorch reads
+    if (a.kind == ZipAnomalyKind::kDuplicateName) continue;             // reported above, with the copy PyTorch reads
+    if (a.kind == ZipAnomalyKind::kNoRootFolder && pt2_flat) continue;  // the 2.6/2.7 layout has none (scan_pt2)
     if (a.kind == ZipAnomalyKind::kNoRootFolder) {
       add(Rule::kMalformed, Severity::kHigh, member, "malformed: " + a.detail,
           "PyTorch's reader refuses a zip without a root folder; numpy.load (npz) and other readers "
@@ -87,23 +90,8 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
         "torch <= 2.5 sent such files to torch.jit.load even with weights_only=True (CVE-2025-32434); load it only "
         "with torch.jit.load from a trusted source");
   }
-  if (kind == FileFormat::kPt2Archive) {
-    int listed = 0;
-    for (const ZipEntry& e : zip.entries()) {
-      std::string_view n = e.name;
-      if (n.ends_with(".so") || n.ends_with(".cubin") || n.ends_with(".dll") || n.ends_with(".dylib") ||
-          n.ends_with(".o")) {
-        if (listed++ < 100)
-          add(Rule::kExecutableCode, Severity::kHigh, prefix + e.name,
-              "PT2 archive member is native code (" + std::string(n.substr(n.rfind('.'))) + ")",
-              "AOTInductor loads and runs compiled shared libraries / GPU kernels from the archive",
-              e.local_header_offset);
-      }
-    }
-    add(Rule::kExecutableCode, Severity::kHigh, member,
-        "PT2 archive (torch.export / AOTInductor package): contains compiled programs",
-        "loading it runs code from the archive; the loader refuses PT2 archives");
-  }
+  std::set<std::string> pt2_raw;  // PT2: records of raw tensor bytes (use_pickle: false)
+  if (kind == FileFormat::kPt2Archive || pt2_flat) scan_pt2(data, zip, member, pt2_raw);
   // Pass 1: pickle members (by name), collecting persistent ids.
   std::vector<PidInfo> pids;
   bool pickles_complete = true;  // every pickle member parsed to its end: the persistent ids are all known
@@ -170,6 +158,16 @@ void Scanner::scan_zip(Bytes data, const std::string& member, int depth) {
           "torch < 2.10 reads past the end of the record (out-of-bounds read, CVE-2026-24747); the loader refuses "
           "it",
           e.local_header_offset);
+    }
+    if (pt2_raw.count(e.name) != 0) {
+      // Raw little-endian tensor bytes the engine re-views from tensor_meta;
+      // nothing reads them as a pickle. CRC only with verify_data.
+      if (opt_.verify_data) {
+        if (auto rb = zip.read(e, true); !rb)
+          add(Rule::kArchiveAnomaly, Severity::kMedium, member_label(e), rb.error().message(),
+              "tensor bytes do not match the archive's CRC", e.local_header_offset);
+      }
+      continue;
     }
     if (!is_storage && is_tensor_record(e)) {
       ++unnamed_records;

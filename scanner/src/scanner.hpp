@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "safeckpt/mapped_file.hpp"
 #include "safeckpt/scan.hpp"
 #include "safeckpt/value.hpp"
+#include "safeckpt/zip.hpp"
 
 namespace safeckpt::scan {
 
@@ -63,6 +65,9 @@ class Scanner {
   // Dispatch by content. `member` names where `data` lives ("" = the file).
   void dispatch(Bytes data, const std::string& member, int depth, bool top);
   void scan_zip(Bytes data, const std::string& member, int depth);
+  // PT2 archive (scan_pt2.cpp): code records, then the engine's reader and
+  // validator; fills `raw` with the records that hold raw tensor bytes.
+  void scan_pt2(Bytes data, const ZipArchive& zip, const std::string& member, std::set<std::string>& raw);
   void scan_legacy(Bytes data, const std::string& member, int depth);
   // Streams from `start` to the end; returns false when a stream failed.
   bool scan_streams(Bytes data, const std::string& member, int depth, std::uint64_t start, int first_index,

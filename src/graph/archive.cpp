@@ -112,6 +112,7 @@ Status read_config(const ZipArchive& zip, std::string_view dir, std::string_view
     t.record = ze->name;
     SAFECKPT_TRY(RecordBytes rb, zip.read(*ze, true));
     if (e["use_pickle"].get<bool>()) {
+      t.pickled = true;
       // Pickled tensor (tensor subclass): only our restricted loader reads it.
       LoadOptions lo;
       lo.limits = limits.container;
@@ -151,17 +152,117 @@ Status read_config(const ZipArchive& zip, std::string_view dir, std::string_view
 bool is_pt2_archive(Bytes file, const GraphLimits& limits) {
   if (file.size() < 4 || std::memcmp(file.data(), "PK\3\4", 4) != 0) return false;
   auto zip = ZipArchive::open(file, limits.container);
-  return zip && zip->find("archive_format") != nullptr;
+  return zip && (zip->find("archive_format") != nullptr ||
+                 (zip->root().empty() && zip->find_full("serialized_exported_program.json") != nullptr));
+}
+
+namespace {
+
+// The torch 2.6/2.7 flat layout (torch/export/__init__.py save() of those
+// releases): records at the top level of the zip (no root folder),
+// `serialized_exported_program.json` (the ExportedProgram JSON),
+// `serialized_state_dict.pt` and `serialized_constants.pt` (torch.save of
+// dicts FQN -> tensor), `serialized_example_inputs.pt` (ignored), `version`
+// ("<major>.<minor>" of the schema; the major must be 8, as 2.11's load()
+// requires it to equal SCHEMA_VERSION[0]), `extra_files/*` (ignored). The
+// .pt members are read only by the restricted loader (safeckpt::load_bytes,
+// default allowlist); every tensor must be dense and strided.
+Status read_flat_tensors(const ZipArchive& zip, const char* record, bool constants, std::vector<ArchiveTensor>& out,
+                         const GraphLimits& limits) {
+  const ZipEntry* e = zip.find_full(record);
+  if (e == nullptr) {
+    if (constants) return {};  // an older writer may omit it; the program then binds no constants
+    return make_error(ErrorCode::kMalformed, std::string("flat export without ") + record);
+  }
+  SAFECKPT_TRY(RecordBytes rb, zip.read(*e, true));
+  LoadOptions lo;
+  lo.limits = limits.container;
+  SAFECKPT_TRY(Checkpoint ck, load_bytes(rb.bytes, lo));
+  for (const NamedTensor& nt : ck.state_dict()) {
+    const TensorInfo& ti = ck.tensors()[nt.tensor];
+    const std::string w = std::string(record) + " entry '" + nt.name + "'";
+    if (nt.name.empty()) return make_error(ErrorCode::kMalformed, w + ": not a dict of tensors");
+    if (ti.layout != Layout::kStrided || ti.is_meta || ti.storage == kNoStorage || dtype_is_quantized(ti.dtype))
+      return make_error(ErrorCode::kUnsupported, w + ": not a dense tensor");
+    ArchiveTensor t;
+    t.fqn = nt.name;
+    t.is_constant = constants;
+    t.record = e->name;
+    t.pickled = true;
+    t.meta.dtype = ti.dtype;
+    for (std::size_t d = 0; d < ti.shape.size(); ++d) {
+      t.meta.sizes.push_back(SymInt{ti.shape[d], -1});
+      t.meta.strides.push_back(SymInt{d < ti.stride.size() ? ti.stride[d] : 0, -1});
+    }
+    SAFECKPT_TRY(auto bytes, ck.contiguous_bytes(nt.tensor));
+    SAFECKPT_TRY(t.tensor, make_host_tensor(ti.dtype, ti.shape, bytes));
+    t.storage = static_cast<std::int32_t>(out.size());
+    out.push_back(std::move(t));
+  }
+  return {};
+}
+
+}  // namespace
+
+Status Pt2Archive::open_flat(const ZipArchive& zip, const GraphLimits& limits) {
+  for (const ZipAnomaly& an : zip.anomalies())
+    if (an.kind != ZipAnomalyKind::kNoRootFolder)
+      return make_error(ErrorCode::kMalformed, std::string(zip_anomaly_name(an.kind)) + ": " + an.detail);
+  for (const auto& e : zip.entries())
+    if (is_code_record(e.name))
+      return make_error(ErrorCode::kUnsupported, "record '" + e.name + "' is compiled or source code",
+                        Location{e.name});
+  const ZipEntry* ve = zip.find_full("version");
+  if (ve == nullptr) return make_error(ErrorCode::kMalformed, "flat export without a version record");
+  if (ve->uncompressed_size > 64) return make_error(ErrorCode::kMalformed, "flat export: version record too long");
+  SAFECKPT_TRY(RecordBytes vb, zip.read(*ve, true));
+  std::string ver(reinterpret_cast<const char*>(vb.bytes.data()), vb.bytes.size());
+  if (ver.rfind("8.", 0) != 0)
+    return make_error(ErrorCode::kUnsupported,
+                      "flat export of schema version '" + ver.substr(0, 16) +
+                          "': only major 8 is read (torch 2.11 load() requires the same major)");
+  const ZipEntry* je = zip.find_full("serialized_exported_program.json");
+  if (je->uncompressed_size > limits.max_json_bytes)
+    return make_error(ErrorCode::kLimitExceeded,
+                      "record '" + je->name + "' is larger than GraphLimits::max_json_bytes");
+  SAFECKPT_TRY(RecordBytes jb, zip.read(*je, true));
+  SAFECKPT_TRY(Program p,
+               parse_program_json(std::string_view(reinterpret_cast<const char*>(jb.bytes.data()), jb.bytes.size()),
+                                  "model", limits));
+  std::vector<ArchiveTensor> w;
+  SAFECKPT_CHECK(read_flat_tensors(zip, "serialized_state_dict.pt", false, w, limits));
+  SAFECKPT_CHECK(read_flat_tensors(zip, "serialized_constants.pt", true, w, limits));
+  model_names_.emplace_back("model");
+  programs_.push_back(std::make_unique<Program>(std::move(p)));
+  weights_.push_back(std::move(w));
+  return {};
+}
+
+bool is_code_record(std::string_view name) {
+  if (name.starts_with("data/aotinductor/") || name.find("/data/aotinductor/") != std::string_view::npos) return true;
+  const auto dot = name.rfind('.');
+  if (dot == std::string_view::npos || name.find('/', dot) != std::string_view::npos) return false;
+  std::string ext(name.substr(dot + 1));
+  for (char& ch : ext) ch = static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch);
+  for (std::string_view x : {"so",  "dll", "dylib", "o",   "obj", "a", "cubin", "ptx", "fatbin", "hsaco",
+                             "spv", "cpp", "cc",    "cxx", "cu",  "c", "h",     "hpp", "py",     "pyc"})
+    if (ext == x) return true;
+  return false;
 }
 
 Result<Pt2Archive> Pt2Archive::open(Bytes file, const GraphLimits& limits) {
   try {
     SAFECKPT_TRY(ZipArchive zip, ZipArchive::open(file, limits.container));
+    if (zip.root().empty() && zip.find_full("serialized_exported_program.json") != nullptr) {
+      Pt2Archive a;
+      SAFECKPT_CHECK(a.open_flat(zip, limits));
+      return a;
+    }
     SAFECKPT_CHECK(zip.require_no_anomalies());
     if (zip.find("serialized_exported_program.json") != nullptr)
       return make_error(ErrorCode::kUnsupported,
-                        "a torch 2.6/2.7 flat export (serialized_exported_program.json): not read yet; re-save it with "
-                        "torch >= 2.8 (torch.export.save writes the PT2 archive)");
+                        "serialized_exported_program.json under a root folder: the torch 2.6/2.7 flat layout keeps "
+                        "its records at the top level of the zip (no root folder)");
     if (zip.find("archive_format") == nullptr)
       return make_error(ErrorCode::kUnsupported, "not a PT2 archive (no " + zip.root() + "/archive_format record)");
     SAFECKPT_TRY(std::string fmt, read_text(zip, "archive_format", 64));
@@ -181,8 +282,7 @@ Result<Pt2Archive> Pt2Archive::open(Bytes file, const GraphLimits& limits) {
     for (const auto& e : zip.entries()) {
       std::string_view n = e.name;
       std::string_view rel = n.size() > zip.root().size() + 1 ? n.substr(zip.root().size() + 1) : std::string_view();
-      if (rel.substr(0, 17) == "data/aotinductor/" || ends_with(n, ".so") || ends_with(n, ".cubin") ||
-          ends_with(n, ".cpp") || ends_with(n, ".py") || ends_with(n, ".hsaco"))
+      if (is_code_record(rel))
         return make_error(ErrorCode::kUnsupported,
                           "record '" + e.name +
                               "' is compiled or source code (an AOTInductor package): the engine "
@@ -302,6 +402,26 @@ Result<WeightMap> checkpoint_weights(const Program& program, const Checkpoint& c
     bool ok = ti.layout == Layout::kStrided && !ti.is_meta && ti.dtype == m.dtype && ti.shape.size() == m.sizes.size();
     for (std::size_t d = 0; ok && d < ti.shape.size(); ++d)
       ok = !m.sizes[d].is_symbolic() && m.sizes[d].value == ti.shape[d];
+    // Strides too (dims of size > 1; a stride of a size-1 dim addresses
+    // nothing): the engine binds views of these bytes with the program's
+    // recorded layout (the GPU engine without a copy), so a checkpoint tensor
+    // laid out differently (say, saved from a transposed view) is refused
+    // like a misshapen one rather than silently re-laid out.
+    bool strides_ok = true;
+    if (ok && ti.stride.size() == ti.shape.size() && m.strides.size() == ti.shape.size()) {
+      std::uint64_t numel = 1;
+      for (auto v : ti.shape) numel *= static_cast<std::uint64_t>(v);
+      for (std::size_t d = 0; numel > 0 && d < ti.shape.size(); ++d)
+        if (ti.shape[d] > 1 && (m.strides[d].is_symbolic() || m.strides[d].value != ti.stride[d])) strides_ok = false;
+    }
+    if (ok && !strides_ok) {
+      std::string want = "[", got = "[";
+      for (std::size_t d = 0; d < m.strides.size(); ++d)
+        want += (d ? "," : "") + (m.strides[d].is_symbolic() ? std::string("?") : std::to_string(m.strides[d].value));
+      for (std::size_t d = 0; d < ti.stride.size(); ++d) got += (d ? "," : "") + std::to_string(ti.stride[d]);
+      misshapen.push_back(in.fqn + " (program strides " + want + "], checkpoint strides " + got + "])");
+      continue;
+    }
     if (!ok) {
       std::string want = std::string(dtype_name(m.dtype)) + "[";
       for (std::size_t d = 0; d < m.sizes.size(); ++d)
@@ -326,7 +446,7 @@ Result<WeightMap> checkpoint_weights(const Program& program, const Checkpoint& c
   };
   add("missing", missing);
   add("unexpected", unexpected);
-  add("wrong dtype or shape", misshapen);
+  add("wrong dtype, shape or strides", misshapen);
   return make_error(ErrorCode::kInvalidArgument, msg);
 }
 

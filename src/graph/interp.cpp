@@ -274,6 +274,10 @@ struct Ctx {
   // Shape pass: kernels compute output dtypes and shapes (and every shape
   // check) but no values; tensors carry no bytes.
   bool meta = false;
+  // PyTorch's strides of every value (elements), from the recorded
+  // tensor_meta once checked (check_strides); the interpreter itself
+  // computes on dense tensors.
+  std::vector<std::vector<std::int64_t>> strides;
 
   Unexpected fail(ErrorCode c, const std::string& what) const {
     return make_error(c, "node '" + node->name + "' (" + node->target + "): " + what);
@@ -466,15 +470,63 @@ void broadcast_each(const std::vector<std::int64_t>& out, const std::array<std::
 
 using Outs = std::vector<HostTensor>;
 
-Status binary(Ctx& c, Outs& outs, int op) {  // 0 add, 1 sub, 2 logical_and
+Status binary(Ctx& c, Outs& outs, int op) {  // 0 add, 1 sub, 2 logical_and, 3 mul, 4 bitwise_and
   SAFECKPT_TRY(const HostTensor* a, c.tensor("self"));
-  SAFECKPT_TRY(const HostTensor* b, c.tensor("other"));
-  SAFECKPT_TRY(auto shape, broadcast_shape(c, {&a->shape, &b->shape}));
+  // `other` may be a Python number (validate allows it for these ops): a
+  // 0-d wrapped number, promoted as PyTorch does (result_type with a scalar).
+  const Arg& oa = c.arg("other");
+  HostTensor wrapped;
+  const bool number = oa.kind != Arg::Kind::kTensor;
   ResultType rt;
   rt.tensor(*a);
-  rt.tensor(*b);
+  if (number) {
+    rt.scalar(oa);
+    const DType wd = rt.result();
+    SAFECKPT_TRY(wrapped, c.alloc(wd, {}));
+    if (!c.meta) {
+      if (is_float(wd)) {
+        put_d(wrapped, 0, c.scalar("other"));
+      } else if (oa.kind == Arg::Kind::kInt) {
+        SAFECKPT_TRY(std::int64_t iv, c.integer("other"));
+        put_i(wrapped, 0, iv);
+      } else {
+        put_i(wrapped, 0, c.scalar("other") != 0 ? 1 : 0);
+      }
+    }
+  }
+  const HostTensor* b = &wrapped;
+  if (!number) {
+    SAFECKPT_TRY(b, c.tensor("other"));
+    rt.tensor(*b);
+  }
+  SAFECKPT_TRY(auto shape, broadcast_shape(c, {&a->shape, &b->shape}));
   DType d = op == 2 ? DType::kBool : rt.result();
   if (op == 1 && d == DType::kBool) return c.fail(ErrorCode::kMalformed, "subtraction of bool tensors");
+  if (op == 4 && is_float(d)) return c.fail(ErrorCode::kMalformed, "bitwise_and of floating tensors");
+  if (op >= 3) {
+    // mul.Tensor (bool: logical and, integers wrap like PyTorch) and
+    // bitwise_and.Tensor / __and__.Tensor (integers and bool).
+    SAFECKPT_TRY(HostTensor out, c.alloc(d, shape));
+    if (c.meta) {
+      outs.push_back(std::move(out));
+      return {};
+    }
+    std::array<std::vector<std::int64_t>, 2> st{broadcast_strides(a->shape, shape), broadcast_strides(b->shape, shape)};
+    const bool fl = is_float(d);
+    broadcast_each<2>(shape, st, [&](std::uint64_t i, const std::array<std::int64_t, 2>& o) {
+      const auto ia = static_cast<std::uint64_t>(o[0]), ib = static_cast<std::uint64_t>(o[1]);
+      if (fl) {
+        put_d(out, i, get_d(*a, ia) * get_d(*b, ib));
+      } else if (d == DType::kBool) {
+        put_i(out, i, (get_i(*a, ia) != 0) && (get_i(*b, ib) != 0));
+      } else {
+        auto x = static_cast<std::uint64_t>(get_i(*a, ia)), y = static_cast<std::uint64_t>(get_i(*b, ib));
+        put_i(out, i, static_cast<std::int64_t>(op == 3 ? x * y : (x & y)));
+      }
+    });
+    outs.push_back(std::move(out));
+    return {};
+  }
   SAFECKPT_TRY(HostTensor out, c.alloc(d, shape));
   if (c.meta) {
     outs.push_back(std::move(out));
@@ -507,16 +559,29 @@ Status binary(Ctx& c, Outs& outs, int op) {  // 0 add, 1 sub, 2 logical_and
 }
 
 Status unary(Ctx& c, Outs& outs, const std::string& op) {
-  SAFECKPT_TRY(const HostTensor* a, c.tensor("self"));
+  SAFECKPT_TRY(const HostTensor* a, c.tensor(c.node->schema->name == "aten::dropout" ? "input" : "self"));
   DType d = a->dtype;
-  if (op == "logical_not" || op == "eq" || op == "le") d = DType::kBool;
-  if (op == "mul") {
+  if (op == "logical_not" || op == "eq" || op == "le" || op == "ge") d = DType::kBool;
+  if (op == "mul" || op == "pow") {
     ResultType rt;
     rt.tensor(*a);
-    rt.scalar(c.arg("other"));
+    rt.scalar(c.arg(op == "pow" ? "exponent" : "other"));
     d = rt.result();
   }
-  if ((op == "gelu") && !is_float(d)) return c.fail(ErrorCode::kUnsupported, "gelu of a non-floating tensor");
+  if (op == "to") {
+    // _to_copy: dtype (None keeps it); device, pin_memory, non_blocking and
+    // memory_format do not change values (the interpreter computes on host,
+    // dense); a layout other than strided is refused.
+    if (const Arg& dt = c.arg("dtype"); dt.kind == Arg::Kind::kScalarType) {
+      if (!supported(dt.dtype)) return c.fail(ErrorCode::kUnsupported, "_to_copy to an unsupported dtype");
+      d = dt.dtype;
+    }
+    if (const Arg& lay = c.arg("layout"); lay.kind == Arg::Kind::kLayout && lay.code != 7)
+      return c.fail(ErrorCode::kUnsupported, "_to_copy to a layout other than strided");
+  }
+  const bool float_only =
+      op == "gelu" || op == "rsqrt" || op == "silu" || op == "sigmoid" || op == "tanh" || (op == "pow" && !is_float(d));
+  if (float_only && !is_float(d)) return c.fail(ErrorCode::kUnsupported, op + " of a non-floating tensor");
   SAFECKPT_TRY(HostTensor out, c.alloc(d, a->shape));
   if (c.meta) {
     outs.push_back(std::move(out));
@@ -551,6 +616,34 @@ Status unary(Ctx& c, Outs& outs, const std::string& op) {
         put_d(out, i, 0.5 * x * (1 + std::erf(x / kSqrt2)));
     } else if (op == "logical_not") {
       put_i(out, i, x == 0);
+    } else if (op == "neg") {
+      if (is_float(d))
+        put_d(out, i, -x);
+      else
+        put_i(out, i, static_cast<std::int64_t>(0 - static_cast<std::uint64_t>(get_i(*a, i))));
+    } else if (op == "rsqrt") {
+      put_d(out, i, 1.0 / std::sqrt(x));
+    } else if (op == "silu") {
+      put_d(out, i, x / (1.0 + std::exp(-x)));
+    } else if (op == "sigmoid") {
+      put_d(out, i, 1.0 / (1.0 + std::exp(-x)));
+    } else if (op == "tanh") {
+      put_d(out, i, std::tanh(x));
+    } else if (op == "pow") {
+      const double e = c.scalar("exponent");
+      put_d(out, i, e == 2.0 ? x * x : std::pow(x, e));
+    } else if (op == "to") {
+      if (is_float(d))
+        put_d(out, i, x);
+      else if (d == DType::kBool)
+        put_i(out, i, x != 0);
+      else if (is_float(a->dtype))
+        put_i(out, i, std::isfinite(x) && std::fabs(x) < 9.2e18 ? static_cast<std::int64_t>(x) : 0);
+      else
+        put_i(out, i, get_i(*a, i));
+    } else if (op == "ge") {
+      bool r = int_compare ? get_i(*a, i) >= s_int : x >= s;
+      put_i(out, i, r);
     } else if (op == "eq" || op == "le") {
       bool r;
       if (int_compare) {
@@ -1013,8 +1106,10 @@ Status sdpa(Ctx& c, Outs& outs) {
   SAFECKPT_TRY(const HostTensor* q, c.tensor("query"));
   SAFECKPT_TRY(const HostTensor* k, c.tensor("key"));
   SAFECKPT_TRY(const HostTensor* v, c.tensor("value"));
-  const HostTensor* mask = c.opt_tensor("attn_mask");
+  const bool efficient = c.node->schema->name == "aten::_scaled_dot_product_efficient_attention";
+  const HostTensor* mask = c.opt_tensor(efficient ? "attn_bias" : "attn_mask");
   bool causal = c.arg("is_causal").b;
+  if (efficient && c.arg("dropout_p").f != 0.0) return c.fail(ErrorCode::kUnsupported, "attention dropout");
   if (c.arg("enable_gqa").b) return c.fail(ErrorCode::kUnsupported, "enable_gqa=True");
   std::size_t r = q->shape.size();
   if (r < 2 || k->shape.size() != r || v->shape.size() != r || !is_float(q->dtype) || k->dtype != q->dtype ||
@@ -1039,9 +1134,29 @@ Status sdpa(Ctx& c, Outs& outs) {
     if (bs != ls) return c.fail(ErrorCode::kMalformed, "attention: attn_mask does not broadcast to [..., L, S]");
     mst = broadcast_strides(mask->shape, ls);
   }
+  // _scaled_dot_product_efficient_attention also returns log_sumexp
+  // ([..., H, 0] float32 unless compute_log_sumexp) and the philox seed and
+  // offset (0-d int64; no dropout here): produced as zeros, never read.
+  auto efficient_extras = [&]() -> Status {
+    if (!efficient) return {};
+    if (c.arg("compute_log_sumexp").b) return c.fail(ErrorCode::kUnsupported, "compute_log_sumexp=True");
+    std::vector<std::int64_t> lse(q->shape.begin(), q->shape.end() - 2);
+    lse.push_back(0);
+    SAFECKPT_TRY(HostTensor l, c.alloc(DType::kFloat32, lse));
+    SAFECKPT_TRY(HostTensor seed, c.alloc(DType::kInt64, {}));
+    SAFECKPT_TRY(HostTensor off, c.alloc(DType::kInt64, {}));
+    if (!c.meta) {
+      put_i(seed, 0, 0);
+      put_i(off, 0, 0);
+    }
+    outs.push_back(std::move(l));
+    outs.push_back(std::move(seed));
+    outs.push_back(std::move(off));
+    return {};
+  };
   if (c.meta) {
     outs.push_back(std::move(out));
-    return {};
+    return efficient_extras();
   }
   SAFECKPT_CHECK(c.scratch(q->numel() + k->numel() + v->numel() + out.numel() + static_cast<std::uint64_t>(S)));
   auto qd = to_double(*q), kd = to_double(*k), vd = to_double(*v);
@@ -1088,6 +1203,257 @@ Status sdpa(Ctx& c, Outs& outs) {
   }
   from_double(out, od);
   outs.push_back(std::move(out));
+  return efficient_extras();
+}
+
+// cat(tensors, dim): one dtype (PyTorch would promote; refused here), one
+// rank, equal sizes off `dim`. Legacy rule kept by PyTorch: 1-D empty
+// tensors are skipped.
+Status cat(Ctx& c, Outs& outs) {
+  const Arg& list = c.arg("tensors");
+  std::vector<const HostTensor*> ts;
+  for (auto id : list.tensors) {
+    if (id < 0) return c.fail(ErrorCode::kMalformed, "cat: a None in the tensor list");
+    const HostTensor& t = c.vals[static_cast<std::size_t>(id)];
+    if (!t.data) return c.fail(ErrorCode::kInternal, "cat: an input has no value");
+    if (t.shape.size() == 1 && t.shape[0] == 0) continue;
+    ts.push_back(&t);
+  }
+  if (ts.empty()) return c.fail(ErrorCode::kUnsupported, "cat of no non-empty tensors");
+  const std::size_t r = ts[0]->shape.size();
+  if (r == 0) return c.fail(ErrorCode::kMalformed, "cat: zero-dimensional tensor");
+  SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+  SAFECKPT_TRY(std::int64_t dd, c.dim(d0, r));
+  const auto dim = static_cast<std::size_t>(dd);
+  std::vector<std::int64_t> shape = ts[0]->shape;
+  shape[dim] = 0;
+  for (const HostTensor* t : ts) {
+    if (t->dtype != ts[0]->dtype) return c.fail(ErrorCode::kUnsupported, "cat of tensors of different dtypes");
+    if (t->shape.size() != r) return c.fail(ErrorCode::kMalformed, "cat: tensors of different ranks");
+    for (std::size_t d = 0; d < r; ++d)
+      if (d != dim && t->shape[d] != ts[0]->shape[d])
+        return c.fail(ErrorCode::kMalformed, "cat: sizes differ off the concatenated dim");
+    if (__builtin_add_overflow(shape[dim], t->shape[dim], &shape[dim]))
+      return c.fail(ErrorCode::kLimitExceeded, "cat: size overflows");
+  }
+  SAFECKPT_TRY(HostTensor out, c.alloc(ts[0]->dtype, shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
+  const std::uint64_t item = dtype_size(out.dtype);
+  std::uint64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::uint64_t>(shape[d]);
+  for (std::size_t d = dim + 1; d < r; ++d) inner *= static_cast<std::uint64_t>(shape[d]);
+  std::uint64_t at = 0;
+  const std::uint64_t out_row = static_cast<std::uint64_t>(shape[dim]) * inner * item;
+  for (const HostTensor* t : ts) {
+    const std::uint64_t row = static_cast<std::uint64_t>(t->shape[dim]) * inner * item;
+    for (std::uint64_t o = 0; o < outer; ++o)
+      std::memcpy(out.data->data() + o * out_row + at, t->data->data() + o * row, row);
+    at += row;
+  }
+  outs.push_back(std::move(out));
+  return {};
+}
+
+// slice.Tensor(self, dim, start?, end?, step): PyTorch's clamping
+// (aten/src/ATen/native/TensorShape.cpp slice): negative start/end count
+// from the end, both clamp to [0, size], end below start gives size 0;
+// step must be positive.
+Status slice(Ctx& c, Outs& outs) {
+  SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
+  const std::size_t r = x->shape.size();
+  if (r == 0) return c.fail(ErrorCode::kMalformed, "slice of a 0-d tensor");
+  SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+  SAFECKPT_TRY(std::int64_t dd, c.dim(d0, r));
+  const auto dim = static_cast<std::size_t>(dd);
+  const std::int64_t size = x->shape[dim];
+  std::int64_t start = 0, end = size;
+  if (c.arg("start").kind == Arg::Kind::kInt) {
+    SAFECKPT_TRY(start, c.integer("start"));
+  }
+  if (c.arg("end").kind == Arg::Kind::kInt) {
+    SAFECKPT_TRY(end, c.integer("end"));
+  }
+  SAFECKPT_TRY(std::int64_t step, c.integer("step"));
+  if (step <= 0) return c.fail(ErrorCode::kMalformed, "slice step must be positive");
+  if (start < 0) start = start < -size ? 0 : start + size;
+  if (end < 0) end = end < -size ? 0 : end + size;
+  start = std::min(start, size);
+  end = std::min(end, size);
+  if (end < start) end = start;
+  std::vector<std::int64_t> shape = x->shape;
+  shape[dim] = (end - start + step - 1) / step;
+  auto st = contiguous_strides(x->shape);
+  const std::int64_t offset = start * st[dim];
+  st[dim] *= step;
+  SAFECKPT_TRY(HostTensor out, gather_view(c, *x, shape, st, offset));
+  outs.push_back(std::move(out));
+  return {};
+}
+
+// gather(self, dim, index): out[i] = self[i with i[dim] = index[i]];
+// index.size(d) <= self.size(d) off `dim`; every index in [0, size) (as
+// PyTorch's gather checks), else kMalformed naming it.
+Status gather(Ctx& c, Outs& outs) {
+  SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
+  SAFECKPT_TRY(const HostTensor* idx, c.tensor("index"));
+  const std::size_t r = x->shape.size();
+  if (idx->shape.size() != r || r == 0)
+    return c.fail(ErrorCode::kMalformed, "gather: index must have the rank of self (>= 1)");
+  if (idx->dtype != DType::kInt64) return c.fail(ErrorCode::kMalformed, "gather: index must be int64");
+  SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+  SAFECKPT_TRY(std::int64_t dd, c.dim(d0, r));
+  const auto dim = static_cast<std::size_t>(dd);
+  for (std::size_t d = 0; d < r; ++d)
+    if (d != dim && idx->shape[d] > x->shape[d])
+      return c.fail(ErrorCode::kMalformed, "gather: index is larger than self off dim");
+  SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, idx->shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
+  const auto xs = contiguous_strides(x->shape);
+  const std::uint64_t item = dtype_size(x->dtype), n = idx->numel();
+  std::vector<std::int64_t> pos(r, 0);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::int64_t k = get_i(*idx, i);
+    if (k < 0 || k >= x->shape[dim])
+      return c.fail(ErrorCode::kMalformed, "gather: index " + std::to_string(k) + " at position " + std::to_string(i) +
+                                               " is out of range for size " + std::to_string(x->shape[dim]));
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < r; ++d) off += (d == dim ? k : pos[d]) * xs[d];
+    std::memcpy(out.data->data() + i * item, x->data->data() + static_cast<std::uint64_t>(off) * item, item);
+    for (std::size_t d = r; d-- > 0;) {
+      if (++pos[d] < idx->shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  outs.push_back(std::move(out));
+  return {};
+}
+
+// index.Tensor(self, indices): advanced indexing with integer index tensors
+// on the leading dims (no None, no bool masks: kUnsupported), broadcast
+// together (PyTorch's rule); result = broadcast shape + self's remaining
+// dims. Negative indices count from the end; anything outside [-size, size)
+// is kMalformed naming it.
+Status index_tensor(Ctx& c, Outs& outs) {
+  SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
+  const Arg& list = c.arg("indices");
+  std::vector<const HostTensor*> ix;
+  for (auto id : list.tensors) {
+    if (id < 0) return c.fail(ErrorCode::kUnsupported, "index.Tensor with None indices");
+    const HostTensor& t = c.vals[static_cast<std::size_t>(id)];
+    if (!t.data) return c.fail(ErrorCode::kInternal, "index.Tensor: an index has no value");
+    if (t.dtype != DType::kInt64 && t.dtype != DType::kInt32)
+      return c.fail(ErrorCode::kUnsupported, "index.Tensor with a non-integer (mask) index");
+    ix.push_back(&t);
+  }
+  if (ix.empty() || ix.size() > x->shape.size())
+    return c.fail(ErrorCode::kMalformed, "index.Tensor: too many or no indices");
+  std::vector<const std::vector<std::int64_t>*> shapes;
+  for (const HostTensor* t : ix) shapes.push_back(&t->shape);
+  SAFECKPT_TRY(std::vector<std::int64_t> bshape, broadcast_shape(c, shapes));
+  std::vector<std::int64_t> shape = bshape;
+  std::uint64_t block = 1;
+  for (std::size_t d = ix.size(); d < x->shape.size(); ++d) {
+    shape.push_back(x->shape[d]);
+    block *= static_cast<std::uint64_t>(x->shape[d]);
+  }
+  SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
+  if (c.meta) {
+    outs.push_back(std::move(out));
+    return {};
+  }
+  const auto xs = contiguous_strides(x->shape);
+  std::vector<std::vector<std::int64_t>> st;
+  for (const HostTensor* t : ix) st.push_back(broadcast_strides(t->shape, bshape));
+  const std::uint64_t item = dtype_size(x->dtype), n = numel_of(bshape), bytes = block * item;
+  std::vector<std::int64_t> pos(bshape.size(), 0);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::int64_t off = 0;
+    for (std::size_t k = 0; k < ix.size(); ++k) {
+      std::int64_t at = 0;
+      for (std::size_t d = 0; d < pos.size(); ++d) at += pos[d] * st[k][d];
+      std::int64_t v = get_i(*ix[k], static_cast<std::uint64_t>(at));
+      const std::int64_t size = x->shape[k];
+      if (v < -size || v >= size)
+        return c.fail(ErrorCode::kMalformed, "index.Tensor: index " + std::to_string(v) + " is out of range for dim " +
+                                                 std::to_string(k) + " of size " + std::to_string(size));
+      if (v < 0) v += size;
+      off += v * xs[k];
+    }
+    std::memcpy(out.data->data() + i * bytes, x->data->data() + static_cast<std::uint64_t>(off) * item, bytes);
+    for (std::size_t d = pos.size(); d-- > 0;) {
+      if (++pos[d] < bshape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  outs.push_back(std::move(out));
+  return {};
+}
+
+// select.int(self, dim, index): index in [-size, size), else kMalformed.
+Status select(Ctx& c, Outs& outs) {
+  SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
+  const std::size_t r = x->shape.size();
+  if (r == 0) return c.fail(ErrorCode::kMalformed, "select of a 0-d tensor");
+  SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+  SAFECKPT_TRY(std::int64_t dd, c.dim(d0, r));
+  const auto dim = static_cast<std::size_t>(dd);
+  SAFECKPT_TRY(std::int64_t k, c.integer("index"));
+  const std::int64_t size = x->shape[dim];
+  if (k < -size || k >= size)
+    return c.fail(ErrorCode::kMalformed,
+                  "select: index " + std::to_string(k) + " is out of range for size " + std::to_string(size));
+  if (k < 0) k += size;
+  std::vector<std::int64_t> shape = x->shape, st = contiguous_strides(x->shape);
+  const std::int64_t offset = k * st[dim];
+  shape.erase(shape.begin() + dd);
+  st.erase(st.begin() + dd);
+  SAFECKPT_TRY(HostTensor out, gather_view(c, *x, shape, st, offset));
+  outs.push_back(std::move(out));
+  return {};
+}
+
+// _assert_tensor_metadata(a, size?, stride?, dtype?, device?, layout?): the
+// assertion PyTorch runs, on what the interpreter knows (dtype, sizes,
+// layout; strides are the recorded ones; device not modelled). No output.
+Status assert_metadata(Ctx& c, Outs& outs) {
+  (void)outs;
+  SAFECKPT_TRY(const HostTensor* a, c.tensor("a"));
+  if (const Arg& d = c.arg("dtype"); d.kind == Arg::Kind::kScalarType && d.dtype != a->dtype)
+    return c.fail(ErrorCode::kMalformed, "_assert_tensor_metadata: tensor is " + std::string(dtype_name(a->dtype)) +
+                                             ", expected " + std::string(dtype_name(d.dtype)));
+  if (c.arg("size").kind != Arg::Kind::kNone) {
+    SAFECKPT_TRY(auto sz, c.ints("size"));
+    if (sz != a->shape) return c.fail(ErrorCode::kMalformed, "_assert_tensor_metadata: sizes differ");
+  }
+  if (const Arg& l = c.arg("layout"); l.kind == Arg::Kind::kLayout && l.code != 7)
+    return c.fail(ErrorCode::kMalformed, "_assert_tensor_metadata: layout is strided");
+  return {};
+}
+
+// new_ones(self, size, dtype?): ones of `size`, self's dtype by default.
+Status new_ones(Ctx& c, Outs& outs) {
+  SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
+  SAFECKPT_TRY(auto size, c.ints("size"));
+  const Arg& dt = c.arg("dtype");
+  const DType d = dt.kind == Arg::Kind::kScalarType ? dt.dtype : x->dtype;
+  if (!supported(d)) return c.fail(ErrorCode::kUnsupported, "new_ones of an unsupported dtype");
+  if (const Arg& l = c.arg("layout"); l.kind == Arg::Kind::kLayout && l.code != 7)
+    return c.fail(ErrorCode::kUnsupported, "layout other than strided");
+  SAFECKPT_TRY(HostTensor out, c.alloc(d, size));
+  if (!c.meta)
+    for (std::uint64_t i = 0; i < out.numel(); ++i) {
+      if (is_float(d))
+        put_d(out, i, 1.0);
+      else
+        put_i(out, i, 1);
+    }
+  outs.push_back(std::move(out));
   return {};
 }
 
@@ -1095,10 +1461,10 @@ Status view_ops(Ctx& c, Outs& outs, const std::string& op) {
   SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
   std::size_t r = x->shape.size();
   auto cs = contiguous_strides(x->shape);
-  if (op == "view" || op == "flatten") {
+  if (op == "view" || op == "flatten" || op == "reshape") {
     std::vector<std::int64_t> shape;
-    if (op == "view") {
-      SAFECKPT_TRY(shape, c.ints("size"));
+    if (op == "view" || op == "reshape") {
+      SAFECKPT_TRY(shape, c.ints(op == "view" ? "size" : "shape"));
       std::int64_t infer = -1;
       std::uint64_t known = 1;
       for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -1255,7 +1621,9 @@ Status creation(Ctx& c, Outs& outs, const std::string& op) {
     double start = c.scalar("start"), end = c.scalar("end"), step = st.kind == Arg::Kind::kNone ? 1 : c.scalar("step");
     std::int64_t is = 0, ie = 0, ist = 1;
     if (!fl) {
-      SAFECKPT_TRY(is, c.integer("start"));
+      if (s.kind != Arg::Kind::kNone) {  // aten::arange(end) has no start
+        SAFECKPT_TRY(is, c.integer("start"));
+      }
       SAFECKPT_TRY(ie, c.integer("end"));
       if (st.kind != Arg::Kind::kNone) {
         SAFECKPT_TRY(ist, c.integer("step"));
@@ -1370,6 +1738,28 @@ Status run_node(Ctx& c, Outs& outs) {
   if (op == "aten::mul.Scalar") return unary(c, outs, "mul");
   if (op == "aten::relu" || op == "aten::relu_") return unary(c, outs, "relu");
   if (op == "aten::gelu") return unary(c, outs, "gelu");
+  if (op == "aten::mul.Tensor") return binary(c, outs, 3);
+  if (op == "aten::bitwise_and.Tensor" || op == "aten::__and__.Tensor") return binary(c, outs, 4);
+  if (op == "aten::neg") return unary(c, outs, "neg");
+  if (op == "aten::rsqrt") return unary(c, outs, "rsqrt");
+  if (op == "aten::silu") return unary(c, outs, "silu");
+  if (op == "aten::sigmoid") return unary(c, outs, "sigmoid");
+  if (op == "aten::tanh") return unary(c, outs, "tanh");
+  if (op == "aten::pow.Tensor_Scalar") return unary(c, outs, "pow");
+  if (op == "aten::ge.Scalar") return unary(c, outs, "ge");
+  if (op == "aten::_to_copy") return unary(c, outs, "to");
+  if (op == "aten::cat") return cat(c, outs);
+  if (op == "aten::gather") return gather(c, outs);
+  if (op == "aten::index.Tensor") return index_tensor(c, outs);
+  if (op == "aten::select.int") return select(c, outs);
+  if (op == "aten::_assert_tensor_metadata") return assert_metadata(c, outs);
+  if (op == "aten::new_ones") return new_ones(c, outs);
+  if (op == "aten::arange") return creation(c, outs, "arange");
+  if (op == "aten::dropout") return unary(c, outs, "clone");  // train=False (validate): identity
+  if (op == "aten::to.device" || op == "aten::to.dtype_layout") return unary(c, outs, "to");
+  if (op == "aten::slice.Tensor") return slice(c, outs);
+  if (op == "aten::reshape") return view_ops(c, outs, "reshape");
+  if (op == "aten::_scaled_dot_product_efficient_attention") return sdpa(c, outs);
   if (op == "aten::eq.Scalar") return unary(c, outs, "eq");
   if (op == "aten::le.Scalar") return unary(c, outs, "le");
   if (op == "aten::logical_not") return unary(c, outs, "logical_not");
@@ -1449,6 +1839,186 @@ Status check_meta(Ctx& c, std::int32_t id, const HostTensor& t) {
   return {};
 }
 
+// Strides (tensor_meta) checks. The interpreter computes on dense row-major
+// tensors, but a program's recorded strides must be the ones PyTorch gives:
+//  - view ops (ATen's formulas: permute/transpose swap strides, unsqueeze
+//    inserts size*stride of the next dim (1 at the end), expand puts 0 on new
+//    and broadcast dims, split/slice keep the input's strides (slice: times
+//    step), select drops the dim, view/flatten/reshape/_unsafe_view restride
+//    like ATen's computeStride — reshape falls back to a contiguous copy when
+//    no view exists, view refuses) give exact strides from the input's;
+//  - every other op returns a fresh tensor, which PyTorch allocates
+//    non-overlapping and dense (contiguous or a permutation of it, e.g.
+//    preserve_format following its input).
+// Only dims of size > 1 are compared (a stride of a size-1 dim never
+// addresses memory); tensors with no elements are not checked.
+std::vector<std::int64_t> contiguous_of(const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> st(shape.size(), 1);
+  for (std::size_t d = shape.size(); d-- > 1;) st[d - 1] = st[d] * std::max<std::int64_t>(shape[d], 1);
+  return st;
+}
+
+// ATen's view restriding rule: strides for `to` viewing a tensor of shape
+// `from` and strides `st`, or nullopt when no view exists.
+std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& from,
+                                                      const std::vector<std::int64_t>& st,
+                                                      const std::vector<std::int64_t>& to) {
+  std::int64_t numel = 1;
+  for (auto v : from) numel *= v;
+  if (numel == 0 || from.empty()) return contiguous_of(to);
+  std::vector<std::int64_t> out(to.size(), 1);
+  auto view_d = static_cast<std::int64_t>(to.size()) - 1;
+  std::int64_t chunk_base = st.back(), tensor_numel = 1, view_numel = 1;
+  for (auto td = static_cast<std::int64_t>(from.size()) - 1; td >= 0; --td) {
+    tensor_numel *= from[static_cast<std::size_t>(td)];
+    const bool chunk_ends = td == 0 || (from[static_cast<std::size_t>(td - 1)] != 1 &&
+                                        st[static_cast<std::size_t>(td - 1)] != tensor_numel * chunk_base);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || to[static_cast<std::size_t>(view_d)] == 1)) {
+      out[static_cast<std::size_t>(view_d)] = view_numel * chunk_base;
+      view_numel *= to[static_cast<std::size_t>(view_d)];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return std::nullopt;
+    if (td > 0) {
+      chunk_base = st[static_cast<std::size_t>(td - 1)];
+      tensor_numel = 1;
+      view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+std::string ints_text(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+Result<std::vector<std::int64_t>> eval_ints(const Ctx& c, const std::vector<SymInt>& v) {
+  std::vector<std::int64_t> out;
+  for (const auto& s : v) {
+    if (!s.is_symbolic()) {
+      out.push_back(s.value);
+      continue;
+    }
+    SAFECKPT_TRY(std::int64_t x,
+                 detail::eval_srepr(c.p.sym_values[static_cast<std::size_t>(s.sym)].expr, c.symbols, c.lim));
+    out.push_back(x);
+  }
+  return out;
+}
+
+bool dense_permutation(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& st) {
+  std::vector<std::size_t> dims;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return true;
+    if (shape[d] > 1) dims.push_back(d);
+  }
+  std::sort(dims.begin(), dims.end(), [&](std::size_t a, std::size_t b) { return st[a] < st[b]; });
+  std::int64_t want = 1;
+  for (std::size_t d : dims) {
+    if (st[d] != want) return false;
+    want *= shape[d];
+  }
+  return true;
+}
+
+// Records the strides of a graph input (weights, user inputs) from its meta.
+Status input_strides(Ctx& c, std::int32_t id) {
+  SAFECKPT_TRY(c.strides[static_cast<std::size_t>(id)], eval_ints(c, c.p.values[static_cast<std::size_t>(id)].strides));
+  return {};
+}
+
+// Output `k` (value `id`, dense result `out`) of the current node.
+Status check_strides(Ctx& c, std::size_t k, std::int32_t id, const HostTensor& out) {
+  const TensorMeta& m = c.p.values[static_cast<std::size_t>(id)];
+  const std::string& name = c.p.value_names[static_cast<std::size_t>(id)];
+  SAFECKPT_TRY(std::vector<std::int64_t> rec, eval_ints(c, m.strides));
+  if (rec.size() != out.shape.size())
+    return c.fail(ErrorCode::kMalformed, "output '" + name + "': tensor_meta has " + std::to_string(rec.size()) +
+                                             " strides for rank " + std::to_string(out.shape.size()));
+  for (auto v : rec)
+    if (v < 0) return c.fail(ErrorCode::kMalformed, "output '" + name + "': negative stride in tensor_meta");
+  c.strides[static_cast<std::size_t>(id)] = rec;
+  if (out.numel() == 0) return {};
+  const std::string& op = c.node->schema->name;
+  std::optional<std::vector<std::int64_t>> want;
+  const Arg& self = c.arg("self");
+  const bool has_self = self.kind == Arg::Kind::kTensor && self.tensor >= 0;
+  const std::vector<std::int64_t>* in_st = has_self ? &c.strides[static_cast<std::size_t>(self.tensor)] : nullptr;
+  const HostTensor* in = has_self ? &c.vals[static_cast<std::size_t>(self.tensor)] : nullptr;
+  if (in != nullptr && in_st->size() != in->shape.size()) in = nullptr;  // no strides known for the input
+  const std::size_t r = in != nullptr ? in->shape.size() : 0;
+  if (in != nullptr) {
+    if (op == "aten::permute") {
+      SAFECKPT_TRY(auto dims, c.ints("dims"));
+      if (dims.size() != r) return c.fail(ErrorCode::kMalformed, "permute: dims do not match the rank");
+      want.emplace();
+      for (auto d0 : dims) {
+        SAFECKPT_TRY(std::int64_t d, c.dim(d0, r));
+        want->push_back((*in_st)[static_cast<std::size_t>(d)]);
+      }
+    } else if (op == "aten::transpose.int") {
+      SAFECKPT_TRY(std::int64_t a0, c.integer("dim0"));
+      SAFECKPT_TRY(std::int64_t b0, c.integer("dim1"));
+      SAFECKPT_TRY(std::int64_t a, c.dim(a0, r));
+      SAFECKPT_TRY(std::int64_t b, c.dim(b0, r));
+      want = *in_st;
+      std::swap((*want)[static_cast<std::size_t>(a)], (*want)[static_cast<std::size_t>(b)]);
+    } else if (op == "aten::unsqueeze") {
+      SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+      SAFECKPT_TRY(std::int64_t d, c.dim(d0, r + 1));
+      auto ud = static_cast<std::size_t>(d);
+      want = *in_st;
+      std::int64_t s = ud >= r ? 1 : in->shape[ud] * (*in_st)[ud];
+      want->insert(want->begin() + static_cast<std::ptrdiff_t>(ud), s);
+    } else if (op == "aten::expand") {
+      want.emplace(out.shape.size(), 0);
+      const std::size_t lead = out.shape.size() - std::min(out.shape.size(), r);
+      for (std::size_t d = 0; d < r && lead + d < out.shape.size(); ++d)
+        (*want)[lead + d] = in->shape[d] == out.shape[lead + d] ? (*in_st)[d] : 0;
+    } else if (op == "aten::split.Tensor" || op == "aten::split_with_sizes" || op == "aten::slice.Tensor") {
+      want = *in_st;
+      if (op == "aten::slice.Tensor") {
+        SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+        SAFECKPT_TRY(std::int64_t d, c.dim(d0, r));
+        SAFECKPT_TRY(std::int64_t step, c.integer("step"));
+        (*want)[static_cast<std::size_t>(d)] *= step;
+      }
+    } else if (op == "aten::select.int") {
+      SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
+      SAFECKPT_TRY(std::int64_t d, c.dim(d0, r));
+      want = *in_st;
+      want->erase(want->begin() + d);
+    } else if (op == "aten::view" || op == "aten::flatten.using_ints" || op == "aten::reshape" ||
+               op == "aten::_unsafe_view") {
+      want = view_strides(in->shape, *in_st, out.shape);
+      if (!want && op == "aten::view")
+        return c.fail(ErrorCode::kMalformed, "view of '" + c.p.value_names[static_cast<std::size_t>(self.tensor)] +
+                                                 "' with strides " + ints_text(*in_st) + " as shape " +
+                                                 ints_text(out.shape) +
+                                                 ": PyTorch cannot view these strides (use reshape)");
+      if (!want) want = contiguous_of(out.shape);
+    }
+  }
+  (void)k;
+  if (want) {
+    bool ok = want->size() == rec.size();
+    for (std::size_t d = 0; ok && d < rec.size(); ++d) ok = out.shape[d] <= 1 || rec[d] == (*want)[d];
+    if (!ok)
+      return c.fail(ErrorCode::kMalformed, "output '" + name + "' has strides " + ints_text(rec) +
+                                               " in its tensor_meta but " + op + " gives " + ints_text(*want));
+    return {};
+  }
+  if (!dense_permutation(out.shape, rec))
+    return c.fail(ErrorCode::kMalformed, "output '" + name + "' has strides " + ints_text(rec) + " for shape " +
+                                             ints_text(out.shape) + " in its tensor_meta, but " + op +
+                                             " returns a new dense tensor");
+  return {};
+}
+
 // Binds an input tensor against its recorded meta: dtype, rank, static dims;
 // symbolic dims `Symbol('s')` bind s (range-checked, one value per symbol).
 Status bind_input(Ctx& c, const GraphInput& in, const HostTensor& t,
@@ -1505,7 +2075,8 @@ Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap
       if (n.schema == nullptr)
         return make_error(ErrorCode::kInvalidArgument,
                           "program not validated (node '" + n.name + "'): call validate() first");
-    Ctx c{program, limits, {}, {}, {}, 0, nullptr, meta};
+    Ctx c{program, limits, {}, {}, {}, 0, nullptr, meta, {}};
+    c.strides.resize(program.values.size());
     c.vals.resize(program.values.size());
     c.syms.resize(program.sym_values.size());
     std::vector<std::pair<std::size_t, std::size_t>> deferred;
@@ -1547,6 +2118,7 @@ Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap
         return make_error(ErrorCode::kInvalidArgument, "input '" + program.value_names[v] + "' dim " +
                                                            std::to_string(d) + " must be " + std::to_string(want));
     }
+    for (const auto& in : program.inputs) SAFECKPT_CHECK(input_strides(c, in.value));
     // Last use of every value, so intermediates are released early.
     std::vector<std::int64_t> last(program.values.size(), -1);
     for (std::size_t i = 0; i < program.nodes.size(); ++i)
@@ -1579,6 +2151,7 @@ Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap
           std::int32_t id = n.outputs[k];
           if (id < 0) continue;
           SAFECKPT_CHECK(check_meta(c, id, outs[k]));
+          SAFECKPT_CHECK(check_strides(c, k, id, outs[k]));
           c.vals[static_cast<std::size_t>(id)] = std::move(outs[k]);
         }
       }

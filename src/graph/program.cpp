@@ -277,6 +277,13 @@ Result<std::int64_t> eval_srepr(std::string_view e, const std::unordered_map<std
         std::int64_t q = a / b;
         if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
         v = f.fn == "FloorDiv" ? q : a - q * b;
+      } else if (f.fn == "Pow") {
+        // Pow(base, Integer(n)), n in [0, 64] (strides of dynamic programs: s^2).
+        if (f.args.size() != 2 || f.args[1] < 0 || f.args[1] > 64) return bad("Pow needs an exponent in [0, 64]");
+        v = 1;
+        for (std::int64_t k = 0; k < f.args[1]; ++k)
+          if (__builtin_mul_overflow(v, f.args[0], &v))
+            return make_error(ErrorCode::kLimitExceeded, "symbolic expression '" + std::string(e) + "' overflows");
       } else if (f.fn == "Max" || f.fn == "Min") {
         if (f.args.empty()) return bad(f.fn + " without arguments");
         v = f.args[0];

@@ -49,27 +49,44 @@ bool is_view_op(std::string_view op) {
   return false;
 }
 
+using RK = Refusal::Kind;
+
 struct Checker {
   Program& p;
-  std::vector<std::string> policy, broken;
+  std::vector<Refusal> policy, broken;
+
+  void pol(RK k, const Node* n, std::string msg) {
+    policy.push_back(
+        Refusal{k, n != nullptr ? n->name : std::string(), n != nullptr ? n->target : std::string(), std::move(msg)});
+  }
+  void brk(const Node* n, std::string msg) {
+    broken.push_back(Refusal{RK::kMalformed, n != nullptr ? n->name : std::string(),
+                             n != nullptr ? n->target : std::string(), std::move(msg)});
+  }
 
   void node_policy(Node& n, std::size_t index) {
     std::string w = "node '" + n.name + "' (" + n.target + ")";
     if (n.target.rfind("torch.ops.higher_order.", 0) == 0) {
-      policy.push_back(w +
-                       ": higher-order op (control flow, subgraphs, kernels) is not run: export without it "
-                       "(torch.cond/while_loop/wrap) or inline it");
+      pol(RK::kHigherOrder, &n,
+          w + ": higher-order op (control flow, subgraphs, kernels) is not run: export without it "
+              "(torch.cond/while_loop/wrap) or inline it");
       return;
     }
     if (n.target.rfind("torch.ops.", 0) == 0 && n.target.rfind("torch.ops.aten.", 0) != 0) {
-      policy.push_back(w + ": op of a custom namespace is not run: only ATen ops from allowlist/ops.schema are");
+      pol(RK::kCustomOp, &n, w + ": op of a custom namespace is not run: only ATen ops from allowlist/ops.schema are");
       return;
     }
     const OpSchema* s = find_schema(n.op);
+    // Binary pointwise ops take a Python number for `other` (torch.export
+    // keeps `x + 1e-6` as add.Tensor with as_float; PyTorch wraps it as a
+    // 0-d tensor that does not promote across its category).
+    const bool scalar_other = n.op == "aten::add.Tensor" || n.op == "aten::sub.Tensor" || n.op == "aten::mul.Tensor" ||
+                              n.op == "aten::bitwise_and.Tensor" || n.op == "aten::__and__.Tensor";
     if (s == nullptr) {
-      policy.push_back(w + ": op '" + n.op +
-                       "' is not in the engine's op allowlist (allowlist/ops.schema): "
-                       "decompose it at export (ep.run_decompositions) or ask for it to be added");
+      pol(RK::kOpNotAllowed, &n,
+          w + ": op '" + n.op +
+              "' is not in the engine's op allowlist (allowlist/ops.schema): "
+              "decompose it at export (ep.run_decompositions) or ask for it to be added");
       return;
     }
     // Bind by name; fill defaults.
@@ -79,15 +96,17 @@ struct Checker {
       std::size_t k = 0;
       while (k < s->args.size() && s->args[k].name != n.arg_names[i]) ++k;
       if (k == s->args.size()) {
-        broken.push_back(w + ": argument '" + n.arg_names[i] + "' is not in the schema of " + s->name);
+        brk(&n, w + ": argument '" + n.arg_names[i] + "' is not in the schema of " + s->name);
         return;
       }
       if (set[k]) {
-        broken.push_back(w + ": argument '" + n.arg_names[i] + "' given twice");
+        brk(&n, w + ": argument '" + n.arg_names[i] + "' given twice");
         return;
       }
-      if (!arg_matches(s->args[k], n.args[i])) {
-        broken.push_back(w + ": argument '" + n.arg_names[i] + "' has the wrong type for " + s->name);
+      const Arg::Kind ak = n.args[i].kind;
+      const bool number = ak == Arg::Kind::kInt || ak == Arg::Kind::kFloat || ak == Arg::Kind::kBool;
+      if (!(scalar_other && s->args[k].name == "other" && number) && !arg_matches(s->args[k], n.args[i])) {
+        brk(&n, w + ": argument '" + n.arg_names[i] + "' has the wrong type for " + s->name);
         return;
       }
       bound[k] = n.args[i];
@@ -96,19 +115,19 @@ struct Checker {
     for (std::size_t k = 0; k < s->args.size(); ++k) {
       if (set[k]) continue;
       if (!s->args[k].has_default) {
-        broken.push_back(w + ": required argument '" + s->args[k].name + "' is missing");
+        brk(&n, w + ": required argument '" + s->args[k].name + "' is missing");
         return;
       }
       bound[k] = s->args[k].default_value;
     }
     // Outputs.
     if (s->returns_symint) {
-      if (n.sym_output < 0 || !n.outputs.empty()) broken.push_back(w + ": must have one SymInt output");
+      if (n.sym_output < 0 || !n.outputs.empty()) brk(&n, w + ": must have one SymInt output");
     } else if (s->returns_list) {
-      if (!n.outputs_as_list && !(n.outputs.size() == 1)) broken.push_back(w + ": must output a tensor list");
+      if (!n.outputs_as_list && !(n.outputs.size() == 1)) brk(&n, w + ": must output a tensor list");
     } else if (n.outputs.size() != s->num_outputs || n.sym_output >= 0 || n.outputs_as_list) {
-      broken.push_back(w + ": has " + std::to_string(n.outputs.size()) + " outputs; " + s->name + " returns " +
-                       std::to_string(s->num_outputs));
+      brk(&n, w + ": has " + std::to_string(n.outputs.size()) + " outputs; " + s->name + " returns " +
+                  std::to_string(s->num_outputs));
     }
     n.schema = s;
     n.args = std::move(bound);
@@ -121,17 +140,21 @@ struct Checker {
     };
     // Op restrictions (ops.schema notes).
     if (s->name == "aten::batch_norm" && arg("training").b)
-      policy.push_back(w +
-                       ": batch_norm with training=True updates running statistics: export the model in eval() mode");
+      pol(RK::kPolicy, &n,
+          w + ": batch_norm with training=True updates running statistics: export the model in eval() mode");
     if (s->name == "aten::batch_norm" &&
         (arg("running_mean").kind == Arg::Kind::kNone || arg("running_var").kind == Arg::Kind::kNone))
-      policy.push_back(w + ": batch_norm without running statistics (batch statistics) is not supported");
-    if (s->name == "aten::scaled_dot_product_attention" && arg("dropout_p").f != 0.0)
-      policy.push_back(w + ": attention dropout_p != 0 is random: export in eval() mode");
+      pol(RK::kPolicy, &n, w + ": batch_norm without running statistics (batch statistics) is not supported");
+    if ((s->name == "aten::scaled_dot_product_attention" ||
+         s->name == "aten::_scaled_dot_product_efficient_attention") &&
+        arg("dropout_p").f != 0.0)
+      pol(RK::kPolicy, &n, w + ": attention dropout_p != 0 is random: export in eval() mode");
+    if (s->name == "aten::dropout" && arg("train").b)
+      pol(RK::kPolicy, &n, w + ": dropout with train=True is random: export the model in eval() mode");
     if (s->name == "aten::convolution" && (arg("transposed").b || arg("stride").ints.size() != 2))
-      policy.push_back(w + ": only 2-D, non-transposed convolution runs");
+      pol(RK::kPolicy, &n, w + ": only 2-D, non-transposed convolution runs");
     if (s->name == "aten::gelu" && arg("approximate").s != "none" && arg("approximate").s != "tanh")
-      broken.push_back(w + ": gelu approximate='" + arg("approximate").s + "' (none or tanh)");
+      brk(&n, w + ": gelu approximate='" + arg("approximate").s + "' (none or tanh)");
     (void)index;
   }
 };
@@ -140,7 +163,7 @@ struct Checker {
 
 namespace {
 void collect(Program& p, Checker& c) {
-  for (auto& r : p.refusals) c.policy.push_back(r);
+  for (auto& r : p.refusals) c.pol(r.find("mutation") != std::string::npos ? RK::kMutation : RK::kPolicy, nullptr, r);
   std::vector<char> produced(p.values.size(), 0);
   std::vector<char> sym_produced(p.sym_values.size(), 0);
   std::vector<std::uint32_t> uses(p.values.size(), 0);
@@ -158,49 +181,50 @@ void collect(Program& p, Checker& c) {
       for (auto t : ts) {
         if (t < 0) continue;
         if (!produced[static_cast<std::size_t>(t)])
-          c.broken.push_back(w + ": uses '" + p.value_names[static_cast<std::size_t>(t)] +
-                             "' before any node produces it (graph not in order, or cyclic)");
+          c.brk(&n, w + ": uses '" + p.value_names[static_cast<std::size_t>(t)] +
+                        "' before any node produces it (graph not in order, or cyclic)");
         ++uses[static_cast<std::size_t>(t)];
       }
       for (const auto& s : a.ints)
         if (s.is_symbolic() && !sym_produced[static_cast<std::size_t>(s.sym)])
-          c.broken.push_back(w + ": uses SymInt '" + p.sym_values[static_cast<std::size_t>(s.sym)].name +
-                             "' before any node produces it");
+          c.brk(&n, w + ": uses SymInt '" + p.sym_values[static_cast<std::size_t>(s.sym)].name +
+                        "' before any node produces it");
     }
     for (auto o : n.outputs) {
       if (o < 0) continue;
       if (produced[static_cast<std::size_t>(o)])
-        c.broken.push_back(w + ": produces '" + p.value_names[static_cast<std::size_t>(o)] + "' a second time");
+        c.brk(&n, w + ": produces '" + p.value_names[static_cast<std::size_t>(o)] + "' a second time");
       produced[static_cast<std::size_t>(o)] = 1;
       producer[static_cast<std::size_t>(o)] = static_cast<std::int32_t>(i);
     }
     if (n.sym_output >= 0) {
-      if (sym_produced[static_cast<std::size_t>(n.sym_output)])
-        c.broken.push_back(w + ": produces a SymInt a second time");
+      if (sym_produced[static_cast<std::size_t>(n.sym_output)]) c.brk(&n, w + ": produces a SymInt a second time");
       sym_produced[static_cast<std::size_t>(n.sym_output)] = 1;
       const std::string& nm = p.sym_values[static_cast<std::size_t>(n.sym_output)].name;
       if (!nm.empty() && nm[0] == 'u')
-        c.policy.push_back(w + ": unbacked symbol '" + nm + "' (a data-dependent size) is not supported");
+        c.pol(RK::kPolicy, &n, w + ": unbacked symbol '" + nm + "' (a data-dependent size) is not supported");
     }
     c.node_policy(n, i);
   }
   for (auto o : p.outputs)
     if (!produced[static_cast<std::size_t>(o)])
-      c.broken.push_back("user output '" + p.value_names[static_cast<std::size_t>(o)] + "' is never produced");
+      c.brk(nullptr, "user output '" + p.value_names[static_cast<std::size_t>(o)] + "' is never produced");
   // Unbacked symbols (data-dependent sizes, torch's u<n>) in any expression.
   for (const auto& sv : p.sym_values) {
     auto at = sv.expr.find("Symbol('u");
     if (at == std::string::npos) continue;
     auto end = sv.expr.find('\'', at + 8);
-    c.policy.push_back("unbacked symbol '" + sv.expr.substr(at + 8, end == std::string::npos ? 8 : end - at - 8) +
-                       "' (a size that depends on tensor data) is not supported: export with static or input-bound "
-                       "sizes");
+    c.pol(RK::kPolicy, nullptr,
+          "unbacked symbol '" + sv.expr.substr(at + 8, end == std::string::npos ? 8 : end - at - 8) +
+              "' (a size that depends on tensor data) is not supported: export with static or input-bound "
+              "sizes");
     break;
   }
   // Unbacked symbols in range_constraints.
   for (const auto& [sym, range] : p.range_constraints)
     if (!sym.empty() && sym[0] == 'u')
-      c.policy.push_back("range_constraints: unbacked symbol '" + sym + "' (data-dependent size) is not supported");
+      c.pol(RK::kPolicy, nullptr,
+            "range_constraints: unbacked symbol '" + sym + "' (data-dependent size) is not supported");
   // In-place ops: the mutated value (and the bases it views) must have no
   // other use and must not be a graph input, so running them out of place is
   // exact (the interpreter copies views).
@@ -214,14 +238,16 @@ void collect(Program& p, Checker& c) {
     for (int hops = 0; t >= 0 && hops < 1 << 20; ++hops) {
       auto ut = static_cast<std::size_t>(t);
       if (is_input[ut]) {
-        c.policy.push_back(w + ": mutates graph input '" + p.value_names[ut] +
-                           "' in place (buffer/input mutation): export without in-place updates of inputs");
+        c.pol(RK::kMutation, &n,
+              w + ": mutates graph input '" + p.value_names[ut] +
+                  "' in place (buffer/input mutation): export without in-place updates of inputs");
         break;
       }
       if (uses[ut] > 1) {
-        c.policy.push_back(w + ": mutates '" + p.value_names[ut] +
-                           "' in place while another node reads it: not supported (run_decompositions() makes the "
-                           "program functional)");
+        c.pol(RK::kMutation, &n,
+              w + ": mutates '" + p.value_names[ut] +
+                  "' in place while another node reads it: not supported (run_decompositions() makes the "
+                  "program functional)");
         break;
       }
       std::int32_t prod = producer[ut];
@@ -234,16 +260,22 @@ void collect(Program& p, Checker& c) {
 }
 }  // namespace
 
-std::vector<std::string> refusal_reasons(Program& p, const GraphLimits& limits) {
+std::vector<Refusal> refusals(Program& p, const GraphLimits& limits) {
   Checker c{p, {}, {}};
   collect(p, c);
   if (c.broken.empty() && c.policy.empty()) {
     auto st = check_shapes(p, limits);
-    if (!st) c.broken.push_back(st.error().message());
+    if (!st) c.brk(nullptr, st.error().message());
   }
-  std::vector<std::string> all = std::move(c.broken);
-  for (auto& s : c.policy) all.push_back(std::move(s));
+  std::vector<Refusal> all = std::move(c.broken);
+  for (auto& r : c.policy) all.push_back(std::move(r));
   return all;
+}
+
+std::vector<std::string> refusal_reasons(Program& p, const GraphLimits& limits) {
+  std::vector<std::string> out;
+  for (auto& r : refusals(p, limits)) out.push_back(std::move(r.message));
+  return out;
 }
 
 Status validate(Program& p, const GraphLimits& limits) {
@@ -256,7 +288,7 @@ Status validate(Program& p, const GraphLimits& limits) {
   const auto& first = structural ? c.broken : c.policy;
   if (first.empty()) return {};
   std::size_t more = c.broken.size() + c.policy.size() - 1;
-  std::string msg = first[0];
+  std::string msg = first[0].message;
   if (more > 0) msg += " (and " + std::to_string(more) + " more reason" + (more > 1 ? "s" : "") + ")";
   return make_error(structural ? ErrorCode::kMalformed : ErrorCode::kDisallowedOperation, msg);
 }

@@ -117,7 +117,7 @@ TEST_CASE("graph archive: each rule of the archive grammar with its ErrorCode") 
                                   "ELF"}})) == ErrorCode::kUnsupported);
     CHECK(open_code(crafted({}, {{"extra/kernel.cubin", "x"}})) == ErrorCode::kUnsupported);
   }
-  SUBCASE("the 2.6/2.7 flat layout is named and refused") {
+  SUBCASE("serialized_exported_program.json under a root folder is not the flat layout: refused") {
     CHECK(open_code(crafted({}, {{"serialized_exported_program.json", "{}"}})) == ErrorCode::kUnsupported);
   }
   SUBCASE("no models/*.json") {
@@ -292,4 +292,42 @@ TEST_CASE("graph cli: safeckpt inspect on a PT2 archive describes the program (s
     CHECK(t.code == 0);
     CHECK(t.out == u.out);
   }
+}
+
+// The 2.6/2.7 flat layout, re-zipped from tests/data/pt2-2.11-extra/mlp_small.flat.pt2
+// (records at the top level) with one change each.
+TEST_CASE("graph archive: flat layout rules, each with its ErrorCode") {
+  const std::string file = std::string(SAFECKPT_TEST_DATA) + "/pt2-2.11-extra/mlp_small.flat.pt2";
+  auto mf = MappedFile::open(file);
+  REQUIRE(mf.has_value());
+  auto zip = ZipArchive::open(mf->bytes(), Limits{});
+  REQUIRE(zip.has_value());
+  CHECK(zip->root().empty());
+  std::vector<std::pair<std::string, std::string>> recs;
+  for (const auto& e : zip->entries()) {
+    auto rb = zip->read(e, true);
+    REQUIRE(rb.has_value());
+    recs.emplace_back(e.name, std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size()));
+  }
+  auto flat = [&](const std::map<std::string, std::optional<std::string>>& edits) {
+    test_support::ZipBuilder zb("");
+    for (auto& [name, data] : recs) {
+      auto it = edits.find(name);
+      if (it == edits.end())
+        zb.add(name, data, true);
+      else if (it->second)
+        zb.add(name, *it->second, true);
+    }
+    return zb.finish();
+  };
+  auto as_is = flat({});
+  CHECK(is_pt2_archive(Bytes(as_is.data(), as_is.size())));
+  CHECK(open_code(as_is) == ErrorCode::kOk);
+  CHECK(open_code(flat({{"version", "7.3"}})) == ErrorCode::kUnsupported);
+  CHECK(open_code(flat({{"version", std::nullopt}})) == ErrorCode::kMalformed);
+  CHECK(open_code(flat({{"serialized_state_dict.pt", std::nullopt}})) == ErrorCode::kMalformed);
+  // A pickled state dict importing os.system: only the restricted loader reads it.
+  const std::string evil = "cos\nsystem\n(S'true'\ntR.";  // protocol 0: GLOBAL os.system, REDUCE
+  CHECK(open_code(flat({{"serialized_state_dict.pt", evil}})) == ErrorCode::kDisallowedGlobal);
+  CHECK(open_code(flat({{"serialized_exported_program.json", "{"}})) == ErrorCode::kMalformed);
 }

@@ -11,6 +11,14 @@
 //    data), every concatenated stream of a bare pickle, numpy object arrays,
 //    and byte strings embedded in a pickle that are themselves pickles or
 //    checkpoints (nested loaders), up to ScanOptions::max_nesting;
+//  - PT2 archives (torch.export.save; the 2.6/2.7 flat layout too) are
+//    judged by the engine (safeckpt/graph.hpp): each AOTInductor code record
+//    is a critical kExecutableCode finding; otherwise Pt2Archive::open and,
+//    per model, graph::refusals() (the validator validate() runs) give the
+//    findings (kPt2Op, kPt2Mutation, kPt2Refused, kMalformed, kLimit,
+//    kUnsupported); FileReport::loader then holds the engine's verdict. A PT2
+//    file is clean exactly when the engine accepts every program in it and
+//    nothing else was found (scanner/src/scan_pt2.cpp);
 //  - imports are classified against the same Allowlist the loader uses
 //    (allowed / not allowlisted); a catalogue of known-dangerous callables
 //    (scanner/src/catalogue.cpp) only adds a category, a severity and an
@@ -77,6 +85,11 @@ enum class Rule : std::uint8_t {
   kIo,                // file or member could not be read
   // storage record shorter than numel x element size (CVE-2026-24747)
   kStorageOutOfBounds,
+  // PT2 programs (torch.export archives), decided by the graph layer's
+  // validator (safeckpt/graph.hpp refusals()):
+  kPt2Op,        // op not allowlisted / custom namespace / higher-order (names op and node)
+  kPt2Mutation,  // in-place update of an input or buffer, mutation output specs
+  kPt2Refused,   // any other reason the engine refuses the program or archive
   kCount_
 };
 struct RuleInfo {
@@ -132,7 +145,9 @@ enum class Verdict : std::uint8_t {
 std::string_view verdict_name(Verdict v) noexcept;  // "clean", "unsafe", ...
 
 struct LoaderResult {
-  bool ran = false;  // the file is a format safeckpt::load reads
+  // The file is a format safeckpt::load reads — or a PT2 archive, whose
+  // verdict is the engine's (format "pt2_archive"; JSON "by": "engine").
+  bool ran = false;
   bool ok = false;
   ErrorCode code = ErrorCode::kOk;
   std::string message;  // Error::message()
