@@ -120,12 +120,14 @@ enum class StepKind : std::uint8_t {
   kAttention,  // scaled_dot_product_attention, or the decomposed core-IR pattern
   kConv,       // conv2d / convolution
   kNorm,       // layer_norm / native_layer_norm / batch_norm (eval) / _native_batch_norm_legit_no_training
+               // (an RMSNorm pattern is not matched: allowlist/ops.schema has no pow/rsqrt to spell one)
   kSoftmax,    // _softmax
   kReduction,  // any.dim / mean.dim / adaptive_avg_pool2d
   kFused,      // a chain of elementwise ops: `ops` below
-  kGather,     // embedding
+  kGather,     // embedding (the only gather op in allowlist/ops.schema)
   kView,       // view / permute / transpose / unsqueeze / expand / flatten / split: an alias, no kernel
-  kCopy,       // clone, or a view/flatten whose input strides do not allow an alias (materialized)
+  kCopy,       // clone (always a copy: no alias elision yet), or a view/flatten whose input strides
+               // do not allow an alias (materialized contiguous)
   kOther,      // creation ops (arange, full, full_like, scalar_tensor) and anything else
 };
 std::string_view step_kind_name(StepKind k) noexcept;
