@@ -367,11 +367,18 @@ TEST_CASE("plan: GEMM epilogues where the programs have them (counts from the re
   CHECK(gemm_with(g, EwOp::kAdd) == bmm - 2 * sdpa);
   for (const Step& s : g.steps) {
     if (s.kind != StepKind::kGemm) continue;
-    for (const FusedOp& f : s.ops) {
-      CHECK(f.in[0].kind == FusedOperand::Kind::kAccumulator);
-      if (f.op == EwOp::kAdd) {
-        REQUIRE(f.in[1].kind == FusedOperand::Kind::kInput);
-        const auto bias = s.inputs[static_cast<std::size_t>(f.in[1].index)];
+    // The first epilogue op reads the GEMM result, each later one the op before it.
+    for (std::size_t k = 0; k < s.ops.size(); ++k) {
+      const FusedOp& f = s.ops[k];
+      const auto reads = [&](FusedOperand::Kind kind) {
+        return std::any_of(f.in.begin(), f.in.end(), [&](const FusedOperand& o) { return o.kind == kind; });
+      };
+      CHECK(reads(k == 0 ? FusedOperand::Kind::kAccumulator : FusedOperand::Kind::kTemp));
+      if (f.op == EwOp::kAdd) {  // the other operand is the [N] bias
+        const auto it = std::find_if(f.in.begin(), f.in.end(),
+                                     [](const FusedOperand& o) { return o.kind == FusedOperand::Kind::kInput; });
+        REQUIRE(it != f.in.end());
+        const auto bias = s.inputs[static_cast<std::size_t>(it->index)];
         CHECK(g.shapes[static_cast<std::size_t>(bias)].sizes.size() == 1);
       }
     }
