@@ -3,8 +3,8 @@
 # Run at configure time (CMakeLists.txt includes cmake/CheckLayers.cmake) and
 # as the ctest test layers.includes. The order is defined here, once:
 #
-#   util < container < pickle < torch < checkpoint < save < safetensors < graph < open
-#        < scanner < cuda < engine < cli
+#   util < container < pickle < torch < checkpoint < save < safetensors < graph < enginecache
+#        < open < scanner < cuda < engine < cli
 #
 # plus two rules the order alone does not say:
 #   - the safetensors reader (src/safetensors/safetensors.cpp) includes no
@@ -17,7 +17,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
 
-set(_order util container pickle torch checkpoint save safetensors graph open scanner cuda engine cli)
+set(_order util container pickle torch checkpoint save safetensors graph enginecache open scanner cuda engine cli)
 set(_hdr_util error dtype mapped_file limits hash version)
 set(_hdr_container zip detect)
 set(_hdr_pickle pickle value)
@@ -25,7 +25,8 @@ set(_hdr_torch allowlist tensor)
 set(_hdr_checkpoint checkpoint json builder)
 set(_hdr_save save)
 set(_hdr_safetensors safetensors)
-set(_hdr_graph graph)
+set(_hdr_graph graph graph_plan)
+set(_hdr_enginecache compile_cache)
 set(_hdr_open open)
 set(_hdr_scanner scan)
 set(_hdr_cuda cuda dlpack device_checkpoint)
@@ -45,7 +46,7 @@ endforeach()
 
 # Files and the layer they belong to.
 set(_files)
-foreach(layer util container pickle torch checkpoint save safetensors graph open cuda engine)
+foreach(layer util container pickle torch checkpoint save safetensors graph enginecache open cuda engine)
   file(GLOB _f ${ROOT}/src/${layer}/*.cpp ${ROOT}/src/${layer}/*.hpp ${ROOT}/src/${layer}/*.cu)
   foreach(f IN LISTS _f)
     list(APPEND _files "${layer}|${f}")

@@ -67,20 +67,20 @@
 #include "safeckpt/dlpack.hpp"
 #include "safeckpt/error.hpp"
 #include "safeckpt/graph.hpp"
+#include "safeckpt/graph_plan.hpp"
 
 namespace safeckpt::engine {
 
-// PyTorch 2.6's torch.compiler.set_stance, in C++.
-enum class Stance : std::uint8_t {
-  kDefault = 0,           // compile on the first call per shape, replay after
-  kForceEager = 1,        // one kernel per node, no fusion, no CUDA graph (the differential baseline)
-  kEagerThenCompile = 2,  // the first call per shape runs eagerly, later ones compiled
-  kFailOnRecompile = 3,   // a shape other than the first one compiled is an error naming the dimension
-};
-// "default", "force_eager", "eager_then_compile", "fail_on_recompile".
-std::string_view stance_name(Stance s) noexcept;
-// Inverse of stance_name. Errors: kInvalidArgument listing the names.
-Result<Stance> parse_stance(std::string_view name);
+// PyTorch 2.6's torch.compiler.set_stance, in C++: the planner's enum
+// (safeckpt/graph_plan.hpp), one spelling for the engine, the cache key and
+// the CLI. kDefault compiles on the first call per shape and replays after;
+// kForceEager runs one kernel per node, no fusion, no CUDA graph (the
+// differential baseline); kEagerThenCompile runs the first call per shape
+// eagerly; kFailOnRecompile refuses a shape other than the first compiled
+// one, naming the dimension.
+using Stance = graph::Stance;
+using graph::parse_stance;
+using graph::stance_name;
 
 struct EngineOptions {
   int device = 0;                    // CUDA device index

@@ -185,6 +185,10 @@ struct Program {
   std::string model_name;  // "model"
   std::int64_t schema_major = 0, schema_minor = 0;
   std::string torch_version;
+  // SHA-256 hex of the models/<name>.json bytes this program was parsed from
+  // (set by parse_program_json): the program part of plan fingerprints and
+  // compile-cache keys (safeckpt/graph_plan.hpp).
+  std::string json_sha256;
   std::vector<std::string> value_names;  // tensor value id -> name
   std::vector<TensorMeta> values;        // tensor value id -> recorded meta
   std::vector<SymValue> sym_values;

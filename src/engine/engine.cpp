@@ -348,22 +348,6 @@ Status ProgramImpl::execute(Plan& plan) {
 using detail::DevTensor;
 using detail::ProgramImpl;
 
-std::string_view stance_name(Stance s) noexcept {
-  switch (s) {
-    case Stance::kDefault: return "default";
-    case Stance::kForceEager: return "force_eager";
-    case Stance::kEagerThenCompile: return "eager_then_compile";
-    case Stance::kFailOnRecompile: return "fail_on_recompile";
-  }
-  return "?";
-}
-Result<Stance> parse_stance(std::string_view name) {
-  for (Stance s : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile, Stance::kFailOnRecompile})
-    if (stance_name(s) == name) return s;
-  return make_error(ErrorCode::kInvalidArgument, "unknown stance '" + std::string(name) +
-                                                     "' (default, force_eager, eager_then_compile, fail_on_recompile)");
-}
-
 // ------------------------------------------------------------------- Engine
 
 Engine::Engine(std::shared_ptr<detail::EngineImpl> impl) : impl_(std::move(impl)) {}

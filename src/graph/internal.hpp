@@ -1,10 +1,12 @@
 // Internal helpers shared by src/graph/*.cpp (not installed).
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "safeckpt/graph.hpp"
 
@@ -35,6 +37,30 @@ std::optional<std::int64_t> hint_of(const nlohmann::json& as_expr);
 // unknown symbols/functions are errors (kUnsupported for unknown functions).
 Result<std::int64_t> eval_srepr(std::string_view expr, const std::unordered_map<std::string, std::int64_t>& symbols,
                                 const GraphLimits& limits);
+// dtype and sizes of one tensor value after the shape pass; `defined` false
+// for values no node produced (unnamed outputs).
+struct ValueShape {
+  bool defined = false;
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> sizes;
+};
+
+// The interpreter's shape pass (run_impl in meta mode: every kernel's shape
+// logic, each result checked against its recorded tensor_meta) with inputs
+// and weights sized from their recorded meta evaluated at `symbols`; returns
+// every tensor value's dtype and sizes. Errors as check_shapes, plus
+// kInvalidArgument for a size that the symbols cannot evaluate, an input
+// outside range_constraints, and a program not validated.
+Result<std::vector<ValueShape>> shape_pass(const Program& program,
+                                           const std::unordered_map<std::string, std::int64_t>& symbols,
+                                           const GraphLimits& limits);
+
+// Binds symbols from user input shapes with run_cpu's input checks (rank,
+// static dims, one value per symbol, range_constraints, expression dims).
+// Errors: kInvalidArgument naming input, dim and value.
+Result<std::unordered_map<std::string, std::int64_t>> bind_user_shapes(
+    const Program& program, const std::map<std::string, std::vector<std::int64_t>>& shapes, const GraphLimits& limits);
+
 // The symbol name when `expr` is exactly Symbol('name', ...), else "".
 std::string single_symbol(std::string_view expr);
 

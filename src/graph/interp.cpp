@@ -1505,55 +1505,80 @@ Status bind_input(Ctx& c, const GraphInput& in, const HostTensor& t,
   return {};
 }
 
+// Binds the user inputs (and, unless `user_only`, the weights) into `c`:
+// the checks of bind_input for each, then every missing and unknown name,
+// then the dims that are expressions of symbols.
+Status bind_all(Ctx& c, const WeightMap& weights, const std::map<std::string, HostTensor, std::less<>>& inputs,
+                bool user_only) {
+  const Program& program = c.p;
+  std::vector<std::pair<std::size_t, std::size_t>> deferred;
+  std::vector<std::string> missing;
+  for (const auto& in : program.inputs) {
+    if (user_only && in.kind != InputKind::kUserInput) continue;
+    const HostTensor* t = nullptr;
+    if (in.kind == InputKind::kUserInput) {
+      auto it = inputs.find(in.fqn);
+      if (it != inputs.end()) t = &it->second;
+    } else {
+      auto it = weights.find(in.fqn);
+      if (it != weights.end()) t = &it->second;
+    }
+    if (t == nullptr) {
+      missing.push_back((in.kind == InputKind::kUserInput ? "input '" : "weight '") + in.fqn + "'");
+      continue;
+    }
+    SAFECKPT_CHECK(bind_input(c, in, *t, deferred));
+    c.vals[static_cast<std::size_t>(in.value)] = *t;
+  }
+  if (!missing.empty()) {
+    std::string msg = "missing:";
+    for (std::size_t i = 0; i < missing.size(); ++i) msg += (i ? ", " : " ") + missing[i];
+    return make_error(ErrorCode::kInvalidArgument, msg);
+  }
+  for (const auto& name_t : inputs) {
+    bool known = false;
+    for (const auto& in : program.inputs) known = known || (in.kind == InputKind::kUserInput && in.fqn == name_t.first);
+    if (!known)
+      return make_error(ErrorCode::kInvalidArgument, "input '" + name_t.first + "' is not an input of the program");
+  }
+  for (auto [v, d] : deferred) {
+    const TensorMeta& m = program.values[v];
+    SAFECKPT_TRY(
+        std::int64_t want,
+        detail::eval_srepr(program.sym_values[static_cast<std::size_t>(m.sizes[d].sym)].expr, c.symbols, c.lim));
+    if (want != c.vals[v].shape[d])
+      return make_error(ErrorCode::kInvalidArgument, "input '" + program.value_names[v] + "' dim " + std::to_string(d) +
+                                                         " must be " + std::to_string(want));
+  }
+  return {};
+}
+
+Status require_validated(const Program& program) {
+  for (const auto& n : program.nodes)
+    if (n.schema == nullptr)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "program not validated (node '" + n.name + "'): call validate() first");
+  return {};
+}
+
+// Runs the program (meta: the shape pass only). `record`, when given, gets
+// the dtype and shape of every tensor value as it is bound or produced.
 Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap& weights,
                                          const std::map<std::string, HostTensor, std::less<>>& inputs,
-                                         const GraphLimits& limits, bool meta) {
+                                         const GraphLimits& limits, bool meta,
+                                         std::vector<detail::ValueShape>* record = nullptr) {
   try {
-    for (const auto& n : program.nodes)
-      if (n.schema == nullptr)
-        return make_error(ErrorCode::kInvalidArgument,
-                          "program not validated (node '" + n.name + "'): call validate() first");
+    SAFECKPT_CHECK(require_validated(program));
     Ctx c{program, limits, {}, {}, {}, 0, nullptr, meta};
     c.vals.resize(program.values.size());
     c.syms.resize(program.sym_values.size());
-    std::vector<std::pair<std::size_t, std::size_t>> deferred;
-    std::vector<std::string> missing;
-    for (const auto& in : program.inputs) {
-      const HostTensor* t = nullptr;
-      if (in.kind == InputKind::kUserInput) {
-        auto it = inputs.find(in.fqn);
-        if (it != inputs.end()) t = &it->second;
-      } else {
-        auto it = weights.find(in.fqn);
-        if (it != weights.end()) t = &it->second;
+    SAFECKPT_CHECK(bind_all(c, weights, inputs, false));
+    if (record != nullptr) {
+      record->assign(program.values.size(), detail::ValueShape{});
+      for (const auto& in : program.inputs) {
+        const HostTensor& t = c.vals[static_cast<std::size_t>(in.value)];
+        (*record)[static_cast<std::size_t>(in.value)] = detail::ValueShape{true, t.dtype, t.shape};
       }
-      if (t == nullptr) {
-        missing.push_back((in.kind == InputKind::kUserInput ? "input '" : "weight '") + in.fqn + "'");
-        continue;
-      }
-      SAFECKPT_CHECK(bind_input(c, in, *t, deferred));
-      c.vals[static_cast<std::size_t>(in.value)] = *t;
-    }
-    if (!missing.empty()) {
-      std::string msg = "missing:";
-      for (std::size_t i = 0; i < missing.size(); ++i) msg += (i ? ", " : " ") + missing[i];
-      return make_error(ErrorCode::kInvalidArgument, msg);
-    }
-    for (const auto& name_t : inputs) {
-      bool known = false;
-      for (const auto& in : program.inputs)
-        known = known || (in.kind == InputKind::kUserInput && in.fqn == name_t.first);
-      if (!known)
-        return make_error(ErrorCode::kInvalidArgument, "input '" + name_t.first + "' is not an input of the program");
-    }
-    for (auto [v, d] : deferred) {
-      const TensorMeta& m = program.values[v];
-      SAFECKPT_TRY(
-          std::int64_t want,
-          detail::eval_srepr(program.sym_values[static_cast<std::size_t>(m.sizes[d].sym)].expr, c.symbols, limits));
-      if (want != c.vals[v].shape[d])
-        return make_error(ErrorCode::kInvalidArgument, "input '" + program.value_names[v] + "' dim " +
-                                                           std::to_string(d) + " must be " + std::to_string(want));
     }
     // Last use of every value, so intermediates are released early.
     std::vector<std::int64_t> last(program.values.size(), -1);
@@ -1587,6 +1612,8 @@ Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap
           std::int32_t id = n.outputs[k];
           if (id < 0) continue;
           SAFECKPT_CHECK(check_meta(c, id, outs[k]));
+          if (record != nullptr)
+            (*record)[static_cast<std::size_t>(id)] = detail::ValueShape{true, outs[k].dtype, outs[k].shape};
           c.vals[static_cast<std::size_t>(id)] = std::move(outs[k]);
         }
       }
@@ -1652,5 +1679,64 @@ Status check_shapes(const Program& program, const GraphLimits& limits) {
   }
   return {};
 }
+
+namespace detail {
+
+Result<std::unordered_map<std::string, std::int64_t>> bind_user_shapes(
+    const Program& program, const std::map<std::string, std::vector<std::int64_t>>& shapes, const GraphLimits& limits) {
+  SAFECKPT_CHECK(require_validated(program));
+  std::map<std::string, HostTensor, std::less<>> inputs;
+  for (const auto& [name, sizes] : shapes) {
+    HostTensor t;  // the dtype the program takes: only shapes are checked here
+    for (const auto& in : program.inputs)
+      if (in.kind == InputKind::kUserInput && in.fqn == name)
+        t.dtype = program.values[static_cast<std::size_t>(in.value)].dtype;
+    t.shape = sizes;
+    t.data = std::make_shared<std::vector<std::uint8_t>>();
+    inputs.emplace(name, std::move(t));
+  }
+  Ctx c{program, limits, {}, {}, {}, 0, nullptr, true};
+  c.vals.resize(program.values.size());
+  c.syms.resize(program.sym_values.size());
+  SAFECKPT_CHECK(bind_all(c, {}, inputs, true));
+  return c.symbols;
+}
+
+Result<std::vector<ValueShape>> shape_pass(const Program& program,
+                                           const std::unordered_map<std::string, std::int64_t>& symbols,
+                                           const GraphLimits& limits) {
+  SAFECKPT_CHECK(require_validated(program));
+  WeightMap weights;
+  std::map<std::string, HostTensor, std::less<>> inputs;
+  for (const auto& in : program.inputs) {
+    const TensorMeta& m = program.values[static_cast<std::size_t>(in.value)];
+    HostTensor t;
+    t.dtype = m.dtype;
+    t.data = std::make_shared<std::vector<std::uint8_t>>();
+    for (const auto& s : m.sizes) {
+      if (!s.is_symbolic()) {
+        t.shape.push_back(s.value);
+        continue;
+      }
+      auto v = eval_srepr(program.sym_values[static_cast<std::size_t>(s.sym)].expr, symbols, limits);
+      if (!v)
+        return make_error(ErrorCode::kInvalidArgument,
+                          "input '" + in.fqn + "': its size " +
+                              program.sym_values[static_cast<std::size_t>(s.sym)].expr +
+                              " cannot be evaluated with the given symbols: " + v.error().message());
+      t.shape.push_back(*v);
+    }
+    if (in.kind == InputKind::kUserInput)
+      inputs[in.fqn] = std::move(t);
+    else
+      weights[in.fqn] = std::move(t);
+  }
+  std::vector<ValueShape> out;
+  SAFECKPT_TRY(auto unused, run_impl(program, weights, inputs, limits, true, &out));
+  (void)unused;
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace safeckpt::graph

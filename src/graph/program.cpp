@@ -10,6 +10,7 @@
 #include <new>
 
 #include "graph/internal.hpp"
+#include "safeckpt/hash.hpp"
 
 namespace safeckpt::graph {
 namespace detail {
@@ -744,6 +745,7 @@ Result<Program> parse_program_json(std::string_view text, std::string_view model
   SAFECKPT_TRY(json root, parse_json(text, what, limits));
   Program p;
   p.model_name = std::string(model_name);
+  p.json_sha256 = sha256_hex({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
   try {
     Parser parser(p, limits);
     auto st = parser.run(root);
