@@ -16,12 +16,12 @@
 // host inputs copied in.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -65,7 +65,8 @@ Result<Inputs> make_inputs(const graph::Program& p, std::int64_t batch) {
       std::int64_t v = s.value;
       if (s.is_symbolic()) {
         const auto& sv = p.sym_values[static_cast<std::size_t>(s.sym)];
-        if (!sv.hint) return make_error(ErrorCode::kUnsupported, "input '" + gi.fqn + "' has a size without example value");
+        if (!sv.hint)
+          return make_error(ErrorCode::kUnsupported, "input '" + gi.fqn + "' has a size without example value");
         v = *sv.hint;
       }
       shape.push_back(v);
@@ -207,10 +208,11 @@ int bench_engine(const BenchEngineArgs& a) {
   auto eager_ms = median_ms(*cp2, named, eager, a.iters);
   if (!eager_ms) return bench_fail("eager runs", eager_ms.error());
   auto s2 = cp2->stats();
-  std::printf("  plan: %zu launches compiled (%zu generated kernels), %zu eager; activation arena %.2f MiB; "
-              "weights uploaded %.1f MiB%s\n",
-              s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
-              static_cast<double>(s1.weight_bytes) / (1 << 20), l->device_weights ? " (rest read in place)" : "");
+  std::printf(
+      "  plan: %zu launches compiled (%zu generated kernels), %zu eager; activation arena %.2f MiB; "
+      "weights uploaded %.1f MiB%s\n",
+      s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
+      static_cast<double>(s1.weight_bytes) / (1 << 20), l->device_weights ? " (rest read in place)" : "");
   std::printf("  %-58s %12s\n", "row", "ms");
   std::printf("  %-58s %12.3f\n", "safeckpt eager (force_eager, median)", *eager_ms);
   std::printf("  %-58s %12.3f\n", "safeckpt compiled, warm (CUDA graph replay, median)", *warm);

@@ -284,8 +284,8 @@ int inspect_pt2(const std::string& path, Bytes file, bool json) {
 
 void register_run(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();
-  CLI::App* sub =
-      app.add_subcommand("run", "Run a torch.export program (PT2 archive): CPU reference interpreter or the CUDA engine");
+  CLI::App* sub = app.add_subcommand(
+      "run", "Run a torch.export program (PT2 archive): CPU reference interpreter or the CUDA engine");
   sub->add_option("program", args->program, "PT2 archive written by torch.export.save")->required();
   sub->add_option("--inputs", args->inputs, "safetensors file with the program's user inputs")->required();
   sub->add_option("--outputs", args->outputs, "safetensors file to write (output.0, output.1, ...)")->required();

@@ -563,8 +563,7 @@ struct Lowering {
     def(out);
     Plan* pl = &plan;
     cublasLtHandle_t lt = eng.lt;
-    std::optional<DevTensor> bias_t = bias;
-    add_step(node->name, [pl, g2, a, b, out, bias_t, alpha, beta, lt](cudaStream_t s) {
+    add_step(node->name, [pl, g2, a, b, out, bias_t = bias, alpha, beta, lt](cudaStream_t s) {
       if (bias_t) {
         const void* bp = pl->ptr(*bias_t);
         cublasLtMatmulDescSetAttribute(g2->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
