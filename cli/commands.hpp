@@ -48,6 +48,8 @@ void register_convert(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
 // `run` and `inspect-program` (cli/run.cpp): torch.export programs.
 void register_run(CLI::App& app, int& exit_code);
+// `bench-engine` (cli/bench_engine.cpp): the compiled engine's table.
+void register_bench_engine(CLI::App& app, int& exit_code);
 // `safeckpt inspect` on a PT2 archive: what `inspect-program` prints for the
 // mapped bytes `file` (borrowed), text or JSON; its exit code.
 int inspect_pt2(const std::string& path, Bytes file, bool json);

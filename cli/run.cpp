@@ -10,7 +10,9 @@
 // (tensors of IN named as the program's user inputs, or "input.<name>" as the
 // corpus io files have them), runs on the CPU reference interpreter and writes
 // the user outputs as output.0, output.1, ... (safetensors, atomic; --force to
-// replace). --device cuda[:N] is the next issue and says so.
+// replace). --device cuda[:N] runs the compiled engine instead (issue 14,
+// safeckpt/engine.hpp; --stance default|force_eager|eager_then_compile|
+// fail_on_recompile), when the tool was built with it.
 //
 // inspect-program (and `safeckpt inspect` on a PT2 archive): models, user inputs/outputs with shapes (symbolic dims by
 // symbol, with ranges), the op histogram, weights (name, dtype, shape,
@@ -25,6 +27,7 @@
 // Exit codes: 0 ran / inspected and accepted, 1 refused by policy (op or
 // global not allowed), 2 malformed input, usage or I/O error.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,7 +36,10 @@
 #include "commands.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/graph.hpp"
-#include "safeckpt/safetensors_writer.hpp"
+#include "safeckpt/safetensors.hpp"
+#ifdef SAFECKPT_HAVE_ENGINE
+#include "safeckpt/engine.hpp"
+#endif
 
 namespace safeckpt::cli {
 namespace {
@@ -42,7 +48,7 @@ using graph::HostTensor;
 using graph::Program;
 
 struct RunArgs {
-  std::string program, inputs, outputs, weights, model = "model", device = "cpu";
+  std::string program, inputs, outputs, weights, model = "model", device = "cpu", stance = "default";
   bool force = false;
 };
 struct InspectProgramArgs {
@@ -78,14 +84,19 @@ std::string dim_text(const Program& p, const graph::SymInt& s) {
 }
 
 int run_program(const RunArgs& a) {
+  int cuda_device = -1;
   if (a.device.rfind("cuda", 0) == 0) {
-    std::fprintf(stderr,
-                 "safeckpt run: --device %s: the CUDA engine is not built yet (issue 13 part 2); use --device cpu "
-                 "(the reference interpreter)\n",
+#ifdef SAFECKPT_HAVE_ENGINE
+    cuda_device = 0;
+    if (a.device.size() > 5 && a.device[4] == ':') cuda_device = std::atoi(a.device.c_str() + 5);
+    if (a.device != "cuda" && (a.device.size() <= 5 || a.device[4] != ':')) cuda_device = -2;
+#else
+    std::fprintf(stderr, "safeckpt run: --device %s: this build has no CUDA engine; use --device cpu\n",
                  a.device.c_str());
     return 2;
+#endif
   }
-  if (a.device != "cpu") {
+  if (a.device != "cpu" && cuda_device < 0) {
     std::fprintf(stderr, "safeckpt run: unknown --device %s (cpu or cuda[:N])\n", a.device.c_str());
     return 2;
   }
@@ -130,7 +141,23 @@ int run_program(const RunArgs& a) {
     if (!h) return fail("run", "input '" + gi.fqn + "'", h.error());
     inputs[gi.fqn] = std::move(h).value();
   }
-  auto out = graph::run_cpu(p, weights, inputs);
+  Result<std::vector<HostTensor>> out = make_error(ErrorCode::kInternal, "not run");
+  if (cuda_device >= 0) {
+#ifdef SAFECKPT_HAVE_ENGINE
+    auto stance = engine::parse_stance(a.stance);
+    if (!stance) return fail("run", "--stance", stance.error());
+    engine::EngineOptions eo;
+    eo.device = cuda_device;
+    eo.stance = *stance;
+    auto eng = engine::Engine::create(eo);
+    if (!eng) return fail("run", a.device, eng.error());
+    auto cp = eng->compile(p, weights);
+    if (!cp) return fail("run", a.program + ": not compiled", cp.error());
+    out = cp->run_host(inputs);
+#endif
+  } else {
+    out = graph::run_cpu(p, weights, inputs);
+  }
   if (!out) return fail("run", a.program + ": run failed", out.error());
   std::vector<SafetensorsEntry> entries;
   for (std::size_t i = 0; i < out->size(); ++i) {
@@ -257,15 +284,16 @@ int inspect_pt2(const std::string& path, Bytes file, bool json) {
 
 void register_run(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();
-  CLI::App* sub =
-      app.add_subcommand("run", "Run a torch.export program (PT2 archive) on the CPU reference interpreter");
+  CLI::App* sub = app.add_subcommand(
+      "run", "Run a torch.export program (PT2 archive): CPU reference interpreter or the CUDA engine");
   sub->add_option("program", args->program, "PT2 archive written by torch.export.save")->required();
   sub->add_option("--inputs", args->inputs, "safetensors file with the program's user inputs")->required();
   sub->add_option("--outputs", args->outputs, "safetensors file to write (output.0, output.1, ...)")->required();
   sub->add_option("--weights", args->weights,
                   "checkpoint whose state_dict supplies the weights (.pt, .safetensors, index)");
   sub->add_option("--model", args->model, "model in the archive (default: model)");
-  sub->add_option("--device", args->device, "cpu (cuda: next issue)");
+  sub->add_option("--device", args->device, "cpu (reference interpreter) or cuda[:N] (compiled engine)");
+  sub->add_option("--stance", args->stance, "with cuda: default, force_eager, eager_then_compile, fail_on_recompile");
   sub->add_flag("--force", args->force, "replace an existing output file");
   sub->callback([args, &exit_code] { exit_code = run_program(*args); });
 

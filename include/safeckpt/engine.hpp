@@ -1,0 +1,205 @@
+// safeckpt/engine.hpp — the compiled execution engine (issue 14): a validated
+// PT2 program (safeckpt/graph.hpp) planned for one CUDA device and run on
+// device tensors, with the weights read in place from a DeviceCheckpoint
+// (safeckpt/device_checkpoint.hpp) or uploaded once from the archive.
+//
+// Only in safeckpt::engine (link safeckpt::engine, built with safeckpt::cuda);
+// this header includes no CUDA header (device pointers are void*, streams are
+// not exposed). Nothing from the program file is ever compiled: generated
+// kernels come from templates in src/engine/fused.cpp whose only parameters
+// are op codes, numbers and dtypes taken from the validated IR.
+//
+// What a plan is (per concrete input shape; src/engine/plan.cpp):
+//  1. Symbols bound from the user inputs' sizes (range_constraints checked:
+//     an out-of-range size is refused before anything is launched) and every
+//     value's concrete shape evaluated from its validated tensor_meta.
+//  2. Steps in program order: view ops (view, flatten, unsqueeze, permute,
+//     transpose, expand, split, split_with_sizes) are strided aliases and
+//     launch nothing (a view of a non-contiguous tensor that needs new
+//     strides is a copy); GEMMs (linear, addmm, mm, bmm) through cuBLASLt
+//     with the bias in the epilogue and, when compiled, a following
+//     gelu(approximate='tanh') or relu fused into it; layer_norm,
+//     _softmax (last dim), any.dim / mean.dim, embedding (indices checked on
+//     the device: an out-of-range index is an error, not a fault) and
+//     scaled_dot_product_attention (one flash-style kernel, fp32 / bf16,
+//     causal and boolean / additive masks) as fixed kernels; chains of
+//     pointwise ops (add, sub, mul.Scalar, eq/le.Scalar, logical_and/not,
+//     where, gelu, relu, clone, arange, full, full_like, scalar_tensor) of
+//     one shape fused into one kernel generated and compiled with NVRTC.
+//  3. A static activation arena: buffers reused by liveness (first fit);
+//     inputs and outputs live in fixed buffers outside it.
+//  4. Compiled plans are captured as one CUDA graph and replayed.
+// Not implemented on the GPU (kUnsupported when compiling, naming the node):
+// convolution, batch_norm and adaptive_avg_pool2d (the corpus `cnn`), float16
+// and other dtypes than float32 / bfloat16 / int64 / bool / int32 for
+// computed values, _softmax over another than the last dimension, GQA.
+//
+// Numerics (TF32 policy): the default follows PyTorch 2.11's defaults
+// (docs/source/notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later)
+// devices"; torch.backends.cuda.matmul.allow_tf32 = False since 1.12, i.e.
+// fp32_precision "ieee" for matmul): float32 GEMMs use
+// CUBLAS_COMPUTE_32F (full fp32), never TF32, unless EngineOptions::allow_tf32
+// is set (then CUBLAS_COMPUTE_32F_FAST_TF32, like allow_tf32 = True).
+// PyTorch's cuDNN default (torch.backends.cudnn.allow_tf32 = True) concerns
+// convolutions, which this engine does not run yet. bfloat16 GEMMs accumulate
+// in fp32. Pointwise chains, norms, softmax and attention compute in fp32 and
+// round to the value's dtype after every op (what eager PyTorch stores).
+//
+// Threads and streams: an Engine and its CompiledPrograms may be used from
+// one thread at a time each (calls on one CompiledProgram are serialized by
+// a mutex; different CompiledPrograms may run concurrently). Each
+// CompiledProgram owns one non-blocking CUDA stream. run() returns after its
+// outputs are complete on the device (it synchronizes that stream); inputs
+// must be complete before run() is called (e.g. torch.cuda.synchronize()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safeckpt/device_checkpoint.hpp"
+#include "safeckpt/dlpack.hpp"
+#include "safeckpt/error.hpp"
+#include "safeckpt/graph.hpp"
+#include "safeckpt/graph_plan.hpp"
+
+namespace safeckpt::engine {
+
+// PyTorch 2.6's torch.compiler.set_stance, in C++: the planner's enum
+// (safeckpt/graph_plan.hpp), one spelling for the engine, the cache key and
+// the CLI. kDefault compiles on the first call per shape and replays after;
+// kForceEager runs one kernel per node, no fusion, no CUDA graph (the
+// differential baseline); kEagerThenCompile runs the first call per shape
+// eagerly; kFailOnRecompile refuses a shape other than the first compiled
+// one, naming the dimension.
+using Stance = graph::Stance;
+using graph::parse_stance;
+using graph::stance_name;
+
+struct EngineOptions {
+  int device = 0;                    // CUDA device index
+  Stance stance = Stance::kDefault;  // per engine; RunOptions::stance overrides per call
+  bool allow_tf32 = false;           // see "TF32 policy" above
+  // Concrete shapes kept compiled per CompiledProgram (plans + CUDA graphs),
+  // least recently used dropped first. 1..4096.
+  std::size_t max_plans = 16;
+  // Fuse a gelu/relu that follows a GEMM into its cuBLASLt epilogue (compiled
+  // plans only).
+  bool fuse_gemm_epilogue = true;
+  // Reserved for the persistent compile cache (issue 14, not wired yet:
+  // every process compiles its kernels again; see HACKING.md).
+  std::filesystem::path cache_dir;
+};
+
+struct RunOptions {
+  std::optional<Stance> stance;  // overrides the engine's stance for this call
+};
+
+// One input, borrowed for the call: a DLPack tensor on the program's device
+// (kDLCUDA, same index) or in host memory (kDLCPU / kDLCUDAHost; copied in).
+// Compact row-major only (strides NULL or the row-major ones).
+struct NamedInput {
+  std::string name;  // the program's user input name (e.g. "idx", "x")
+  const DLTensor* tensor = nullptr;
+};
+
+// Counters of one CompiledProgram.
+struct ProgramStats {
+  std::size_t plans = 0;             // concrete shapes compiled and kept (<= max_plans)
+  std::size_t plans_built = 0;       // plans built in total (evictions rebuild)
+  std::size_t evictions = 0;         // LRU drops
+  std::size_t graph_replays = 0;     // runs served by a CUDA graph replay
+  std::size_t eager_runs = 0;        // runs executed step by step
+  std::size_t kernels_compiled = 0;  // NVRTC kernels generated (one module per distinct source)
+  std::uint64_t arena_bytes = 0;     // activation arena of the most recent plan
+  std::uint64_t weight_bytes = 0;    // device bytes the engine allocated for weights (0 = all in place)
+  std::size_t steps = 0;             // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
+  double last_compile_seconds = 0;   // plan + NVRTC + capture of the most recent plan
+};
+
+namespace detail {
+struct EngineImpl;
+struct ProgramImpl;
+}  // namespace detail
+
+// A program compiled for one device with its weights bound. Move-only.
+// Holds the weights it uploaded and, for a DeviceCheckpoint, a copy of it (so
+// the arena outlives the program). Outputs returned by run() are views of
+// fixed per-plan output buffers: each DLPack capsule keeps them allocated,
+// but the NEXT run() of the same shape overwrites them (as PyTorch's
+// reduce-overhead CUDA graphs do); copy them to keep them.
+class CompiledProgram {
+ public:
+  CompiledProgram(CompiledProgram&&) noexcept;
+  CompiledProgram& operator=(CompiledProgram&&) noexcept;
+  ~CompiledProgram();
+
+  // Runs the program on `inputs` (every user input once). Outputs in
+  // signature order, DLPack 1.1 versioned capsules on the device (the caller
+  // owns each: call its deleter). Errors:
+  //   kInvalidArgument  missing/unknown/duplicate input, wrong dtype, rank,
+  //                     static size or device, non-compact strides, a dynamic
+  //                     size outside range_constraints (names input, dim and
+  //                     range), sizes disagreeing with one symbol; with stance
+  //                     fail_on_recompile, a new shape (names the input, the
+  //                     dimension and both sizes);
+  //   kMalformed        an index out of range in embedding (names the node
+  //                     and the table size; outputs are not returned);
+  //   kUnsupported      an op or dtype the engine has no kernel for;
+  //   kDevice           a CUDA, cuBLASLt or NVRTC failure (the message says which).
+  Result<std::vector<DLManagedTensorVersioned*>> run(const std::vector<NamedInput>& inputs,
+                                                     const RunOptions& options = {});
+  // Convenience for tests and the CLI: host tensors in, host tensors out
+  // (copies both ways), same errors.
+  Result<std::vector<graph::HostTensor>> run_host(const std::map<std::string, graph::HostTensor, std::less<>>& inputs,
+                                                  const RunOptions& options = {});
+
+  ProgramStats stats() const;
+
+ private:
+  friend class Engine;
+  explicit CompiledProgram(std::unique_ptr<detail::ProgramImpl> impl);
+  std::unique_ptr<detail::ProgramImpl> impl_;
+};
+
+// One device, its cuBLASLt handle and its NVRTC module cache. Move-only.
+class Engine {
+ public:
+  // Creates the device context if needed. Errors: kInvalidArgument (options),
+  // kDevice (no such device, CUDA/cuBLASLt initialisation).
+  static Result<Engine> create(const EngineOptions& options = {});
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  ~Engine();
+  const EngineOptions& options() const noexcept;
+
+  // Compiles `program` (validated: graph::validate) with the archive's own
+  // weights and constants (graph::archive_weights), uploaded once (records
+  // shared by several FQNs, i.e. tied weights, once). The program is copied.
+  // Kernels for a shape are built on first use (stance) — compile() plans
+  // nothing yet. Errors: kInvalidArgument (not validated, weights missing or
+  // of the wrong dtype/shape), kUnsupported (an op without a GPU kernel,
+  // naming the node), kDevice.
+  Result<CompiledProgram> compile(const graph::Program& program, const graph::WeightMap& weights);
+  // Same, with the parameters and buffers read in place (zero-copy,
+  // read-only) from `weights`, bound by state_dict name like
+  // load_state_dict(strict=True) (tied names that share a storage share it on
+  // the device too). Entries the checkpoint lacks that are constants or
+  // non-persistent buffers come from `fallback` (uploaded). `weights` must be
+  // on this engine's device. Errors: as above, naming missing and misshapen
+  // names.
+  Result<CompiledProgram> compile(const graph::Program& program, const cuda::DeviceCheckpoint& weights,
+                                  const graph::WeightMap* fallback = nullptr);
+
+ private:
+  explicit Engine(std::shared_ptr<detail::EngineImpl> impl);
+  std::shared_ptr<detail::EngineImpl> impl_;
+};
+
+}  // namespace safeckpt::engine

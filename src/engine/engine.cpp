@@ -1,0 +1,725 @@
+// src/engine/engine.cpp — Engine, CompiledProgram: weights, the per-shape
+// plan cache (LRU), stances, NVRTC modules, CUDA-graph capture and replay,
+// DLPack in and out.
+#include <nvrtc.h>
+
+#include <chrono>
+#include <cstring>
+#include <list>
+
+#include "engine/runtime.hpp"
+#include "graph/internal.hpp"
+#include "safeckpt/cuda.hpp"
+
+namespace safeckpt::engine {
+namespace detail {
+namespace {
+
+Unexpected cuda_error(const std::string& what, cudaError_t e) {
+  return make_error(ErrorCode::kDevice, what + ": " + cudaGetErrorString(e));
+}
+#define ENG_CUDA(expr, what)                                                        \
+  do {                                                                              \
+    cudaError_t e_ = (expr);                                                        \
+    if (e_ != cudaSuccess) return ::safeckpt::engine::detail::cuda_error(what, e_); \
+  } while (0)
+
+// Restores the caller's current device on scope exit.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    ok_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int prev_ = -1;
+  bool ok_ = false;
+};
+
+Result<DType> dtype_of(DLDataType t) {
+  if (t.lanes != 1) return make_error(ErrorCode::kInvalidArgument, "vector dtypes (lanes != 1) are not tensors here");
+  if (t.code == kDLFloat && t.bits == 32) return DType::kFloat32;
+  if (t.code == kDLBfloat && t.bits == 16) return DType::kBFloat16;
+  if (t.code == kDLInt && t.bits == 64) return DType::kInt64;
+  if (t.code == kDLInt && t.bits == 32) return DType::kInt32;
+  if (t.code == kDLBool && t.bits == 8) return DType::kBool;
+  if (t.code == kDLUInt && t.bits == 8) return DType::kUInt8;
+  return make_error(ErrorCode::kInvalidArgument, "DLPack dtype (code " + std::to_string(t.code) + ", bits " +
+                                                     std::to_string(t.bits) + ") is not one the engine takes");
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+}  // namespace
+
+DeviceBlock::~DeviceBlock() {
+  if (p != nullptr) {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
+    cudaFree(p);
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+}
+Result<std::shared_ptr<DeviceBlock>> device_alloc(int device, std::uint64_t bytes) {
+  void* p = nullptr;
+  ENG_CUDA(cudaMalloc(&p, std::max<std::uint64_t>(bytes, 256)), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+  return std::make_shared<DeviceBlock>(device, p);
+}
+Module::~Module() {
+  if (lib != nullptr) cudaLibraryUnload(lib);
+}
+GemmDesc::~GemmDesc() {
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+}
+Plan::~Plan() {
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+}
+EngineImpl::~EngineImpl() {
+  modules.clear();
+  if (lt != nullptr) cublasLtDestroy(lt);
+}
+
+Result<std::shared_ptr<Module>> EngineImpl::module_for(const std::string& source, bool* compiled) {
+  std::lock_guard<std::mutex> lock(mu);
+  *compiled = false;
+  auto it = modules.find(source);
+  if (it != modules.end()) return it->second;
+  nvrtcProgram prog = nullptr;
+  auto nv_fail = [&](const char* what, nvrtcResult r) {
+    return make_error(ErrorCode::kDevice, std::string("NVRTC ") + what + ": " + nvrtcGetErrorString(r));
+  };
+  nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "safeckpt_fused.cu", 0, nullptr, nullptr);
+  if (r != NVRTC_SUCCESS) return nv_fail("create", r);
+  std::string arch = "--gpu-architecture=sm_" + std::to_string(sm);
+  const char* opts[] = {arch.c_str(), "--std=c++17", "-default-device"};
+  r = nvrtcCompileProgram(prog, 3, opts);
+  if (r != NVRTC_SUCCESS) {
+    std::size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    nvrtcGetProgramLog(prog, log.data());
+    nvrtcDestroyProgram(&prog);
+    return make_error(ErrorCode::kInternal,
+                      "NVRTC rejected a generated kernel (a bug in src/engine/fused.cpp): " + log.substr(0, 2000));
+  }
+  std::size_t n = 0;
+  nvrtcGetCUBINSize(prog, &n);
+  std::vector<char> cubin(n);
+  r = nvrtcGetCUBIN(prog, cubin.data());
+  nvrtcDestroyProgram(&prog);
+  if (r != NVRTC_SUCCESS) return nv_fail("get cubin", r);
+  auto m = std::make_shared<Module>();
+  ENG_CUDA(cudaLibraryLoadData(&m->lib, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+           "loading a generated module");
+  modules.emplace(source, m);
+  *compiled = true;
+  return m;
+}
+
+Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
+                         int sm) {
+  EngineImpl eng;
+  eng.sm = sm;
+  std::vector<std::optional<DevTensor>> weights(program.values.size());
+  std::vector<std::pair<std::int32_t, DevTensor>> inputs;
+  std::unordered_map<std::string, std::int64_t> symbols;
+  Plan plan;
+  std::size_t k = 0;
+  for (const auto& in : program.inputs) {
+    const auto& m = program.values[static_cast<std::size_t>(in.value)];
+    DevTensor t;
+    t.dtype = m.dtype;
+    if (in.kind != graph::InputKind::kUserInput) {
+      for (const auto& s : m.sizes) t.shape.push_back(s.value);
+      t.strides = contiguous_strides(t.shape);
+      weights[static_cast<std::size_t>(in.value)] = t;
+      continue;
+    }
+    if (k >= shapes.size()) return make_error(ErrorCode::kInvalidArgument, "dry_plan: too few input shapes");
+    t.shape = shapes[k++];
+    t.strides = contiguous_strides(t.shape);
+    for (std::size_t d = 0; d < m.sizes.size() && d < t.shape.size(); ++d)
+      if (m.sizes[d].is_symbolic()) {
+        std::string sym =
+            graph::detail::single_symbol(program.sym_values[static_cast<std::size_t>(m.sizes[d].sym)].expr);
+        if (!sym.empty()) symbols[sym] = t.shape[d];
+      }
+    Buf b;
+    b.kind = BufKind::kInput;
+    b.bytes = t.numel() * dtype_size(t.dtype);
+    plan.bufs.push_back(b);
+    t.buf = static_cast<std::int32_t>(plan.bufs.size() - 1);
+    inputs.emplace_back(in.value, t);
+  }
+  SAFECKPT_CHECK(build_plan(program, eng, weights, inputs, symbols, fuse, plan));
+  DryPlan out;
+  for (const auto& s : plan.steps) out.steps.push_back(s.name);
+  out.arena_bytes = plan.arena_bytes;
+  out.fused_kernels = plan.fused.size();
+  out.source = fused_source(plan.fused);
+  if (!plan.fused.empty()) {
+    nvrtcProgram prog = nullptr;
+    if (nvrtcCreateProgram(&prog, out.source.c_str(), "safeckpt_fused.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+      return make_error(ErrorCode::kDevice, "nvrtcCreateProgram failed");
+    std::string arch = "--gpu-architecture=sm_" + std::to_string(sm);
+    const char* opts[] = {arch.c_str(), "--std=c++17", "-default-device"};
+    nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
+    std::size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    nvrtcGetProgramLog(prog, log.data());
+    nvrtcDestroyProgram(&prog);
+    if (r != NVRTC_SUCCESS)
+      return make_error(ErrorCode::kInternal, "NVRTC rejected a generated kernel: " + log.substr(0, 3000));
+  }
+  return out;
+}
+
+int launch_fused(void* function, const FusedParams& p, void* stream) {
+  void* args[] = {const_cast<FusedParams*>(&p)};
+  long long blocks = (p.n + 255) / 256;
+  if (blocks > 132 * 32) blocks = 132 * 32;
+  return cudaLaunchKernel(function, dim3(static_cast<unsigned>(blocks)), dim3(256), args, 0,
+                          static_cast<cudaStream_t>(stream));
+}
+
+// ------------------------------------------------------------------ program
+
+struct ProgramImpl {
+  ProgramImpl() = default;
+  ProgramImpl(const ProgramImpl&) = delete;
+  ProgramImpl& operator=(const ProgramImpl&) = delete;
+  ~ProgramImpl() {
+    DeviceGuard g(eng->opt.device);
+    lru.clear();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  std::shared_ptr<EngineImpl> eng;
+  graph::Program prog;
+  std::vector<std::optional<DevTensor>> weights;  // by value id
+  std::shared_ptr<DeviceBlock> weight_block;
+  std::optional<cuda::DeviceCheckpoint> ckpt;
+  cudaStream_t stream = nullptr;
+  std::mutex mu;
+  // Most recently used first: key = mode + shapes.
+  std::list<std::pair<std::string, std::shared_ptr<Plan>>> lru;
+  std::optional<std::vector<std::vector<std::int64_t>>> first_shapes;
+  std::map<std::string, int> seen;  // eager_then_compile: calls per shape
+  ProgramStats stats;
+  std::vector<std::size_t> user_inputs;  // indices into prog.inputs
+
+  Result<std::shared_ptr<Plan>> get_plan(const std::string& key, bool compiled,
+                                         const std::vector<std::vector<std::int64_t>>& shapes,
+                                         const std::unordered_map<std::string, std::int64_t>& symbols);
+  Status execute(Plan& plan);
+};
+
+Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool compiled,
+                                                    const std::vector<std::vector<std::int64_t>>& shapes,
+                                                    const std::unordered_map<std::string, std::int64_t>& symbols) {
+  for (auto it = lru.begin(); it != lru.end(); ++it)
+    if (it->first == key) {
+      lru.splice(lru.begin(), lru, it);
+      return lru.front().second;
+    }
+  auto t0 = std::chrono::steady_clock::now();
+  auto plan = std::make_shared<Plan>();
+  plan->compiled = compiled;
+  plan->input_shapes = shapes;
+  // Fixed input buffers.
+  std::uint64_t io_bytes = 0;
+  std::vector<std::uint64_t> in_off;
+  for (std::size_t i = 0; i < user_inputs.size(); ++i) {
+    const auto& in = prog.inputs[user_inputs[i]];
+    DevTensor t;
+    t.dtype = prog.values[static_cast<std::size_t>(in.value)].dtype;
+    t.shape = shapes[i];
+    t.strides = contiguous_strides(t.shape);
+    Buf b;
+    b.kind = BufKind::kInput;
+    b.bytes = std::max<std::uint64_t>(t.numel() * dtype_size(t.dtype), 1);
+    plan->bufs.push_back(b);
+    t.buf = static_cast<std::int32_t>(plan->bufs.size() - 1);
+    plan->inputs.emplace_back(in.value, t);
+  }
+  SAFECKPT_CHECK(build_plan(prog, *eng, weights, plan->inputs, symbols, compiled, *plan));
+  // Allocate: arena; inputs + outputs in one block; workspace + flag.
+  for (auto& b : plan->bufs)
+    if (b.kind == BufKind::kInput || b.kind == BufKind::kOutput) {
+      in_off.push_back(io_bytes);
+      io_bytes += (b.bytes + 255) / 256 * 256;
+    }
+  SAFECKPT_TRY(plan->arena, device_alloc(eng->opt.device, plan->arena_bytes));
+  SAFECKPT_TRY(plan->io, device_alloc(eng->opt.device, io_bytes));
+  SAFECKPT_TRY(plan->scratch, device_alloc(eng->opt.device, kWorkspaceBytes + 256));
+  plan->workspace = plan->scratch->p;
+  plan->error_flag = reinterpret_cast<int*>(static_cast<char*>(plan->scratch->p) + kWorkspaceBytes);
+  std::size_t k = 0;
+  for (auto& b : plan->bufs) {
+    if (b.kind == BufKind::kArena) b.ptr = static_cast<char*>(plan->arena->p) + b.offset;
+    if (b.kind == BufKind::kInput || b.kind == BufKind::kOutput) b.ptr = static_cast<char*>(plan->io->p) + in_off[k++];
+  }
+  // Generated kernels: one module per distinct source.
+  if (!plan->fused.empty()) {
+    std::string src = fused_source(plan->fused);
+    bool fresh = false;
+    SAFECKPT_TRY(plan->module, eng->module_for(src, &fresh));
+    if (fresh) stats.kernels_compiled += plan->fused.size();
+    for (const auto& f : plan->fused) {
+      cudaKernel_t fn = nullptr;
+      ENG_CUDA(cudaLibraryGetKernel(&fn, plan->module->lib, f.name.c_str()), "cudaLibraryGetKernel " + f.name);
+      plan->fns.push_back(fn);
+    }
+  }
+  plan->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats.plans_built;
+  lru.emplace_front(key, plan);
+  while (lru.size() > eng->opt.max_plans) {
+    lru.pop_back();
+    ++stats.evictions;
+  }
+  return plan;
+}
+
+Status ProgramImpl::execute(Plan& plan) {
+  auto launch_steps = [&]() -> Status {
+    ENG_CUDA(cudaMemsetAsync(plan.error_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+    for (const auto& s : plan.steps) {
+      int rc = s.fn(stream);
+      if (rc >= 1000)
+        return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuBLASLt " +
+                                                  cublasLtGetStatusString(static_cast<cublasStatus_t>(rc - 1000)));
+      if (rc != 0) return cuda_error("step '" + s.name + "'", static_cast<cudaError_t>(rc));
+    }
+    return {};
+  };
+  if (!plan.compiled) {
+    SAFECKPT_CHECK(launch_steps());
+    ++stats.eager_runs;
+  } else {
+    if (plan.exec == nullptr) {
+      auto t0 = std::chrono::steady_clock::now();
+      ENG_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      Status st = launch_steps();
+      cudaGraph_t graph = nullptr;
+      cudaError_t e = cudaStreamEndCapture(stream, &graph);
+      if (!st) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+      }
+      if (e != cudaSuccess) return cuda_error("cudaStreamEndCapture", e);
+      e = cudaGraphInstantiate(&plan.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (e != cudaSuccess) return cuda_error("cudaGraphInstantiate", e);
+      plan.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ENG_CUDA(cudaGraphLaunch(plan.exec, stream), "cudaGraphLaunch");
+    ++stats.graph_replays;
+  }
+  int flag = 0;
+  ENG_CUDA(cudaMemcpyAsync(&flag, plan.error_flag, sizeof flag, cudaMemcpyDeviceToHost, stream), "error flag");
+  ENG_CUDA(cudaStreamSynchronize(stream), "running the program");
+  if (flag != 0) {
+    std::string names;
+    for (const auto& n : plan.checked_nodes) names += (names.empty() ? "" : ", ") + n;
+    return make_error(ErrorCode::kMalformed,
+                      "an index is out of range in embedding (" + names + "); the outputs are not returned");
+  }
+  return {};
+}
+
+}  // namespace detail
+
+using detail::DevTensor;
+using detail::ProgramImpl;
+
+// ------------------------------------------------------------------- Engine
+
+Engine::Engine(std::shared_ptr<detail::EngineImpl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+const EngineOptions& Engine::options() const noexcept {
+  return impl_->opt;
+}
+
+Result<Engine> Engine::create(const EngineOptions& options) {
+  if (options.max_plans < 1 || options.max_plans > 4096)
+    return make_error(ErrorCode::kInvalidArgument, "max_plans must be in [1, 4096]");
+  int n = cuda::device_count();
+  if (options.device < 0 || options.device >= n)
+    return make_error(ErrorCode::kDevice,
+                      "no CUDA device " + std::to_string(options.device) + " (" + std::to_string(n) + " found)");
+  detail::DeviceGuard g(options.device);
+  if (!g.ok()) return make_error(ErrorCode::kDevice, "cudaSetDevice failed");
+  auto impl = std::make_shared<detail::EngineImpl>();
+  impl->opt = options;
+  int major = 0, minor = 0;
+  ENG_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device), "device attribute");
+  ENG_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device), "device attribute");
+  impl->sm = major * 10 + minor;
+  cublasStatus_t st = cublasLtCreate(&impl->lt);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return make_error(ErrorCode::kDevice, std::string("cublasLtCreate: ") + cublasLtGetStatusString(st));
+  return Engine(std::move(impl));
+}
+
+namespace {
+
+Status check_validated(const graph::Program& program) {
+  for (const auto& n : program.nodes)
+    if (n.schema == nullptr)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "program not validated (node '" + n.name + "'): call graph::validate() first");
+  return {};
+}
+
+Status check_weight(const graph::Program& p, const graph::GraphInput& in, DType d,
+                    const std::vector<std::int64_t>& shape) {
+  const auto& m = p.values[static_cast<std::size_t>(in.value)];
+  bool ok = m.dtype == d && m.sizes.size() == shape.size();
+  for (std::size_t i = 0; ok && i < shape.size(); ++i) ok = !m.sizes[i].is_symbolic() && m.sizes[i].value == shape[i];
+  if (!ok)
+    return make_error(ErrorCode::kInvalidArgument, "weight '" + in.fqn + "' is " + std::string(dtype_name(d)) +
+                                                       detail::shape_str(shape) +
+                                                       "; the program takes another dtype/shape");
+  return {};
+}
+
+// Uploads host weights (identical tensors once: tied weights).
+Status upload(detail::ProgramImpl& pi, const graph::Program& p, const graph::WeightMap& weights,
+              const std::vector<std::size_t>& which) {
+  std::vector<std::size_t> slot_of(which.size());
+  std::vector<const graph::HostTensor*> uniq;
+  std::vector<std::uint64_t> offs;
+  std::uint64_t total = 0;
+  std::vector<std::string> missing;
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    const auto& in = p.inputs[which[i]];
+    auto it = weights.find(in.fqn);
+    if (it == weights.end()) {
+      missing.push_back(in.fqn);
+      continue;
+    }
+    const graph::HostTensor& t = it->second;
+    SAFECKPT_CHECK(check_weight(p, in, t.dtype, t.shape));
+    std::size_t found = uniq.size();
+    for (std::size_t u = 0; u < uniq.size(); ++u) {
+      const auto* o = uniq[u];
+      if (o->data == t.data ||
+          (o->dtype == t.dtype && o->shape == t.shape && o->data && t.data && o->data->size() == t.data->size() &&
+           std::memcmp(o->data->data(), t.data->data(), t.data->size()) == 0)) {
+        found = u;
+        break;
+      }
+    }
+    if (found == uniq.size()) {
+      uniq.push_back(&t);
+      offs.push_back(total);
+      total += (t.bytes().size() + 255) / 256 * 256;
+    }
+    slot_of[i] = found;
+  }
+  if (!missing.empty()) {
+    std::string m;
+    for (const auto& s : missing) m += (m.empty() ? "" : ", ") + s;
+    return make_error(ErrorCode::kInvalidArgument, "weights missing: " + m);
+  }
+  if (which.empty()) return {};
+  SAFECKPT_TRY(pi.weight_block, detail::device_alloc(pi.eng->opt.device, total));
+  pi.stats.weight_bytes += total;
+  for (std::size_t u = 0; u < uniq.size(); ++u)
+    ENG_CUDA(cudaMemcpy(static_cast<char*>(pi.weight_block->p) + offs[u], uniq[u]->bytes().data(),
+                        uniq[u]->bytes().size(), cudaMemcpyHostToDevice),
+             "uploading weights");
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    const auto& in = p.inputs[which[i]];
+    const auto* t = uniq[slot_of[i]];
+    DevTensor d;
+    d.dtype = t->dtype;
+    d.shape = t->shape;
+    d.strides = detail::contiguous_strides(t->shape);
+    d.direct = static_cast<char*>(pi.weight_block->p) + offs[slot_of[i]];
+    pi.weights[static_cast<std::size_t>(in.value)] = d;
+  }
+  return {};
+}
+
+Result<std::unique_ptr<ProgramImpl>> make_program(const std::shared_ptr<detail::EngineImpl>& eng,
+                                                  const graph::Program& program) {
+  SAFECKPT_CHECK(check_validated(program));
+  auto pi = std::make_unique<ProgramImpl>();
+  pi->eng = eng;
+  pi->prog = program;
+  pi->weights.resize(program.values.size());
+  for (std::size_t i = 0; i < program.inputs.size(); ++i)
+    if (program.inputs[i].kind == graph::InputKind::kUserInput) pi->user_inputs.push_back(i);
+  ENG_CUDA(cudaStreamCreateWithFlags(&pi->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return pi;
+}
+
+}  // namespace
+
+Result<CompiledProgram> Engine::compile(const graph::Program& program, const graph::WeightMap& weights) {
+  detail::DeviceGuard g(impl_->opt.device);
+  SAFECKPT_TRY(auto pi, make_program(impl_, program));
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < program.inputs.size(); ++i)
+    if (program.inputs[i].kind != graph::InputKind::kUserInput) which.push_back(i);
+  SAFECKPT_CHECK(upload(*pi, pi->prog, weights, which));
+  return CompiledProgram(std::move(pi));
+}
+
+Result<CompiledProgram> Engine::compile(const graph::Program& program, const cuda::DeviceCheckpoint& weights,
+                                        const graph::WeightMap* fallback) {
+  detail::DeviceGuard g(impl_->opt.device);
+  if (weights.device() != impl_->opt.device)
+    return make_error(ErrorCode::kInvalidArgument, "the DeviceCheckpoint is on device " +
+                                                       std::to_string(weights.device()) + ", the engine on " +
+                                                       std::to_string(impl_->opt.device));
+  SAFECKPT_TRY(auto pi, make_program(impl_, program));
+  pi->ckpt = weights;
+  std::map<std::string, cuda::DeviceTensor, std::less<>> by_name;
+  for (auto& t : weights.tensors()) by_name.emplace(t.name, t);
+  std::vector<std::size_t> rest;
+  std::vector<std::string> missing;
+  for (std::size_t i = 0; i < program.inputs.size(); ++i) {
+    const auto& in = program.inputs[i];
+    if (in.kind == graph::InputKind::kUserInput) continue;
+    auto it = by_name.find(in.fqn);
+    if (it == by_name.end()) {
+      bool fb = fallback != nullptr && fallback->count(in.fqn) != 0 &&
+                (in.kind == graph::InputKind::kConstant || (in.kind == graph::InputKind::kBuffer && !in.persistent));
+      if (fb)
+        rest.push_back(i);
+      else
+        missing.push_back(in.fqn);
+      continue;
+    }
+    const auto& t = it->second;
+    SAFECKPT_CHECK(check_weight(program, in, t.dtype, t.shape));
+    DevTensor d;
+    d.dtype = t.dtype;
+    d.shape = t.shape;
+    d.strides = t.stride;
+    d.direct = t.data;
+    pi->weights[static_cast<std::size_t>(in.value)] = d;
+  }
+  if (!missing.empty()) {
+    std::string m;
+    for (const auto& s : missing) m += (m.empty() ? "" : ", ") + s;
+    return make_error(ErrorCode::kInvalidArgument, "the checkpoint lacks: " + m);
+  }
+  if (!rest.empty()) SAFECKPT_CHECK(upload(*pi, pi->prog, *fallback, rest));
+  return CompiledProgram(std::move(pi));
+}
+
+// ---------------------------------------------------------- CompiledProgram
+
+CompiledProgram::CompiledProgram(std::unique_ptr<detail::ProgramImpl> impl) : impl_(std::move(impl)) {}
+CompiledProgram::CompiledProgram(CompiledProgram&&) noexcept = default;
+CompiledProgram& CompiledProgram::operator=(CompiledProgram&&) noexcept = default;
+CompiledProgram::~CompiledProgram() = default;
+
+ProgramStats CompiledProgram::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  ProgramStats s = impl_->stats;
+  s.plans = impl_->lru.size();
+  if (!impl_->lru.empty()) {
+    s.arena_bytes = impl_->lru.front().second->arena_bytes;
+    s.steps = impl_->lru.front().second->steps.size();
+    s.last_compile_seconds = impl_->lru.front().second->compile_seconds;
+  }
+  return s;
+}
+
+Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::vector<NamedInput>& inputs,
+                                                                    const RunOptions& options) {
+  ProgramImpl& pi = *impl_;
+  std::lock_guard<std::mutex> lock(pi.mu);
+  detail::DeviceGuard g(pi.eng->opt.device);
+  const graph::Program& p = pi.prog;
+  // Bind inputs: names, dtypes, ranks, static sizes, symbols and ranges.
+  std::vector<const DLTensor*> given(pi.user_inputs.size(), nullptr);
+  for (const auto& ni : inputs) {
+    std::size_t k = 0;
+    while (k < pi.user_inputs.size() && p.inputs[pi.user_inputs[k]].fqn != ni.name) ++k;
+    if (k == pi.user_inputs.size())
+      return make_error(ErrorCode::kInvalidArgument, "input '" + ni.name + "' is not an input of the program");
+    if (given[k] != nullptr) return make_error(ErrorCode::kInvalidArgument, "input '" + ni.name + "' given twice");
+    if (ni.tensor == nullptr) return make_error(ErrorCode::kInvalidArgument, "input '" + ni.name + "' is null");
+    given[k] = ni.tensor;
+  }
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::unordered_map<std::string, std::int64_t> symbols;
+  std::string key;
+  for (std::size_t k = 0; k < given.size(); ++k) {
+    const auto& in = p.inputs[pi.user_inputs[k]];
+    const std::string w = "input '" + in.fqn + "'";
+    const DLTensor* t = given[k];
+    if (t == nullptr) return make_error(ErrorCode::kInvalidArgument, w + " missing");
+    const auto& m = p.values[static_cast<std::size_t>(in.value)];
+    SAFECKPT_TRY(DType d, detail::dtype_of(t->dtype));
+    if (d != m.dtype)
+      return make_error(ErrorCode::kInvalidArgument, w + " is " + std::string(dtype_name(d)) + "; the program takes " +
+                                                         std::string(dtype_name(m.dtype)));
+    if (t->ndim < 0 || static_cast<std::size_t>(t->ndim) != m.sizes.size())
+      return make_error(ErrorCode::kInvalidArgument, w + " has rank " + std::to_string(t->ndim) +
+                                                         "; the program takes rank " + std::to_string(m.sizes.size()));
+    if (t->device.device_type == kDLCUDA && t->device.device_id != pi.eng->opt.device)
+      return make_error(ErrorCode::kInvalidArgument,
+                        w + " is on cuda:" + std::to_string(t->device.device_id) +
+                            "; the engine runs on cuda:" + std::to_string(pi.eng->opt.device));
+    if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+      return make_error(ErrorCode::kInvalidArgument, w + ": device type not CUDA or host");
+    std::vector<std::int64_t> shape(t->shape, t->shape + t->ndim);
+    if (t->strides != nullptr && shape != std::vector<std::int64_t>{} &&
+        std::vector<std::int64_t>(t->strides, t->strides + t->ndim) != detail::contiguous_strides(shape)) {
+      bool ok = true;
+      auto cs = detail::contiguous_strides(shape);
+      for (std::size_t i = 0; i < shape.size(); ++i) ok = ok && (shape[i] == 1 || t->strides[i] == cs[i]);
+      if (!ok) return make_error(ErrorCode::kInvalidArgument, w + " is not compact row-major");
+    }
+    for (std::size_t dd = 0; dd < shape.size(); ++dd) {
+      const auto& sz = m.sizes[dd];
+      if (shape[dd] < 0) return make_error(ErrorCode::kInvalidArgument, w + " has a negative size");
+      if (!sz.is_symbolic()) {
+        if (sz.value != shape[dd])
+          return make_error(ErrorCode::kInvalidArgument, w + " dim " + std::to_string(dd) + " is " +
+                                                             std::to_string(shape[dd]) + "; the program takes " +
+                                                             std::to_string(sz.value));
+        continue;
+      }
+      std::string sym = graph::detail::single_symbol(p.sym_values[static_cast<std::size_t>(sz.sym)].expr);
+      if (sym.empty())
+        return make_error(ErrorCode::kUnsupported,
+                          w + " dim " + std::to_string(dd) + ": a size expression the engine does not bind");
+      auto [it, fresh] = symbols.try_emplace(sym, shape[dd]);
+      if (!fresh && it->second != shape[dd])
+        return make_error(ErrorCode::kInvalidArgument, w + " dim " + std::to_string(dd) + " is " +
+                                                           std::to_string(shape[dd]) + " but symbol " + sym +
+                                                           " is already " + std::to_string(it->second));
+      auto rc = p.range_constraints.find(sym);
+      if (rc != p.range_constraints.end()) {
+        auto [lo, hi] = rc->second;
+        if ((lo && shape[dd] < *lo) || (hi && shape[dd] > *hi))
+          return make_error(ErrorCode::kInvalidArgument,
+                            w + " dim " + std::to_string(dd) + " is " + std::to_string(shape[dd]) +
+                                ", outside the range of " + sym + " [" + (lo ? std::to_string(*lo) : "-inf") + ", " +
+                                (hi ? std::to_string(*hi) : "inf") + "]; refused before launch");
+      }
+    }
+    key += detail::shape_str(shape);
+    shapes.push_back(std::move(shape));
+  }
+  // Stance.
+  Stance stance = options.stance.value_or(pi.eng->opt.stance);
+  bool compiled = true;
+  if (stance == Stance::kForceEager) compiled = false;
+  if (stance == Stance::kFailOnRecompile && pi.first_shapes && *pi.first_shapes != shapes) {
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      for (std::size_t d = 0; d < shapes[k].size(); ++d)
+        if ((*pi.first_shapes)[k][d] != shapes[k][d])
+          return make_error(ErrorCode::kInvalidArgument,
+                            "fail_on_recompile: input '" + p.inputs[pi.user_inputs[k]].fqn + "' dim " +
+                                std::to_string(d) + " changed from " + std::to_string((*pi.first_shapes)[k][d]) +
+                                " to " + std::to_string(shapes[k][d]) + " (a new shape would recompile)");
+  }
+  if (stance == Stance::kEagerThenCompile) {
+    bool have = false;
+    for (const auto& e : pi.lru) have = have || e.first == "c" + key;
+    if (!have && pi.seen[key]++ == 0) compiled = false;
+  }
+  SAFECKPT_TRY(auto plan, pi.get_plan((compiled ? "c" : "e") + key, compiled, shapes, symbols));
+  if (compiled && !pi.first_shapes) pi.first_shapes = shapes;
+  // Inputs into their fixed buffers.
+  for (std::size_t k = 0; k < given.size(); ++k) {
+    const DLTensor* t = given[k];
+    const auto& dst = plan->inputs[k].second;
+    std::uint64_t bytes = dst.numel() * dtype_size(dst.dtype);
+    if (bytes == 0) continue;
+    const char* src = static_cast<const char*>(t->data) + t->byte_offset;
+    ENG_CUDA(cudaMemcpyAsync(plan->ptr(dst), src, bytes, cudaMemcpyDefault, pi.stream), "copying input");
+  }
+  SAFECKPT_CHECK(pi.execute(*plan));
+  // Outputs: views of the fixed output buffers; each capsule keeps them.
+  std::vector<DLManagedTensorVersioned*> outs;
+  auto owner = std::shared_ptr<const void>(plan->io, plan->io->p);
+  for (const auto& o : plan->outputs) {
+    cuda::TensorView v;
+    v.storage_data = plan->bufs[static_cast<std::size_t>(o.buf)].ptr;
+    v.storage_nbytes = plan->bufs[static_cast<std::size_t>(o.buf)].bytes;
+    v.device = pi.eng->opt.device;
+    v.dtype = o.dtype;
+    v.shape = o.shape;
+    v.strides = o.strides;
+    v.storage_offset = o.offset;
+    auto r = cuda::to_dlpack_versioned(v, owner, false);
+    if (!r) {
+      for (auto* x : outs) x->deleter(x);
+      return unexpected(std::move(r).error());
+    }
+    outs.push_back(*r);
+  }
+  return outs;
+}
+
+Result<std::vector<graph::HostTensor>> CompiledProgram::run_host(
+    const std::map<std::string, graph::HostTensor, std::less<>>& inputs, const RunOptions& options) {
+  std::vector<DLTensor> dl(inputs.size());
+  std::vector<NamedInput> named;
+  std::size_t i = 0;
+  for (const auto& [name, t] : inputs) {
+    DLTensor& d = dl[i++];
+    d.data = t.data ? const_cast<std::uint8_t*>(t.data->data()) : nullptr;
+    d.device = {kDLCPU, 0};
+    d.ndim = static_cast<std::int32_t>(t.shape.size());
+    SAFECKPT_TRY(d.dtype, cuda::dlpack_dtype(t.dtype));
+    d.shape = const_cast<std::int64_t*>(t.shape.data());
+    d.strides = nullptr;
+    d.byte_offset = 0;
+    named.push_back({name, &d});
+  }
+  SAFECKPT_TRY(auto outs, run(named, options));
+  std::vector<graph::HostTensor> host;
+  Status st;
+  for (auto* o : outs) {
+    if (st) {
+      graph::HostTensor h;
+      auto dt = detail::dtype_of(o->dl_tensor.dtype);
+      if (!dt) {
+        st = unexpected(std::move(dt).error());
+      } else {
+        h.dtype = *dt;
+        h.shape.assign(o->dl_tensor.shape, o->dl_tensor.shape + o->dl_tensor.ndim);
+        h.data = std::make_shared<std::vector<std::uint8_t>>(h.numel() * dtype_size(h.dtype));
+        if (!h.data->empty()) {
+          cudaError_t e = cudaMemcpy(h.data->data(), static_cast<char*>(o->dl_tensor.data) + o->dl_tensor.byte_offset,
+                                     h.data->size(), cudaMemcpyDeviceToHost);
+          if (e != cudaSuccess) st = detail::cuda_error("copying an output", e);
+        }
+        host.push_back(std::move(h));
+      }
+    }
+    o->deleter(o);
+  }
+  if (!st) return unexpected(std::move(st).error());
+  return host;
+}
+
+}  // namespace safeckpt::engine

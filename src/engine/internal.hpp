@@ -1,0 +1,135 @@
+// Internal types of the engine (src/engine/*; not installed).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "safeckpt/dtype.hpp"
+#include "safeckpt/error.hpp"
+
+namespace safeckpt::engine::detail {
+
+inline constexpr int kMaxRank = 8;
+
+// Where a tensor's bytes are: a buffer of the plan (resolved to a device
+// pointer when the plan is bound) plus an element offset and strides.
+enum class BufKind : std::uint8_t { kArena, kWeight, kInput, kOutput };
+struct Buf {
+  BufKind kind = BufKind::kArena;
+  std::uint64_t bytes = 0;
+  std::uint64_t offset = 0;  // kArena: byte offset in the arena
+  void* ptr = nullptr;       // resolved device pointer
+};
+struct DevTensor {
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;  // elements
+  std::int32_t buf = -1;              // index into Plan::bufs; -1: `direct`
+  void* direct = nullptr;             // weights: device pointer of element 0 of the storage view
+  std::int64_t offset = 0;            // elements
+  std::uint64_t numel() const noexcept {
+    std::uint64_t n = 1;
+    for (auto s : shape) n *= static_cast<std::uint64_t>(s);
+    return n;
+  }
+  bool contiguous() const noexcept {
+    std::int64_t want = 1;
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (shape[d] != 1 && strides[d] != want) return false;
+      want *= shape[d];
+    }
+    return true;
+  }
+};
+std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
+
+// ------------------------------------------------------------ fused kernels
+
+// One operation of a generated pointwise kernel; operands are earlier
+// micro-op indices. Result dtype `dtype`.
+enum class MicroKind : std::uint8_t {
+  kLoad,        // input tensor `a` of the group
+  kConst,       // s0
+  kArange,      // s0 + linear_index * s1
+  kAdd,         // a + s0 * b
+  kSub,         // a - s0 * b
+  kMulScalar,   // a * s0
+  kEqScalar,    // a == s0
+  kLeScalar,    // a <= s0
+  kLogicalAnd,  // a && b
+  kLogicalNot,  // !a
+  kWhere,       // a ? b : c
+  kGeluErf,
+  kGeluTanh,
+  kRelu,
+  kCast,  // a converted to dtype (clone, copies)
+};
+struct MicroOp {
+  MicroKind kind = MicroKind::kLoad;
+  DType dtype = DType::kFloat32;
+  std::int32_t a = -1, b = -1, c = -1;
+  double s0 = 0, s1 = 0;
+  std::int32_t store = -1;  // >= 0: written to output `store` of the group
+};
+struct FusedKernel {
+  std::string name;          // kernel symbol in the module
+  std::vector<MicroOp> ops;  // in order
+  std::vector<DType> in_dtypes;
+  std::vector<DType> out_dtypes;
+  int rank = 0;
+};
+// The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
+// numbers reach the text.
+std::string fused_source(const std::vector<FusedKernel>& kernels);
+// Parameters block of one fused launch (matches the generated struct).
+inline constexpr int kMaxFusedTensors = 24;
+struct FusedTensorArg {
+  void* ptr;
+  long long strides[kMaxRank];
+};
+struct FusedParams {
+  long long n;
+  long long shape[kMaxRank];
+  FusedTensorArg t[kMaxFusedTensors];  // inputs first, then outputs
+};
+
+// ---------------------------------------------------- fixed kernels (kernels.cu)
+// All asynchronous on `stream` (a cudaStream_t); return a cudaError_t value.
+struct AttnArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  const void* mask;  // nullptr = none
+  int mask_kind;     // 0 none, 1 bool (true = keep), 2 additive (same dtype as q)
+  long long B, H, L, S, D, Dv;
+  long long q_s[3], k_s[3], v_s[3];  // strides of b, h, row (the last dim is unit)
+  long long m_s[4];                  // mask strides for b, h, l, s (0 = broadcast)
+  float scale;
+  int causal;
+  int bf16;  // q/k/v/out bfloat16 (else float32)
+};
+int launch_attention(const AttnArgs& a, void* stream);
+int launch_layer_norm(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,
+                      long long n, float eps, int bf16, int stats_bf16, void* stream);
+int launch_softmax(const void* x, void* y, long long rows, long long n, int in_bf16, int out_bf16, void* stream);
+// Reduction over the trailing `inner` elements after a permutation into
+// [outer, inner] described by shape/strides (outer dims first).
+struct ReduceArgs {
+  const void* x;
+  void* y;
+  int rank_outer, rank_inner;
+  long long outer_shape[kMaxRank], outer_strides[kMaxRank];
+  long long inner_shape[kMaxRank], inner_strides[kMaxRank];
+  long long n_outer, n_inner;
+  int op;        // 0 any, 1 mean
+  int in_dtype;  // 0 f32, 1 bf16, 2 i64, 3 bool
+  int out_dtype;
+};
+int launch_reduce(const ReduceArgs& a, void* stream);
+int launch_embedding(const void* weight, long long rows, long long dim, long long row_stride, int bf16,
+                     const long long* idx, long long n, void* out, int* error_flag, void* stream);
+int launch_fused(void* function, const FusedParams& p, void* stream);
+
+}  // namespace safeckpt::engine::detail

@@ -1,0 +1,1073 @@
+// src/engine/plan.cpp — lowering a validated program at one concrete shape
+// into launch steps, the activation arena, and running / capturing them.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "engine/runtime.hpp"
+#include "graph/internal.hpp"
+
+namespace safeckpt::engine::detail {
+
+using graph::Arg;
+using graph::Node;
+using graph::Program;
+
+namespace {
+
+std::uint32_t esize(DType d) {
+  return dtype_size(d);
+}
+
+bool floating(DType d) {
+  return d == DType::kFloat32 || d == DType::kBFloat16;
+}
+bool supported_dtype(DType d) {
+  return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kInt64 || d == DType::kInt32 || d == DType::kBool;
+}
+
+// Broadcast strides of `t` against `out` (right-aligned).
+std::vector<std::int64_t> bstrides(const DevTensor& t, const std::vector<std::int64_t>& out) {
+  std::vector<std::int64_t> s(out.size(), 0);
+  std::size_t off = out.size() - t.shape.size();
+  for (std::size_t d = 0; d < t.shape.size(); ++d)
+    s[off + d] = (t.shape[d] == 1 && out[off + d] != 1) ? 0 : t.strides[d];
+  return s;
+}
+
+struct Lowering {
+  Lowering(const Program& p_, Plan& plan_, EngineImpl& eng_, const std::vector<std::optional<DevTensor>>& weights_,
+           bool fuse_, bool fuse_epilogue_)
+      : p(p_), plan(plan_), eng(eng_), weights(weights_), fuse(fuse_), fuse_epilogue(fuse_epilogue_) {}
+  const Program& p;
+  Plan& plan;
+  EngineImpl& eng;
+  const std::vector<std::optional<DevTensor>>& weights;
+  bool fuse;
+  bool fuse_epilogue;
+
+  std::vector<std::optional<DevTensor>> vals;
+  std::vector<std::optional<std::int64_t>> syms;
+  std::unordered_map<std::string, std::int64_t> symbols;
+  std::vector<std::vector<std::size_t>> consumers;  // value -> node indices
+  std::vector<char> is_output;
+  std::vector<char> absorbed;  // node folded into an earlier step
+  const Node* node = nullptr;
+  std::size_t node_index = 0;
+
+  // Liveness per buffer: first and last step.
+  std::vector<std::int64_t> first_step, last_step;
+
+  // The open pointwise group.
+  struct Group {
+    bool open = false;
+    std::vector<std::int64_t> shape;
+    FusedKernel k;
+    std::vector<DevTensor> ins;
+    std::map<std::int32_t, std::int32_t> in_of_value;   // value id -> input index
+    std::map<std::int32_t, std::int32_t> reg_of_value;  // value id -> micro-op
+    std::vector<std::int32_t> produced;
+    std::set<std::size_t> nodes;
+    std::string names;
+  } g;
+
+  Unexpected fail(ErrorCode c, const std::string& what) const {
+    return make_error(c, "node '" + node->name + "' (" + node->target + "): " + what);
+  }
+
+  // ------------------------------------------------------------ helpers
+  const Arg& arg(std::string_view name) const {
+    const graph::OpSchema* s = node->schema;
+    for (std::size_t k = 0; k < s->args.size(); ++k)
+      if (s->args[k].name == name) return node->args[k];
+    static const Arg none;
+    return none;
+  }
+  Result<std::int64_t> sym(const graph::SymInt& s) {
+    if (!s.is_symbolic()) return s.value;
+    auto& slot = syms[static_cast<std::size_t>(s.sym)];
+    if (slot) return *slot;
+    const auto& sv = p.sym_values[static_cast<std::size_t>(s.sym)];
+    if (sv.expr.empty()) return fail(ErrorCode::kMalformed, "SymInt '" + sv.name + "' has no value");
+    SAFECKPT_TRY(std::int64_t v, graph::detail::eval_srepr(sv.expr, symbols, graph::GraphLimits{}));
+    slot = v;
+    return v;
+  }
+  Result<std::int64_t> integer(std::string_view name) {
+    const Arg& a = arg(name);
+    if (a.ints.size() != 1) return fail(ErrorCode::kMalformed, "argument '" + std::string(name) + "' is not an int");
+    return sym(a.ints[0]);
+  }
+  Result<std::vector<std::int64_t>> ints(std::string_view name) {
+    std::vector<std::int64_t> out;
+    for (const auto& s : arg(name).ints) {
+      SAFECKPT_TRY(std::int64_t v, sym(s));
+      out.push_back(v);
+    }
+    return out;
+  }
+  Result<double> scalar(std::string_view name) {
+    const Arg& a = arg(name);
+    if (a.kind == Arg::Kind::kFloat) return a.f;
+    if (a.kind == Arg::Kind::kBool) return a.b ? 1.0 : 0.0;
+    if (a.kind == Arg::Kind::kInt && a.ints.size() == 1) {
+      SAFECKPT_TRY(std::int64_t v, sym(a.ints[0]));
+      return static_cast<double>(v);
+    }
+    return fail(ErrorCode::kMalformed, "argument '" + std::string(name) + "' is not a number");
+  }
+  Result<std::vector<std::int64_t>> shape_of(std::int32_t v) {
+    std::vector<std::int64_t> s;
+    for (const auto& d : p.values[static_cast<std::size_t>(v)].sizes) {
+      SAFECKPT_TRY(std::int64_t x, sym(d));
+      s.push_back(x);
+    }
+    return s;
+  }
+  Result<std::int64_t> norm_dim(std::int64_t d, std::size_t rank) const {
+    auto r = static_cast<std::int64_t>(rank == 0 ? 1 : rank);
+    if (d < -r || d >= r) return fail(ErrorCode::kMalformed, "dimension out of range");
+    return d < 0 ? d + r : d;
+  }
+
+  std::int32_t new_buf(std::uint64_t bytes) {
+    Buf b;
+    b.bytes = std::max<std::uint64_t>(bytes, 1);
+    plan.bufs.push_back(b);
+    first_step.push_back(static_cast<std::int64_t>(plan.steps.size()));
+    last_step.push_back(static_cast<std::int64_t>(plan.steps.size()));
+    return static_cast<std::int32_t>(plan.bufs.size() - 1);
+  }
+  DevTensor new_tensor(DType d, std::vector<std::int64_t> shape) {
+    DevTensor t;
+    t.dtype = d;
+    t.strides = contiguous_strides(shape);
+    t.shape = std::move(shape);
+    t.buf = new_buf(t.numel() * esize(d));
+    return t;
+  }
+  // Marks a read of `t` by the step about to be added.
+  void use(const DevTensor& t) {
+    if (t.buf >= 0)
+      last_step[static_cast<std::size_t>(t.buf)] =
+          std::max(last_step[static_cast<std::size_t>(t.buf)], static_cast<std::int64_t>(plan.steps.size()));
+  }
+  void def(const DevTensor& t) {
+    if (t.buf >= 0) first_step[static_cast<std::size_t>(t.buf)] = static_cast<std::int64_t>(plan.steps.size());
+  }
+  void add_step(std::string name, std::function<int(cudaStream_t)> fn) {
+    plan.steps.push_back(Step{std::move(name), std::move(fn)});
+  }
+
+  Result<DevTensor> value(std::int32_t id) {
+    if (id < 0) return fail(ErrorCode::kMalformed, "missing tensor argument");
+    if (g.open && g.reg_of_value.count(id) != 0) {
+      SAFECKPT_CHECK(flush());
+    }
+    auto& v = vals[static_cast<std::size_t>(id)];
+    if (!v)
+      return fail(ErrorCode::kInternal, "value '" + p.value_names[static_cast<std::size_t>(id)] + "' has no plan");
+    return *v;
+  }
+  Result<DevTensor> tensor(std::string_view name) {
+    const Arg& a = arg(name);
+    if (a.kind != Arg::Kind::kTensor)
+      return fail(ErrorCode::kMalformed, "argument '" + std::string(name) + "' is not a tensor");
+    return value(a.tensor);
+  }
+  Result<std::optional<DevTensor>> opt_tensor(std::string_view name) {
+    const Arg& a = arg(name);
+    if (a.kind != Arg::Kind::kTensor) return std::optional<DevTensor>{};
+    SAFECKPT_TRY(DevTensor t, value(a.tensor));
+    return std::optional<DevTensor>{t};
+  }
+  void set_out(std::size_t k, const DevTensor& t) {
+    std::int32_t id = node->outputs.size() > k ? node->outputs[k] : -1;
+    if (id >= 0) vals[static_cast<std::size_t>(id)] = t;
+  }
+  Result<DType> out_dtype(std::size_t k = 0) {
+    if (node->outputs.size() <= k || node->outputs[k] < 0) return fail(ErrorCode::kMalformed, "no output");
+    DType d = p.values[static_cast<std::size_t>(node->outputs[k])].dtype;
+    if (!supported_dtype(d))
+      return fail(ErrorCode::kUnsupported, "dtype " + std::string(dtype_name(d)) + " has no GPU kernel");
+    return d;
+  }
+
+  // A contiguous copy of `t` (a one-op pointwise kernel), or `t` itself.
+  Result<DevTensor> contiguous(const DevTensor& t) {
+    if (t.contiguous()) return t;
+    DevTensor out = new_tensor(t.dtype, t.shape);
+    FusedKernel k;
+    k.rank = static_cast<int>(t.shape.size());
+    k.in_dtypes = {t.dtype};
+    k.out_dtypes = {t.dtype};
+    MicroOp ld;
+    ld.kind = MicroKind::kLoad;
+    ld.dtype = t.dtype;
+    ld.a = 0;
+    MicroOp cp;
+    cp.kind = MicroKind::kCast;
+    cp.dtype = t.dtype;
+    cp.a = 0;
+    cp.store = 0;
+    k.ops = {ld, cp};
+    emit_fused(std::move(k), {t}, {out}, t.shape, "copy(" + node->name + ")");
+    return out;
+  }
+
+  void emit_fused(FusedKernel k, std::vector<DevTensor> ins, std::vector<DevTensor> outs,
+                  std::vector<std::int64_t> shape, std::string name) {
+    for (const auto& t : ins) use(t);
+    for (const auto& t : outs) def(t);
+    std::size_t index = plan.fused.size();
+    k.name = "k" + std::to_string(index);
+    plan.fused.push_back(std::move(k));
+    Plan* pl = &plan;
+    add_step(std::move(name), [pl, index, ins, outs, shape](cudaStream_t s) {
+      FusedParams prm{};
+      prm.n = 1;
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        prm.shape[d] = shape[d];
+        prm.n *= shape[d];
+      }
+      std::size_t t = 0;
+      for (const auto* list : {&ins, &outs})
+        for (const auto& x : *list) {
+          prm.t[t].ptr = pl->ptr(x);
+          auto st = list == &ins ? bstrides(x, shape) : x.strides;
+          for (std::size_t d = 0; d < st.size(); ++d) prm.t[t].strides[d] = st[d];
+          ++t;
+        }
+      if (prm.n == 0) return 0;
+      return launch_fused(pl->fns[index], prm, s);
+    });
+  }
+
+  // --------------------------------------------------------- pointwise
+  Status flush() {
+    if (!g.open) return {};
+    Group grp = std::move(g);
+    g = Group{};
+    std::vector<DevTensor> outs;
+    for (std::int32_t v : grp.produced) {
+      bool needed = is_output[static_cast<std::size_t>(v)] != 0;
+      for (std::size_t c : consumers[static_cast<std::size_t>(v)]) needed = needed || grp.nodes.count(c) == 0;
+      if (!needed) continue;
+      auto& op = grp.k.ops[static_cast<std::size_t>(grp.reg_of_value[v])];
+      DevTensor t = new_tensor(p.values[static_cast<std::size_t>(v)].dtype, grp.shape);
+      op.store = static_cast<std::int32_t>(outs.size());
+      grp.k.out_dtypes.push_back(t.dtype);
+      outs.push_back(t);
+      vals[static_cast<std::size_t>(v)] = t;
+    }
+    if (outs.empty()) return {};
+    grp.k.rank = static_cast<int>(grp.shape.size());
+    emit_fused(std::move(grp.k), std::move(grp.ins), std::move(outs), grp.shape, grp.names);
+    return {};
+  }
+
+  // Adds the current node (pointwise) to the group; `build` appends its
+  // micro-ops given operand registers.
+  Status pointwise(const std::vector<std::string_view>& tensor_args,
+                   const std::function<Result<MicroOp>(const std::vector<std::int32_t>&)>& build) {
+    SAFECKPT_TRY(DType od, out_dtype());
+    std::int32_t out_id = node->outputs[0];
+    SAFECKPT_TRY(auto shape, shape_of(out_id));
+    if (shape.size() > static_cast<std::size_t>(kMaxRank)) return fail(ErrorCode::kUnsupported, "rank above 8");
+    std::size_t new_inputs = 0;
+    for (auto n : tensor_args) {
+      const Arg& a = arg(n);
+      if (a.kind == Arg::Kind::kTensor && g.reg_of_value.count(a.tensor) == 0 && g.in_of_value.count(a.tensor) == 0)
+        ++new_inputs;
+    }
+    if (g.open && (g.shape != shape || !fuse || g.ins.size() + new_inputs + g.produced.size() + 1 > kMaxFusedTensors)) {
+      SAFECKPT_CHECK(flush());
+    }
+    if (!g.open) {
+      g.open = true;
+      g.shape = shape;
+    }
+    std::vector<std::int32_t> regs;
+    for (auto n : tensor_args) {
+      const Arg& a = arg(n);
+      if (a.kind != Arg::Kind::kTensor)
+        return fail(ErrorCode::kMalformed, "argument '" + std::string(n) + "' is not a tensor");
+      auto r = g.reg_of_value.find(a.tensor);
+      if (r != g.reg_of_value.end()) {
+        regs.push_back(r->second);
+        continue;
+      }
+      auto& v = vals[static_cast<std::size_t>(a.tensor)];
+      if (!v) return fail(ErrorCode::kInternal, "input value has no plan");
+      if (!supported_dtype(v->dtype))
+        return fail(ErrorCode::kUnsupported, "dtype " + std::string(dtype_name(v->dtype)) + " has no GPU kernel");
+      auto in = g.in_of_value.find(a.tensor);
+      std::int32_t idx;
+      if (in == g.in_of_value.end()) {
+        idx = static_cast<std::int32_t>(g.ins.size());
+        g.ins.push_back(*v);
+        g.k.in_dtypes.push_back(v->dtype);
+        g.in_of_value[a.tensor] = idx;
+      } else {
+        idx = in->second;
+      }
+      MicroOp ld;
+      ld.kind = MicroKind::kLoad;
+      ld.dtype = v->dtype;
+      ld.a = idx;
+      g.k.ops.push_back(ld);
+      regs.push_back(static_cast<std::int32_t>(g.k.ops.size() - 1));
+    }
+    SAFECKPT_TRY(MicroOp op, build(regs));
+    op.dtype = od;
+    g.k.ops.push_back(op);
+    g.reg_of_value[out_id] = static_cast<std::int32_t>(g.k.ops.size() - 1);
+    g.produced.push_back(out_id);
+    g.nodes.insert(node_index);
+    g.names += (g.names.empty() ? "" : "+") + node->name;
+    if (!fuse) SAFECKPT_CHECK(flush());
+    return {};
+  }
+
+  Status lower_pointwise(const std::string& op) {
+    auto mk = [](MicroKind k, std::int32_t a = -1, std::int32_t b = -1, std::int32_t c = -1, double s0 = 0,
+                 double s1 = 0) {
+      MicroOp o;
+      o.kind = k;
+      o.a = a;
+      o.b = b;
+      o.c = c;
+      o.s0 = s0;
+      o.s1 = s1;
+      return o;
+    };
+    if (op == "aten::add.Tensor" || op == "aten::add_.Tensor" || op == "aten::sub.Tensor") {
+      SAFECKPT_TRY(double alpha, scalar("alpha"));
+      MicroKind k = op == "aten::sub.Tensor" ? MicroKind::kSub : MicroKind::kAdd;
+      return pointwise({"self", "other"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(k, r[0], r[1], -1, alpha); });
+    }
+    if (op == "aten::mul.Scalar" || op == "aten::eq.Scalar" || op == "aten::le.Scalar") {
+      SAFECKPT_TRY(double s, scalar("other"));
+      MicroKind k = op == "aten::mul.Scalar"  ? MicroKind::kMulScalar
+                    : op == "aten::eq.Scalar" ? MicroKind::kEqScalar
+                                              : MicroKind::kLeScalar;
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(k, r[0], -1, -1, s); });
+    }
+    if (op == "aten::logical_and")
+      return pointwise({"self", "other"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kLogicalAnd, r[0], r[1]); });
+    if (op == "aten::logical_not")
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kLogicalNot, r[0]); });
+    if (op == "aten::where.self")
+      return pointwise({"condition", "self", "other"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kWhere, r[0], r[1], r[2]); });
+    if (op == "aten::relu" || op == "aten::relu_")
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kRelu, r[0]); });
+    if (op == "aten::clone")
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kCast, r[0]); });
+    if (op == "aten::gelu") {
+      bool tanh = arg("approximate").s == "tanh";
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> {
+        return mk(tanh ? MicroKind::kGeluTanh : MicroKind::kGeluErf, r[0]);
+      });
+    }
+    if (op == "aten::arange.start" || op == "aten::arange.start_step") {
+      SAFECKPT_TRY(double start, scalar("start"));
+      double step = 1;
+      if (op == "aten::arange.start_step") {
+        SAFECKPT_TRY(step, scalar("step"));
+      }
+      return pointwise({},
+                       [&](const auto&) -> Result<MicroOp> { return mk(MicroKind::kArange, -1, -1, -1, start, step); });
+    }
+    if (op == "aten::full" || op == "aten::full_like") {
+      SAFECKPT_TRY(double v, scalar("fill_value"));
+      return pointwise({}, [&](const auto&) -> Result<MicroOp> { return mk(MicroKind::kConst, -1, -1, -1, v); });
+    }
+    if (op == "aten::scalar_tensor") {
+      SAFECKPT_TRY(double v, scalar("s"));
+      return pointwise({}, [&](const auto&) -> Result<MicroOp> { return mk(MicroKind::kConst, -1, -1, -1, v); });
+    }
+    return fail(ErrorCode::kUnsupported, "no GPU kernel");
+  }
+
+  // --------------------------------------------------------------- views
+  Status lower_view(const std::string& op) {
+    SAFECKPT_TRY(DevTensor x, tensor("self"));
+    if (op == "aten::split.Tensor" || op == "aten::split_with_sizes") {
+      SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+      SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size()));
+      std::vector<std::int64_t> sizes;
+      std::int64_t total = x.shape[static_cast<std::size_t>(d)];
+      if (op == "aten::split.Tensor") {
+        SAFECKPT_TRY(std::int64_t ss, integer("split_size"));
+        if (ss <= 0) return fail(ErrorCode::kMalformed, "split_size must be positive");
+        for (std::int64_t s = 0; s < total; s += ss) sizes.push_back(std::min(ss, total - s));
+        if (total == 0) sizes.push_back(0);
+      } else {
+        SAFECKPT_TRY(sizes, ints("split_sizes"));
+      }
+      std::int64_t start = 0;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        DevTensor t = x;
+        t.shape[static_cast<std::size_t>(d)] = sizes[i];
+        t.offset = x.offset + start * x.strides[static_cast<std::size_t>(d)];
+        start += sizes[i];
+        set_out(i, t);
+      }
+      return {};
+    }
+    DevTensor t = x;
+    std::int32_t out_id = node->outputs[0];
+    SAFECKPT_TRY(auto shape, shape_of(out_id));
+    if (op == "aten::view" || op == "aten::flatten.using_ints") {
+      if (!x.contiguous()) {
+        SAFECKPT_TRY(t, contiguous(x));
+      }
+      t.shape = shape;
+      t.strides = contiguous_strides(shape);
+    } else if (op == "aten::permute") {
+      SAFECKPT_TRY(auto dims, ints("dims"));
+      if (dims.size() != x.shape.size()) return fail(ErrorCode::kMalformed, "permute rank");
+      for (std::size_t i = 0; i < dims.size(); ++i) {
+        SAFECKPT_TRY(std::int64_t dd, norm_dim(dims[i], x.shape.size()));
+        t.shape[i] = x.shape[static_cast<std::size_t>(dd)];
+        t.strides[i] = x.strides[static_cast<std::size_t>(dd)];
+      }
+    } else if (op == "aten::transpose.int") {
+      SAFECKPT_TRY(std::int64_t a0, integer("dim0"));
+      SAFECKPT_TRY(std::int64_t b0, integer("dim1"));
+      SAFECKPT_TRY(std::int64_t a, norm_dim(a0, x.shape.size()));
+      SAFECKPT_TRY(std::int64_t b, norm_dim(b0, x.shape.size()));
+      std::swap(t.shape[static_cast<std::size_t>(a)], t.shape[static_cast<std::size_t>(b)]);
+      std::swap(t.strides[static_cast<std::size_t>(a)], t.strides[static_cast<std::size_t>(b)]);
+    } else if (op == "aten::unsqueeze") {
+      SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+      SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size() + 1));
+      auto du = static_cast<std::size_t>(d);
+      std::int64_t st = du < x.shape.size() ? x.shape[du] * x.strides[du] : 1;
+      t.shape.insert(t.shape.begin() + d, 1);
+      t.strides.insert(t.strides.begin() + d, st);
+    } else if (op == "aten::expand") {
+      t.shape = shape;
+      t.strides = bstrides(x, shape);
+    } else {
+      return fail(ErrorCode::kUnsupported, "no GPU kernel");
+    }
+    if (t.shape != shape) return fail(ErrorCode::kInternal, "view shape disagrees with tensor_meta");
+    set_out(0, t);
+    return {};
+  }
+
+  // --------------------------------------------------------------- GEMM
+  struct Mat {
+    bool trans = false;  // column-major storage of the logical [rows, cols]
+    std::int64_t ld = 0;
+  };
+  static std::optional<Mat> layout(std::int64_t rows, std::int64_t cols, std::int64_t sr, std::int64_t sc) {
+    if ((sc == 1 || cols == 1) && (rows == 1 || sr >= std::max<std::int64_t>(cols, 1)))
+      return Mat{false, rows == 1 ? std::max<std::int64_t>(cols, 1) : sr};
+    if ((sr == 1 || rows == 1) && (cols == 1 || sc >= std::max<std::int64_t>(rows, 1)))
+      return Mat{true, cols == 1 ? std::max<std::int64_t>(rows, 1) : sc};
+    return std::nullopt;
+  }
+
+  // D[M,N] (+)= A[M,K] @ B[K,N] (+ bias[N]) with an optional activation.
+  // a/b: rank 2 or 3 (batch first) views; out contiguous.
+  Status gemm(DevTensor a, DevTensor b, const DevTensor& out, const std::optional<DevTensor>& bias, int act,
+              float alpha, float beta) {
+    const bool batched = a.shape.size() == 3;
+    const std::size_t r = a.shape.size();
+    std::int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
+    std::int64_t batch = batched ? a.shape[0] : 1;
+    auto la = layout(M, K, a.strides[r - 2], a.strides[r - 1]);
+    if (!la) {
+      SAFECKPT_TRY(a, contiguous(a));
+      la = layout(M, K, a.strides[r - 2], a.strides[r - 1]);
+    }
+    auto lb = layout(K, N, b.strides[r - 2], b.strides[r - 1]);
+    if (!lb) {
+      SAFECKPT_TRY(b, contiguous(b));
+      lb = layout(K, N, b.strides[r - 2], b.strides[r - 1]);
+    }
+    if (a.dtype != b.dtype || a.dtype != out.dtype || !floating(a.dtype))
+      return fail(ErrorCode::kUnsupported, "GEMM operands must share float32 or bfloat16");
+    auto g2 = std::make_shared<GemmDesc>();
+    cudaDataType_t ty = a.dtype == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasComputeType_t ct =
+        (a.dtype == DType::kFloat32 && eng.opt.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    auto lt_fail = [&](const char* what, cublasStatus_t st) {
+      return fail(ErrorCode::kDevice, std::string("cuBLASLt ") + what + ": " + cublasLtGetStatusString(st));
+    };
+    cublasStatus_t st = cublasLtMatmulDescCreate(&g2->op, ct, CUDA_R_32F);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_fail("MatmulDescCreate", st);
+    // Column-major view: D^T[N,M] = B^T[N,K] @ A^T[K,M]. "Lt A" is B^T.
+    cublasOperation_t opa = lb->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = la->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(g2->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    cublasLtMatmulDescSetAttribute(g2->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (bias)
+      epi = act == 1 ? CUBLASLT_EPILOGUE_RELU_BIAS : act == 2 ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    else if (act == 1)
+      epi = CUBLASLT_EPILOGUE_RELU;
+    else if (act == 2)
+      epi = CUBLASLT_EPILOGUE_GELU;
+    cublasLtMatmulDescSetAttribute(g2->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    // Layouts (rows, cols, ld) as stored, column-major.
+    auto mk_layout = [&](cublasLtMatrixLayout_t* l, std::uint64_t rows, std::uint64_t cols, std::int64_t ld,
+                         std::int64_t bstride) -> Status {
+      cublasStatus_t s2 = cublasLtMatrixLayoutCreate(l, ty, rows, cols, ld);
+      if (s2 != CUBLAS_STATUS_SUCCESS) return lt_fail("MatrixLayoutCreate", s2);
+      if (batched) {
+        auto bc = static_cast<std::int32_t>(batch);
+        cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+        cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &bstride, sizeof bstride);
+      }
+      return {};
+    };
+    auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+    // B^T: not trans -> stored [N,K] col-major with ld; trans -> stored [K,N].
+    SAFECKPT_CHECK(
+        mk_layout(&g2->la, lb->trans ? u(K) : u(N), lb->trans ? u(N) : u(K), lb->ld, batched ? b.strides[0] : 0));
+    SAFECKPT_CHECK(
+        mk_layout(&g2->lb, la->trans ? u(M) : u(K), la->trans ? u(K) : u(M), la->ld, batched ? a.strides[0] : 0));
+    SAFECKPT_CHECK(mk_layout(&g2->lc, u(N), u(M), N, batched ? M * N : 0));
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulPreferenceCreate(&pref);
+    std::uint64_t ws = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    if (eng.lt != nullptr) {
+      st = cublasLtMatmulAlgoGetHeuristic(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, pref, 1, &res, &found);
+    } else {
+      found = 1;  // dry plan (no device): no algorithm is chosen, nothing runs
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      return fail(ErrorCode::kDevice, std::string("cuBLASLt found no algorithm (") + cublasLtGetStatusString(st) + ")");
+    g2->algo = res.algo;
+    use(a);
+    use(b);
+    if (bias) use(*bias);
+    if (beta != 0) use(out);
+    def(out);
+    Plan* pl = &plan;
+    cublasLtHandle_t lt = eng.lt;
+    add_step(node->name, [pl, g2, a, b, out, bias_t = bias, alpha, beta, lt](cudaStream_t s) {
+      if (bias_t) {
+        const void* bp = pl->ptr(*bias_t);
+        cublasLtMatmulDescSetAttribute(g2->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
+      }
+      void* d = pl->ptr(out);
+      cublasStatus_t s2 = cublasLtMatmul(lt, g2->op, &alpha, pl->ptr(b), g2->la, pl->ptr(a), g2->lb, &beta, d, g2->lc,
+                                         d, g2->lc, &g2->algo, pl->workspace, kWorkspaceBytes, s);
+      return s2 == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(s2);
+    });
+    return {};
+  }
+
+  // The activation that may be fused into the GEMM producing value `v`.
+  int epilogue_for(std::int32_t v) {
+    if (!fuse || !fuse_epilogue || v < 0 || is_output[static_cast<std::size_t>(v)]) return 0;
+    const auto& cs = consumers[static_cast<std::size_t>(v)];
+    if (cs.size() != 1) return 0;
+    const Node& c = p.nodes[cs[0]];
+    const std::string& op = c.schema->name;
+    int act = 0;
+    if (op == "aten::relu" || op == "aten::relu_") act = 1;
+    if (op == "aten::gelu") {
+      for (std::size_t k = 0; k < c.schema->args.size(); ++k)
+        if (c.schema->args[k].name == "approximate" && c.args[k].s == "tanh") act = 2;
+    }
+    if (act == 0 || c.outputs.empty() || c.outputs[0] < 0) return 0;
+    absorbed[cs[0]] = 1;
+    return act;
+  }
+
+  Status lower_gemm(const std::string& op) {
+    SAFECKPT_TRY(DType od, out_dtype());
+    std::int32_t out_id = node->outputs[0];
+    SAFECKPT_TRY(auto oshape, shape_of(out_id));
+    std::optional<DevTensor> bias;
+    DevTensor a, b;
+    float alpha = 1, beta = 0;
+    std::optional<DevTensor> preset;  // written into out before a beta=1 GEMM
+    if (op == "aten::linear") {
+      SAFECKPT_TRY(a, tensor("input"));
+      SAFECKPT_TRY(DevTensor w, tensor("weight"));
+      SAFECKPT_TRY(bias, opt_tensor("bias"));
+      if (a.shape.empty() || w.shape.size() != 2)
+        return fail(ErrorCode::kUnsupported, "linear needs input rank >= 1 and a 2-d weight");
+      // Collapse the leading dims of the input into rows.
+      std::int64_t K = a.shape.back();
+      bool ok = a.strides.back() == 1 || K == 1;
+      for (std::size_t d = 0; d + 2 < a.shape.size(); ++d)
+        ok = ok && (a.shape[d] == 1 || a.strides[d] == a.strides[d + 1] * a.shape[d + 1]);
+      if (!ok) {
+        SAFECKPT_TRY(a, contiguous(a));
+      }
+      std::int64_t M = static_cast<std::int64_t>(a.numel()) / std::max<std::int64_t>(K, 1);
+      std::int64_t row_stride = a.shape.size() >= 2 ? a.strides[a.shape.size() - 2] : K;
+      if (M == 1) row_stride = K;
+      a.shape = {M, K};
+      a.strides = {row_stride, 1};
+      b = w;
+      b.shape = {w.shape[1], w.shape[0]};
+      b.strides = {w.strides[1], w.strides[0]};
+    } else if (op == "aten::addmm") {
+      SAFECKPT_TRY(DevTensor self, tensor("self"));
+      SAFECKPT_TRY(a, tensor("mat1"));
+      SAFECKPT_TRY(b, tensor("mat2"));
+      SAFECKPT_TRY(double al, scalar("alpha"));
+      SAFECKPT_TRY(double be, scalar("beta"));
+      alpha = static_cast<float>(al);
+      std::int64_t N = b.shape[1];
+      bool vec = (self.shape.size() == 1 && self.shape[0] == N && self.strides[0] == 1) ||
+                 (self.shape.size() == 2 && self.shape[0] == 1 && self.shape[1] == N && self.strides[1] == 1);
+      if (vec && be == 1.0) {
+        bias = self;
+      } else if (be != 0.0) {
+        preset = self;
+        beta = static_cast<float>(be);
+      }
+    } else if (op == "aten::mm" || op == "aten::bmm") {
+      SAFECKPT_TRY(a, tensor("self"));
+      SAFECKPT_TRY(b, tensor("mat2"));
+    } else {
+      return fail(ErrorCode::kUnsupported, "no GPU kernel");
+    }
+    if (bias && (!bias->contiguous() || bias->dtype != od)) {
+      SAFECKPT_TRY(bias, contiguous(*bias));
+    }
+    DevTensor out = new_tensor(od, oshape);
+    if (preset) {
+      // out = beta-scaled later: copy self broadcast into out first.
+      FusedKernel k;
+      k.rank = static_cast<int>(oshape.size());
+      k.in_dtypes = {preset->dtype};
+      k.out_dtypes = {od};
+      MicroOp ld;
+      ld.kind = MicroKind::kLoad;
+      ld.dtype = preset->dtype;
+      ld.a = 0;
+      MicroOp cp;
+      cp.kind = MicroKind::kCast;
+      cp.dtype = od;
+      cp.a = 0;
+      cp.store = 0;
+      k.ops = {ld, cp};
+      emit_fused(std::move(k), {*preset}, {out}, oshape, node->name + ".beta");
+    }
+    DevTensor g_out = out;
+    if (op == "aten::linear") {
+      g_out.shape = {a.shape[0], b.shape[1]};
+      g_out.strides = contiguous_strides(g_out.shape);
+    }
+    int act = epilogue_for(out_id);
+    SAFECKPT_CHECK(gemm(a, b, g_out, bias, act, alpha, beta));
+    set_out(0, out);
+    if (act != 0) {
+      const Node& c = p.nodes[consumers[static_cast<std::size_t>(out_id)][0]];
+      vals[static_cast<std::size_t>(c.outputs[0])] = out;
+      plan.steps.back().name += "+" + c.name;
+    }
+    return {};
+  }
+
+  // ------------------------------------------------------- fixed kernels
+  Status lower_layer_norm(bool native) {
+    SAFECKPT_TRY(DevTensor x, tensor("input"));
+    SAFECKPT_TRY(auto ns, ints("normalized_shape"));
+    SAFECKPT_TRY(auto w, opt_tensor("weight"));
+    SAFECKPT_TRY(auto b, opt_tensor("bias"));
+    SAFECKPT_TRY(double eps, scalar("eps"));
+    if (!floating(x.dtype)) return fail(ErrorCode::kUnsupported, "layer_norm of a non-float tensor");
+    SAFECKPT_TRY(x, contiguous(x));
+    if (w) {
+      SAFECKPT_TRY(w, contiguous(*w));
+    }
+    if (b) {
+      SAFECKPT_TRY(b, contiguous(*b));
+    }
+    std::int64_t n = 1;
+    for (auto s : ns) n *= s;
+    std::int64_t rows = n == 0 ? 0 : static_cast<std::int64_t>(x.numel()) / n;
+    DevTensor y = new_tensor(x.dtype, x.shape);
+    std::optional<DevTensor> mean, rstd;
+    int stats_bf16 = 0;
+    if (native) {
+      for (std::size_t k = 1; k < 3; ++k) {
+        std::int32_t id = node->outputs.size() > k ? node->outputs[k] : -1;
+        if (id < 0) continue;
+        SAFECKPT_TRY(auto sh, shape_of(id));
+        DType d = p.values[static_cast<std::size_t>(id)].dtype;
+        stats_bf16 = d == DType::kBFloat16;
+        (k == 1 ? mean : rstd) = new_tensor(d, sh);
+      }
+    }
+    use(x);
+    if (w) use(*w);
+    if (b) use(*b);
+    def(y);
+    if (mean) def(*mean);
+    if (rstd) def(*rstd);
+    Plan* pl = &plan;
+    int bf = x.dtype == DType::kBFloat16;
+    auto fe = static_cast<float>(eps);
+    add_step(node->name, [=](cudaStream_t s) {
+      return launch_layer_norm(pl->ptr(x), w ? pl->ptr(*w) : nullptr, b ? pl->ptr(*b) : nullptr, pl->ptr(y),
+                               mean ? pl->ptr(*mean) : nullptr, rstd ? pl->ptr(*rstd) : nullptr, rows, n, fe, bf,
+                               stats_bf16, s);
+    });
+    set_out(0, y);
+    if (mean) set_out(1, *mean);
+    if (rstd) set_out(2, *rstd);
+    return {};
+  }
+
+  Status lower_softmax() {
+    SAFECKPT_TRY(DevTensor x, tensor("self"));
+    SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+    SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size()));
+    SAFECKPT_TRY(DType od, out_dtype());
+    if (!x.shape.empty() && d != static_cast<std::int64_t>(x.shape.size()) - 1)
+      return fail(ErrorCode::kUnsupported, "_softmax over another than the last dimension");
+    if (!floating(x.dtype) || !floating(od)) return fail(ErrorCode::kUnsupported, "_softmax of a non-float tensor");
+    SAFECKPT_TRY(x, contiguous(x));
+    std::int64_t n = x.shape.empty() ? 1 : x.shape.back();
+    std::int64_t rows = n == 0 ? 0 : static_cast<std::int64_t>(x.numel()) / n;
+    DevTensor y = new_tensor(od, x.shape);
+    use(x);
+    def(y);
+    Plan* pl = &plan;
+    int ib = x.dtype == DType::kBFloat16, ob = od == DType::kBFloat16;
+    add_step(node->name, [=](cudaStream_t s) { return launch_softmax(pl->ptr(x), pl->ptr(y), rows, n, ib, ob, s); });
+    set_out(0, y);
+    return {};
+  }
+
+  Status lower_reduce(bool any) {
+    SAFECKPT_TRY(DevTensor x, tensor("self"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    std::vector<std::int64_t> dims;
+    const Arg& da = arg("dim");
+    if (da.kind == Arg::Kind::kNone || da.ints.empty()) {
+      for (std::size_t i = 0; i < x.shape.size(); ++i) dims.push_back(static_cast<std::int64_t>(i));
+    } else {
+      SAFECKPT_TRY(dims, ints("dim"));
+    }
+    std::vector<char> red(x.shape.size(), 0);
+    for (auto d0 : dims) {
+      SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size()));
+      if (!x.shape.empty()) red[static_cast<std::size_t>(d)] = 1;
+    }
+    ReduceArgs ra{};
+    ra.n_outer = 1;
+    ra.n_inner = 1;
+    for (std::size_t d = 0; d < x.shape.size(); ++d) {
+      if (red[d]) {
+        ra.inner_shape[ra.rank_inner] = x.shape[d];
+        ra.inner_strides[ra.rank_inner++] = x.strides[d];
+        ra.n_inner *= x.shape[d];
+      } else {
+        ra.outer_shape[ra.rank_outer] = x.shape[d];
+        ra.outer_strides[ra.rank_outer++] = x.strides[d];
+        ra.n_outer *= x.shape[d];
+      }
+    }
+    auto code = [](DType d) {
+      return d == DType::kFloat32 ? 0 : d == DType::kBFloat16 ? 1 : d == DType::kInt64 ? 2 : 3;
+    };
+    if (!(x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 || x.dtype == DType::kInt64 ||
+          x.dtype == DType::kBool))
+      return fail(ErrorCode::kUnsupported, "reduction dtype");
+    if (!any && !floating(od)) return fail(ErrorCode::kUnsupported, "mean to a non-float dtype");
+    ra.op = any ? 0 : 1;
+    ra.in_dtype = code(x.dtype);
+    ra.out_dtype = code(od);
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    DevTensor y = new_tensor(od, oshape);
+    use(x);
+    def(y);
+    Plan* pl = &plan;
+    add_step(node->name, [=](cudaStream_t s) {
+      ReduceArgs r = ra;
+      r.x = pl->ptr(x);
+      r.y = pl->ptr(y);
+      return launch_reduce(r, s);
+    });
+    set_out(0, y);
+    return {};
+  }
+
+  Status lower_embedding() {
+    SAFECKPT_TRY(DevTensor w, tensor("weight"));
+    SAFECKPT_TRY(DevTensor idx, tensor("indices"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    if (w.shape.size() != 2 || !floating(w.dtype) || idx.dtype != DType::kInt64)
+      return fail(ErrorCode::kUnsupported, "embedding needs a 2-d float table and int64 indices");
+    if (w.strides[1] != 1) {
+      SAFECKPT_TRY(w, contiguous(w));
+    }
+    SAFECKPT_TRY(idx, contiguous(idx));
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    DevTensor y = new_tensor(od, oshape);
+    use(w);
+    use(idx);
+    def(y);
+    Plan* pl = &plan;
+    std::int64_t rows = w.shape[0], dim = w.shape[1], rs = w.strides[0];
+    auto n = static_cast<std::int64_t>(idx.numel());
+    int bf = w.dtype == DType::kBFloat16;
+    plan.checked_nodes.push_back(node->name + " (table of " + std::to_string(rows) + " rows)");
+    add_step(node->name, [=](cudaStream_t s) {
+      return launch_embedding(pl->ptr(w), rows, dim, rs, bf, static_cast<const long long*>(pl->ptr(idx)), n, pl->ptr(y),
+                              pl->error_flag, s);
+    });
+    set_out(0, y);
+    return {};
+  }
+
+  Status lower_sdpa() {
+    SAFECKPT_TRY(DevTensor q, tensor("query"));
+    SAFECKPT_TRY(DevTensor k, tensor("key"));
+    SAFECKPT_TRY(DevTensor v, tensor("value"));
+    SAFECKPT_TRY(auto mask, opt_tensor("attn_mask"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    bool causal = arg("is_causal").b;
+    const Arg& sc = arg("scale");
+    if (arg("enable_gqa").b) return fail(ErrorCode::kUnsupported, "enable_gqa");
+    if (q.shape.size() != 4 || k.shape.size() != 4 || v.shape.size() != 4)
+      return fail(ErrorCode::kUnsupported, "attention kernel takes rank-4 query/key/value");
+    if (q.dtype != k.dtype || q.dtype != v.dtype || !floating(q.dtype) || od != q.dtype)
+      return fail(ErrorCode::kUnsupported, "attention dtypes");
+    if (k.shape[0] != q.shape[0] || k.shape[1] != q.shape[1] || v.shape[0] != q.shape[0] || v.shape[1] != q.shape[1] ||
+        k.shape[2] != v.shape[2] || k.shape[3] != q.shape[3])
+      return fail(ErrorCode::kUnsupported, "attention shapes (broadcast batch/heads)");
+    if (q.shape[3] > 128 || v.shape[3] > 128) return fail(ErrorCode::kUnsupported, "head dimension above 128");
+    for (DevTensor* t : {&q, &k, &v})
+      if (t->strides[3] != 1 && t->shape[3] != 1) {
+        SAFECKPT_TRY(*t, contiguous(*t));
+      }
+    AttnArgs aa{};
+    aa.B = q.shape[0];
+    aa.H = q.shape[1];
+    aa.L = q.shape[2];
+    aa.S = k.shape[2];
+    aa.D = q.shape[3];
+    aa.Dv = v.shape[3];
+    for (int i = 0; i < 3; ++i) {
+      aa.q_s[i] = q.strides[static_cast<std::size_t>(i)];
+      aa.k_s[i] = k.strides[static_cast<std::size_t>(i)];
+      aa.v_s[i] = v.strides[static_cast<std::size_t>(i)];
+    }
+    aa.causal = causal ? 1 : 0;
+    aa.bf16 = q.dtype == DType::kBFloat16;
+    aa.scale = sc.kind == Arg::Kind::kFloat ? static_cast<float>(sc.f) : 1.0f / std::sqrt(static_cast<float>(aa.D));
+    if (mask) {
+      if (mask->dtype == DType::kBool) {
+        aa.mask_kind = 1;
+      } else if (mask->dtype == q.dtype) {
+        aa.mask_kind = 2;
+      } else {
+        return fail(ErrorCode::kUnsupported, "attention mask dtype");
+      }
+      if (mask->shape.size() > 4) return fail(ErrorCode::kUnsupported, "attention mask rank");
+      auto ms = bstrides(*mask, {aa.B, aa.H, aa.L, aa.S});
+      for (int i = 0; i < 4; ++i) aa.m_s[i] = ms[static_cast<std::size_t>(i)];
+    }
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    DevTensor y = new_tensor(od, oshape);
+    use(q);
+    use(k);
+    use(v);
+    if (mask) use(*mask);
+    def(y);
+    Plan* pl = &plan;
+    add_step(node->name, [=](cudaStream_t s) {
+      AttnArgs a = aa;
+      a.q = pl->ptr(q);
+      a.k = pl->ptr(k);
+      a.v = pl->ptr(v);
+      a.out = pl->ptr(y);
+      a.mask = mask ? pl->ptr(*mask) : nullptr;
+      return launch_attention(a, s);
+    });
+    set_out(0, y);
+    return {};
+  }
+
+  Status lower_sym() {
+    const std::string& op = node->schema->name;
+    std::int64_t v = 0;
+    if (op == "aten::sym_size.int") {
+      SAFECKPT_TRY(DevTensor x, tensor("self"));
+      SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+      SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size()));
+      v = x.shape[static_cast<std::size_t>(d)];
+    } else if (op == "_operator.mul") {
+      SAFECKPT_TRY(std::int64_t a, integer("a"));
+      SAFECKPT_TRY(std::int64_t b, integer("b"));
+      v = a * b;
+    } else {
+      return fail(ErrorCode::kUnsupported, "symbolic op without a kernel");
+    }
+    syms[static_cast<std::size_t>(node->sym_output)] = v;
+    return {};
+  }
+
+  Status lower_node() {
+    const std::string& op = node->schema->name;
+    if (node->sym_output >= 0) return lower_sym();
+    if (op == "aten::linear" || op == "aten::addmm" || op == "aten::mm" || op == "aten::bmm") {
+      SAFECKPT_CHECK(flush());
+      return lower_gemm(op);
+    }
+    if (op == "aten::layer_norm" || op == "aten::native_layer_norm") {
+      SAFECKPT_CHECK(flush());
+      return lower_layer_norm(op == "aten::native_layer_norm");
+    }
+    if (op == "aten::_softmax") {
+      SAFECKPT_CHECK(flush());
+      return lower_softmax();
+    }
+    if (op == "aten::any.dim" || op == "aten::mean.dim") {
+      SAFECKPT_CHECK(flush());
+      return lower_reduce(op == "aten::any.dim");
+    }
+    if (op == "aten::embedding") {
+      SAFECKPT_CHECK(flush());
+      return lower_embedding();
+    }
+    if (op == "aten::scaled_dot_product_attention") {
+      SAFECKPT_CHECK(flush());
+      return lower_sdpa();
+    }
+    if (op == "aten::view" || op == "aten::flatten.using_ints" || op == "aten::permute" ||
+        op == "aten::transpose.int" || op == "aten::unsqueeze" || op == "aten::expand" || op == "aten::split.Tensor" ||
+        op == "aten::split_with_sizes")
+      return lower_view(op);
+    if (op == "aten::conv2d" || op == "aten::convolution" || op == "aten::batch_norm" ||
+        op == "aten::_native_batch_norm_legit_no_training" || op == "aten::adaptive_avg_pool2d")
+      return fail(ErrorCode::kUnsupported, "no GPU kernel yet (convolutional programs run on the CPU reference only)");
+    return lower_pointwise(op);
+  }
+
+  // ------------------------------------------------------------ the pass
+  Status run(const std::vector<std::pair<std::int32_t, DevTensor>>& inputs) {
+    const std::size_t nv = p.values.size();
+    first_step.assign(plan.bufs.size(), 0);
+    last_step.assign(plan.bufs.size(), 0);
+    vals.assign(nv, std::nullopt);
+    syms.assign(p.sym_values.size(), std::nullopt);
+    consumers.assign(nv, {});
+    is_output.assign(nv, 0);
+    absorbed.assign(p.nodes.size(), 0);
+    for (std::size_t i = 0; i < p.nodes.size(); ++i)
+      for (const auto& a : p.nodes[i].args) {
+        if (a.kind == Arg::Kind::kTensor && a.tensor >= 0) consumers[static_cast<std::size_t>(a.tensor)].push_back(i);
+        for (auto t : a.tensors)
+          if (t >= 0) consumers[static_cast<std::size_t>(t)].push_back(i);
+      }
+    for (auto o : p.outputs) is_output[static_cast<std::size_t>(o)] = 1;
+    for (std::size_t v = 0; v < nv; ++v)
+      if (weights.size() > v && weights[v]) vals[v] = weights[v];
+    for (const auto& [id, t] : inputs) vals[static_cast<std::size_t>(id)] = t;
+    for (std::size_t i = 0; i < p.nodes.size(); ++i) {
+      if (absorbed[i]) continue;
+      node = &p.nodes[i];
+      node_index = i;
+      SAFECKPT_CHECK(lower_node());
+    }
+    SAFECKPT_CHECK(flush());
+    // Outputs: into their own buffers (not reused), copied when a view.
+    for (auto o : p.outputs) {
+      auto& v = vals[static_cast<std::size_t>(o)];
+      if (!v) return make_error(ErrorCode::kInternal, "output without a plan");
+      DevTensor t = *v;
+      bool own =
+          t.buf >= 0 && plan.bufs[static_cast<std::size_t>(t.buf)].kind == BufKind::kArena && t.contiguous() &&
+          t.offset == 0 &&
+          plan.bufs[static_cast<std::size_t>(t.buf)].bytes == std::max<std::uint64_t>(t.numel() * esize(t.dtype), 1);
+      if (!own) {
+        node = &p.nodes.back();
+        SAFECKPT_TRY(t, contiguous_copy(t));
+      }
+      plan.bufs[static_cast<std::size_t>(t.buf)].kind = BufKind::kOutput;
+      plan.outputs.push_back(t);
+    }
+    assign_arena();
+    return {};
+  }
+  Result<DevTensor> contiguous_copy(const DevTensor& t) {
+    DevTensor out = new_tensor(t.dtype, t.shape);
+    FusedKernel k;
+    k.rank = static_cast<int>(t.shape.size());
+    k.in_dtypes = {t.dtype};
+    k.out_dtypes = {t.dtype};
+    MicroOp ld;
+    ld.kind = MicroKind::kLoad;
+    ld.dtype = t.dtype;
+    ld.a = 0;
+    MicroOp cp;
+    cp.kind = MicroKind::kCast;
+    cp.dtype = t.dtype;
+    cp.a = 0;
+    cp.store = 0;
+    k.ops = {ld, cp};
+    emit_fused(std::move(k), {t}, {out}, t.shape, "output copy");
+    return out;
+  }
+
+  // First fit by liveness over the arena buffers.
+  void assign_arena() {
+    std::vector<std::size_t> order;
+    for (std::size_t b = 0; b < plan.bufs.size(); ++b)
+      if (plan.bufs[b].kind == BufKind::kArena) order.push_back(b);
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return first_step[x] < first_step[y]; });
+    struct Live {
+      std::uint64_t off, size;
+      std::int64_t last;
+    };
+    std::vector<Live> live;
+    std::uint64_t top = 0;
+    for (std::size_t b : order) {
+      std::int64_t now = first_step[b];
+      live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.last < now; }), live.end());
+      std::sort(live.begin(), live.end(), [](const Live& x, const Live& y) { return x.off < y.off; });
+      std::uint64_t size = (plan.bufs[b].bytes + 255) / 256 * 256;
+      std::uint64_t at = 0;
+      for (const auto& l : live) {
+        if (l.off >= at + size) break;
+        at = std::max(at, l.off + l.size);
+      }
+      plan.bufs[b].offset = at;
+      live.push_back({at, size, last_step[b]});
+      top = std::max(top, at + size);
+    }
+    plan.arena_bytes = top;
+  }
+};
+
+}  // namespace
+
+Status build_plan(const Program& program, EngineImpl& eng, const std::vector<std::optional<DevTensor>>& weights,
+                  const std::vector<std::pair<std::int32_t, DevTensor>>& inputs,
+                  const std::unordered_map<std::string, std::int64_t>& symbols, bool fuse, Plan& plan) {
+  Lowering lw(program, plan, eng, weights, fuse, fuse && eng.opt.fuse_gemm_epilogue);
+  lw.symbols = symbols;
+  SAFECKPT_CHECK(lw.run(inputs));
+  return {};
+}
+
+}  // namespace safeckpt::engine::detail

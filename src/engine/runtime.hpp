@@ -1,0 +1,120 @@
+// Runtime state of the engine (src/engine/*; not installed; includes CUDA).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/internal.hpp"
+#include "safeckpt/engine.hpp"
+
+namespace safeckpt::engine::detail {
+
+inline constexpr std::uint64_t kWorkspaceBytes = 32ull << 20;
+
+// One device allocation, freed with the last owner.
+struct DeviceBlock {
+  DeviceBlock(int device_, void* p_) : device(device_), p(p_) {}
+  DeviceBlock(const DeviceBlock&) = delete;
+  DeviceBlock& operator=(const DeviceBlock&) = delete;
+  ~DeviceBlock();
+  int device;
+  void* p;
+};
+Result<std::shared_ptr<DeviceBlock>> device_alloc(int device, std::uint64_t bytes);
+
+// A loaded NVRTC module.
+struct Module {
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  ~Module();
+  cudaLibrary_t lib = nullptr;
+};
+
+struct EngineImpl {
+  EngineImpl() = default;
+  EngineImpl(const EngineImpl&) = delete;
+  EngineImpl& operator=(const EngineImpl&) = delete;
+  ~EngineImpl();
+  EngineOptions opt;
+  cublasLtHandle_t lt = nullptr;
+  int sm = 90;
+  std::mutex mu;  // guards modules
+  std::map<std::string, std::shared_ptr<Module>> modules;
+  // Compiles (or reuses) the module for `source`. `compiled` counts new NVRTC runs.
+  Result<std::shared_ptr<Module>> module_for(const std::string& source, bool* compiled);
+};
+
+struct GemmDesc {
+  GemmDesc() = default;
+  GemmDesc(const GemmDesc&) = delete;
+  GemmDesc& operator=(const GemmDesc&) = delete;
+  ~GemmDesc();
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct Step {
+  std::string name;
+  std::function<int(cudaStream_t)> fn;  // returns a cudaError_t, or 1000 + cublasStatus_t
+};
+
+// One concrete shape, lowered.
+struct Plan {
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan();
+  bool compiled = false;  // fused + CUDA graph (else: eager, one kernel per node)
+  std::vector<Buf> bufs;
+  std::vector<Step> steps;
+  std::vector<FusedKernel> fused;
+  std::vector<cudaKernel_t> fns;
+  std::shared_ptr<Module> module;
+  std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
+  std::uint64_t arena_bytes = 0;
+  void* workspace = nullptr;
+  int* error_flag = nullptr;
+  std::vector<std::string> checked_nodes;                  // embedding nodes whose indices the flag reports
+  std::vector<std::pair<std::int32_t, DevTensor>> inputs;  // user input value id -> fixed buffer
+  std::vector<DevTensor> outputs;
+  std::vector<std::vector<std::int64_t>> input_shapes;  // per user input (signature order)
+  cudaGraphExec_t exec = nullptr;
+  double compile_seconds = 0;
+
+  void* ptr(const DevTensor& t) const {
+    char* base = static_cast<char*>(t.buf >= 0 ? bufs[static_cast<std::size_t>(t.buf)].ptr : t.direct);
+    return base + t.offset * static_cast<std::int64_t>(dtype_size(t.dtype));
+  }
+};
+
+// Lowers `program` at the shapes of `inputs` (Buf kInput entries already in
+// plan.bufs) into plan.steps / bufs / fused / outputs and the arena layout.
+Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vector<std::optional<DevTensor>>& weights,
+                  const std::vector<std::pair<std::int32_t, DevTensor>>& inputs,
+                  const std::unordered_map<std::string, std::int64_t>& symbols, bool fuse, Plan& plan);
+
+// Plans `program` at `shapes` (user inputs, signature order) without a
+// device (weights placed at null, no cuBLASLt algorithm chosen) and compiles
+// the generated kernels with NVRTC for sm_`sm`: what tests check on a host
+// without a GPU (fusion decisions, launches, arena, generated source).
+struct DryPlan {
+  std::vector<std::string> steps;  // launch names in order
+  std::uint64_t arena_bytes = 0;
+  std::size_t fused_kernels = 0;
+  std::string source;
+};
+Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
+                         int sm);
+
+}  // namespace safeckpt::engine::detail

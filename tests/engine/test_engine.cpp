@@ -1,0 +1,449 @@
+// The compiled execution engine (safeckpt/engine.hpp) on the real PyTorch 2.11
+// programs of tests/data/pt2-2.11: every program (both IRs, every recorded
+// shape) in every stance against PyTorch's recorded CUDA eager outputs
+// (output.<i>.cuda, TF32 off) and the CPU reference interpreter; CUDA-graph
+// replay against the first compiled run and the eager path; out-of-range
+// indices and sizes; weights in place from a DeviceCheckpoint.
+// GPU cases print "SKIP: no CUDA device" without one; the host cases
+// (stances, generated kernel text) run everywhere.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/runtime.hpp"
+#include "safeckpt/cuda.hpp"
+#include "safeckpt/device_checkpoint.hpp"
+#include "safeckpt/engine.hpp"
+#include "safeckpt/graph.hpp"
+#include "safeckpt/safetensors.hpp"
+
+using namespace safeckpt;
+using namespace safeckpt::graph;
+using nlohmann::json;
+using safeckpt::engine::Stance;
+
+namespace {
+
+bool have_device() {
+  if (cuda::device_count() > 0) return true;
+  MESSAGE("SKIP: no CUDA device");
+  return false;
+}
+
+std::string data_dir() {
+  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
+  return std::string(env != nullptr ? env : SAFECKPT_TEST_DATA) + "/pt2-2.11/";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+HostTensor tensor_of(const SafetensorsFile& f, const std::string& name) {
+  const SafetensorsTensor* t = f.find(name);
+  REQUIRE_MESSAGE(t != nullptr, name);
+  auto dt = dtype_from_safetensors(t->dtype);
+  REQUIRE(dt.has_value());
+  std::vector<std::int64_t> shape(t->shape.begin(), t->shape.end());
+  auto h = make_host_tensor(*dt, shape, t->data);
+  REQUIRE_MESSAGE(h.has_value(), (h ? "" : h.error().to_string()));
+  return *h;
+}
+
+std::vector<float> floats(const HostTensor& t) {
+  REQUIRE(t.dtype == DType::kFloat32);
+  std::vector<float> v(t.numel());
+  std::memcpy(v.data(), t.data->data(), v.size() * 4);
+  return v;
+}
+
+// max|out-ref| <= atol + rtol*max|ref| (the corpus README's rule).
+double check_close(const HostTensor& out, const HostTensor& ref, double atol, double rtol, const std::string& what) {
+  REQUIRE_MESSAGE(out.shape == ref.shape, what);
+  auto o = floats(out), r = floats(ref);
+  double maxdiff = 0, maxref = 0;
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    double d = std::fabs(static_cast<double>(o[i]) - r[i]);
+    if (!(d <= maxdiff)) maxdiff = std::isnan(d) ? INFINITY : d;
+    maxref = std::max(maxref, std::fabs(static_cast<double>(r[i])));
+  }
+  CHECK_MESSAGE(maxdiff <= atol + rtol * maxref,
+                what << ": max|out-ref| " << maxdiff << " > " << atol << " + " << rtol << " * " << maxref);
+  return maxdiff;
+}
+
+struct Loaded {
+  Pt2Archive archive;
+  Program program;
+  WeightMap weights;
+};
+
+Loaded load_program(const std::string& file) {
+  auto a = Pt2Archive::open_file(data_dir() + file);
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto p = a->program("model");
+  REQUIRE(p.has_value());
+  Program prog = **p;
+  auto st = validate(prog);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  auto w = archive_weights(*a);
+  REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+  return Loaded{std::move(a).value(), std::move(prog), std::move(w).value()};
+}
+
+using Inputs = std::map<std::string, HostTensor, std::less<>>;
+
+struct Case {
+  std::string prefix;  // "" (the example) or "extra.<tag>."
+  Inputs inputs;
+};
+std::vector<Case> cases_of(const Program& prog, const SafetensorsFile& io) {
+  std::vector<std::string> prefixes = {""};
+  for (const auto& t : io.tensors()) {
+    const std::string& n = t.name;
+    if (n.rfind("extra.", 0) == 0 && n.find(".input.") != std::string::npos)
+      prefixes.push_back(n.substr(0, n.find(".input.") + 1));
+  }
+  std::vector<Case> out;
+  for (const auto& p : prefixes) {
+    Case c{p, {}};
+    for (const auto& gi : prog.inputs)
+      if (gi.kind == InputKind::kUserInput) c.inputs[gi.fqn] = tensor_of(io, p + "input." + gi.fqn);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+engine::Engine make_engine(engine::EngineOptions o = {}) {
+  auto e = engine::Engine::create(o);
+  REQUIRE_MESSAGE(e.has_value(), (e ? "" : e.error().to_string()));
+  return std::move(e).value();
+}
+
+const char* const kGpuModels[] = {"mlp", "gpt2", "gpt2_dynbatch", "gpt2_dynbatchseq"};
+
+}  // namespace
+
+// ------------------------------------------------------------- host cases
+
+TEST_CASE("engine: stance names round-trip; unknown names are refused") {
+  for (Stance s : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile, Stance::kFailOnRecompile}) {
+    auto r = engine::parse_stance(engine::stance_name(s));
+    REQUIRE(r.has_value());
+    CHECK(*r == s);
+  }
+  auto bad = engine::parse_stance("reduce-overhead");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code() == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and numbers") {
+  using namespace safeckpt::engine::detail;
+  FusedKernel k;
+  k.name = "k0";
+  k.rank = 2;
+  k.in_dtypes = {DType::kFloat32, DType::kBFloat16};
+  k.out_dtypes = {DType::kBFloat16};
+  MicroOp a;
+  a.kind = MicroKind::kLoad;
+  a.dtype = DType::kFloat32;
+  a.a = 0;
+  MicroOp b = a;
+  b.a = 1;
+  b.dtype = DType::kBFloat16;
+  MicroOp add;
+  add.kind = MicroKind::kAdd;
+  add.dtype = DType::kBFloat16;
+  add.a = 0;
+  add.b = 1;
+  add.s0 = 1;
+  MicroOp g;
+  g.kind = MicroKind::kGeluTanh;
+  g.dtype = DType::kBFloat16;
+  g.a = 2;
+  g.store = 0;
+  MicroOp c;
+  c.kind = MicroKind::kConst;
+  c.dtype = DType::kFloat32;
+  c.s0 = -INFINITY;
+  k.ops = {a, b, add, g, c};
+  std::string src = fused_source({k});
+  CHECK(src.find("extern \"C\" __global__ void k0(P p)") != std::string::npos);
+  CHECK(src.find("tanhf(") != std::string::npos);
+  CHECK(src.find("rbf(") != std::string::npos);                // bf16 results rounded after each op
+  CHECK(src.find("f2bf(v3)") != std::string::npos);            // the stored value
+  CHECK(src.find("0xfff0000000000000") != std::string::npos);  // -inf as bits, not text
+  CHECK(src.find("#include") == std::string::npos);
+  // The same kernel at another shape: same text (sizes are parameters).
+  CHECK(fused_source({k}) == src);
+}
+
+// ------------------------------------------------------------- GPU cases
+
+TEST_CASE(
+    "engine: every corpus program, both IRs, every shape, every stance matches PyTorch CUDA and the CPU reference") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  for (const char* m : kGpuModels) {
+    json meta = json::parse(read_text(data_dir() + m + ".json"));
+    double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+    double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
+      auto cases = cases_of(l.program, *io);
+      for (Stance s : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile, Stance::kFailOnRecompile}) {
+        auto cp = eng.compile(l.program, l.weights);
+        REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+        for (const auto& c : cases) {
+          std::string what = std::string(m) + "." + ir + " " + (c.prefix.empty() ? "example" : c.prefix) + " " +
+                             std::string(engine::stance_name(s));
+          CAPTURE(what);
+          engine::RunOptions ro;
+          ro.stance = s;
+          if (s == Stance::kFailOnRecompile && &c != &cases.front()) {
+            // A new shape after the first compiled one is refused, naming the dimension.
+            auto r = cp->run_host(c.inputs, ro);
+            if (c.inputs.begin()->second.shape != cases.front().inputs.begin()->second.shape) {
+              REQUIRE_FALSE(r.has_value());
+              CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+              CHECK(r.error().message().find("dim") != std::string::npos);
+              CHECK(r.error().message().find("changed from") != std::string::npos);
+            }
+            continue;
+          }
+          auto cpu = run_cpu(l.program, l.weights, c.inputs);
+          REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+          // eager_then_compile: the first call runs eagerly, the second compiled.
+          int calls = s == Stance::kEagerThenCompile || s == Stance::kDefault ? 2 : 1;
+          std::vector<HostTensor> first;
+          for (int k = 0; k < calls; ++k) {
+            auto out = cp->run_host(c.inputs, ro);
+            REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+            REQUIRE(out->size() == l.program.outputs.size());
+            for (std::size_t i = 0; i < out->size(); ++i) {
+              std::string o = what + " call " + std::to_string(k) + " output " + std::to_string(i);
+              check_close((*out)[i], tensor_of(*io, c.prefix + "output." + std::to_string(i) + ".cuda"), atol, rtol,
+                          o + " vs PyTorch CUDA");
+              check_close((*out)[i], (*cpu)[i], atol, rtol, o + " vs CPU reference");
+            }
+            if (k == 0) {
+              first = *out;
+            } else if (s == Stance::kDefault) {
+              // The second call replays the captured graph: bit-identical.
+              for (std::size_t i = 0; i < out->size(); ++i) CHECK(*(*out)[i].data == *first[i].data);
+            }
+          }
+        }
+        auto st = cp->stats();
+        if (s == Stance::kForceEager) {
+          CHECK(st.graph_replays == 0);
+          CHECK(st.eager_runs > 0);
+        }
+        if (s == Stance::kDefault) {
+          CHECK(st.eager_runs == 0);
+          CHECK(st.graph_replays == 2 * cases.size());
+        }
+        if (s == Stance::kEagerThenCompile) {
+          CHECK(st.eager_runs == cases.size());
+          CHECK(st.graph_replays == cases.size());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("engine: compiled plans fuse (fewer launches than eager) and the arena is reported") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  auto io = SafetensorsFile::open(data_dir() + "gpt2.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("gpt2.") + ir + ".pt2");
+    auto cases = cases_of(l.program, *io);
+    auto a = eng.compile(l.program, l.weights);
+    auto b = eng.compile(l.program, l.weights);
+    REQUIRE(a.has_value());
+    REQUIRE(b.has_value());
+    engine::RunOptions eager;
+    eager.stance = Stance::kForceEager;
+    auto oa = a->run_host(cases[0].inputs);
+    auto ob = b->run_host(cases[0].inputs, eager);
+    REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
+    REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
+    auto sa = a->stats(), sb = b->stats();
+    MESSAGE("gpt2." << ir << ": compiled " << sa.steps << " launches, eager " << sb.steps << ", arena "
+                    << sa.arena_bytes << " B, weights " << sa.weight_bytes << " B, kernels " << sa.kernels_compiled);
+    CHECK(sa.steps < sb.steps);
+    CHECK(sa.arena_bytes > 0);
+    // Tied wte / lm_head uploaded once: less than the sum of the program's weights.
+    std::uint64_t sum = 0;
+    for (const auto& [n, t] : l.weights) sum += t.bytes().size();
+    CHECK(sa.weight_bytes < sum);
+    check_close((*oa)[0], (*ob)[0], 1e-4, 1e-4, std::string("gpt2.") + ir + " compiled vs eager");
+  }
+}
+
+TEST_CASE("engine: an out-of-range token id is an error value, and the program stays usable") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  auto io = SafetensorsFile::open(data_dir() + "gpt2.io.safetensors");
+  REQUIRE(io.has_value());
+  for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+    Loaded l = load_program("gpt2.train.pt2");
+    auto cp = eng.compile(l.program, l.weights);
+    REQUIRE(cp.has_value());
+    engine::RunOptions ro;
+    ro.stance = s;
+    Inputs bad = cases_of(l.program, *io)[0].inputs;
+    HostTensor& idx = bad.begin()->second;
+    auto copy = std::make_shared<std::vector<std::uint8_t>>(*idx.data);
+    idx.data = copy;
+    std::int64_t v = 512;  // vocabulary size 512: one past the last row
+    std::memcpy(copy->data() + 8 * 5, &v, 8);
+    auto r = cp->run_host(bad, ro);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK(r.error().message().find("out of range") != std::string::npos);
+    v = -1;
+    std::memcpy(copy->data() + 8 * 5, &v, 8);
+    r = cp->run_host(bad, ro);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    auto ok = cp->run_host(cases_of(l.program, *io)[0].inputs, ro);
+    REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+  }
+}
+
+TEST_CASE("engine: sizes outside range_constraints are refused before launch; the plan cache is bounded") {
+  if (!have_device()) return;
+  engine::EngineOptions o;
+  o.max_plans = 2;
+  auto eng = make_engine(o);
+  Loaded l = load_program("gpt2_dynbatch.core.pt2");
+  auto cp = eng.compile(l.program, l.weights);
+  REQUIRE(cp.has_value());
+  auto make_idx = [](std::int64_t b) {
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(b) * 32 * 8, 0);
+    auto h = make_host_tensor(DType::kInt64, {b, 32}, bytes);
+    REQUIRE(h.has_value());
+    return *h;
+  };
+  auto r = cp->run_host({{"idx", make_idx(65)}});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+  CHECK(r.error().message().find("outside the range") != std::string::npos);
+  CHECK(cp->stats().plans_built == 0);
+  for (std::int64_t b : {1, 2, 3, 1}) {
+    auto ok = cp->run_host({{"idx", make_idx(b)}});
+    REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+    CHECK((*ok)[0].shape == std::vector<std::int64_t>{b, 32, 512});
+  }
+  auto st = cp->stats();
+  CHECK(st.plans == 2);
+  CHECK(st.plans_built == 4);  // batch 1 was evicted by 2 and 3, then rebuilt
+  CHECK(st.evictions == 2);
+}
+
+TEST_CASE("engine: DLPack in and out on the device; weights in place from a DeviceCheckpoint") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  Loaded l = load_program("gpt2.core.pt2");
+  auto io = SafetensorsFile::open(data_dir() + "gpt2.io.safetensors");
+  REQUIRE(io.has_value());
+  // The archive's weights written as a .safetensors file with our writer,
+  // loaded to the device by the transfer engine.
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : l.weights) {
+    std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
+    entries.push_back(SafetensorsEntry{name, std::string(safetensors_dtype_name(t.dtype)), shape, t.bytes()});
+  }
+  auto path =
+      std::filesystem::temp_directory_path() / ("safeckpt_engine_" + std::to_string(::getpid()) + ".safetensors");
+  auto saved = save_safetensors(path, entries, {}, false);
+  REQUIRE_MESSAGE(saved.has_value(), (saved ? "" : saved.error().to_string()));
+  auto dc = cuda::load_to_device(path);
+  std::filesystem::remove(path);
+  REQUIRE_MESSAGE(dc.has_value(), (dc ? "" : dc.error().to_string()));
+  auto cp = eng.compile(l.program, *dc, &l.weights);
+  REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+  CHECK(cp->stats().weight_bytes == 0);  // every weight read in place
+  HostTensor idx = cases_of(l.program, *io)[0].inputs.at("idx");
+  DLTensor in{};
+  in.data = idx.data->data();
+  in.device = {kDLCPU, 0};
+  in.ndim = 2;
+  in.dtype = DLDataType{kDLInt, 64, 1};
+  in.shape = idx.shape.data();
+  auto outs = cp->run({{"idx", &in}});
+  REQUIRE_MESSAGE(outs.has_value(), (outs ? "" : outs.error().to_string()));
+  REQUIRE(outs->size() == 1);
+  DLManagedTensorVersioned* o = (*outs)[0];
+  CHECK(o->dl_tensor.device.device_type == kDLCUDA);
+  REQUIRE(o->dl_tensor.ndim == 3);
+  HostTensor h;
+  h.shape.assign(o->dl_tensor.shape, o->dl_tensor.shape + 3);
+  h.data = std::make_shared<std::vector<std::uint8_t>>(h.numel() * 4);
+  REQUIRE(cudaMemcpy(h.data->data(), static_cast<char*>(o->dl_tensor.data) + o->dl_tensor.byte_offset, h.data->size(),
+                     cudaMemcpyDeviceToHost) == cudaSuccess);
+  check_close(h, tensor_of(*io, "output.0.cuda"), 1e-4, 1e-4, "gpt2.core from a DeviceCheckpoint, DLPack out");
+  o->deleter(o);
+  // Missing weights are named.
+  WeightMap partial = l.weights;
+  partial.erase("transformer.h.0.ln_1.weight");
+  auto bad = eng.compile(l.program, partial);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code() == ErrorCode::kInvalidArgument);
+  CHECK(bad.error().message().find("transformer.h.0.ln_1.weight") != std::string::npos);
+}
+
+TEST_CASE("engine: the convolutional program is refused with kUnsupported naming the node (documented gap)") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  Loaded l = load_program("cnn.core.pt2");
+  auto io = SafetensorsFile::open(data_dir() + "cnn.io.safetensors");
+  REQUIRE(io.has_value());
+  auto cp = eng.compile(l.program, l.weights);
+  REQUIRE(cp.has_value());
+  auto r = cp->run_host(cases_of(l.program, *io)[0].inputs);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kUnsupported);
+  CHECK(r.error().message().find("convolution") != std::string::npos);
+}
+
+TEST_CASE("engine: planning every corpus program (no device): fusion cuts launches, NVRTC accepts the kernels") {
+  using safeckpt::engine::detail::dry_plan;
+  for (const char* m : kGpuModels) {
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
+      for (const auto& c : cases_of(l.program, *io)) {
+        std::vector<std::vector<std::int64_t>> shapes;
+        for (const auto& gi : l.program.inputs)
+          if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+        std::string what = std::string(m) + "." + ir + " " + c.prefix;
+        CAPTURE(what);
+        auto fused = dry_plan(l.program, shapes, true, 90);
+        REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
+        auto eager = dry_plan(l.program, shapes, false, 90);
+        REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
+        MESSAGE(what << ": " << fused->steps.size() << " launches compiled (" << fused->fused_kernels << " generated), "
+                     << eager->steps.size() << " eager; arena " << fused->arena_bytes << " B");
+        CHECK(fused->steps.size() <= eager->steps.size());
+        if (std::string(m) != "mlp") CHECK(fused->steps.size() < eager->steps.size());  // mlp: erf GELU stays a kernel
+        CHECK(fused->arena_bytes > 0);
+      }
+    }
+  }
+}
