@@ -4,7 +4,7 @@
 # as the ctest test layers.includes. The order is defined here, once:
 #
 #   util < container < pickle < torch < checkpoint < save < safetensors < graph < open
-#        < scanner < cuda < cli
+#        < sign < scanner < cuda < cli
 #
 # plus two rules the order alone does not say:
 #   - the safetensors reader (src/safetensors/safetensors.cpp) includes no
@@ -17,7 +17,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
 
-set(_order util container pickle torch checkpoint save safetensors graph open scanner cuda cli)
+set(_order util container pickle torch checkpoint save safetensors graph open sign scanner cuda cli)
 set(_hdr_util error dtype mapped_file limits hash version)
 set(_hdr_container zip detect)
 set(_hdr_pickle pickle value)
@@ -27,6 +27,7 @@ set(_hdr_save save)
 set(_hdr_safetensors safetensors)
 set(_hdr_graph graph)
 set(_hdr_open open)
+set(_hdr_sign sign)
 set(_hdr_scanner scan)
 set(_hdr_cuda cuda dlpack device_checkpoint)
 
@@ -44,7 +45,7 @@ endforeach()
 
 # Files and the layer they belong to.
 set(_files)
-foreach(layer util container pickle torch checkpoint save safetensors graph open cuda)
+foreach(layer util container pickle torch checkpoint save safetensors graph open sign cuda)
   file(GLOB _f ${ROOT}/src/${layer}/*.cpp ${ROOT}/src/${layer}/*.hpp ${ROOT}/src/${layer}/*.cu)
   foreach(f IN LISTS _f)
     list(APPEND _files "${layer}|${f}")
