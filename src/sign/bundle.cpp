@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -462,6 +463,22 @@ Result<Bundle> parse_bundle(Bytes bytes, const Limits& limits) {
   }
   b.statement = std::move(*st);
   return b;
+}
+
+Result<Bundle> read_bundle(const std::filesystem::path& path, const Limits& limits) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return make_error(ErrorCode::kIo, "cannot read bundle " + path.string() + ": " + ec.message());
+  if (size > limits.max_bundle_bytes)
+    return make_error(ErrorCode::kLimitExceeded, "bundle " + path.string() + ": " + std::to_string(size) +
+                                                     " bytes, more than " + std::to_string(limits.max_bundle_bytes));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kIo, "cannot read bundle " + path.string());
+  std::string s(static_cast<std::size_t>(size), '\0');
+  in.read(s.data(), static_cast<std::streamsize>(s.size()));
+  if (static_cast<std::uint64_t>(in.gcount()) != size)
+    return make_error(ErrorCode::kIo, "cannot read bundle " + path.string() + " (changed while read)");
+  return parse_bundle(Bytes(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()), limits);
 }
 
 std::string statement_json(const Statement& st) {

@@ -41,7 +41,8 @@ def main():
              .public_key(leaf_key.public_key())
              .serial_number(x509.random_serial_number())
              .not_valid_before(not_before).not_valid_after(not_after)
-             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(int_key.public_key()), False))
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(
+                 int_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value), False))
         if key_usage_sign:
             b = b.add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), True)
             b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), False)
