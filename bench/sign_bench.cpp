@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   }
   fs::create_directories(dir / "many");
   make_file(dir / "huge", static_cast<std::uint64_t>(huge_gib * (1ull << 30)), 1);
-  for (int i = 0; i < files; ++i) make_file(dir / "many" / ("f" + std::to_string(i)), std::uint64_t(file_mib) << 20, 100 + i);
+  for (int i = 0; i < files; ++i)
+    make_file(dir / "many" / ("f" + std::to_string(i)), std::uint64_t(file_mib) << 20, 100 + i);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::printf("cores: %u\n", cores);
   std::printf("%-8s %-34s %10s %10s\n", "set", "method", "seconds", "GB/s");
@@ -113,10 +114,11 @@ int main(int argc, char** argv) {
     };
     const double one = row("safeckpt files, 1 thread", ours(Method::kFiles, 1));
     const double files_all = row("safeckpt files, all threads", ours(Method::kFiles, 0));
-    const double shards_all = row("safeckpt shards " + std::to_string(shard_mib) + " MiB, all threads",
-                                  ours(Method::kShards, 0));
-    std::printf("%-8s files/one-core %.2f (target >= 0.9 for one file), shards/(cores x one-core) %.2f (target >= 0.8)\n",
-                name.c_str(), files_all / one, shards_all / (cores * one));
+    const double shards_all =
+        row("safeckpt shards " + std::to_string(shard_mib) + " MiB, all threads", ours(Method::kShards, 0));
+    std::printf(
+        "%-8s files/one-core %.2f (target >= 0.9 for one file), shards/(cores x one-core) %.2f (target >= 0.8)\n",
+        name.c_str(), files_all / one, shards_all / (cores * one));
   }
   return 0;
 }

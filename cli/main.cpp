@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   safeckpt::cli::register_scan(app, exit_code);
   safeckpt::cli::register_convert(app, exit_code);
   safeckpt::cli::register_bench(app, exit_code);
-  safeckpt::cli::register_run(app, exit_code);  // cli/run.cpp (engine)
+  safeckpt::cli::register_run(app, exit_code);   // cli/run.cpp (engine)
   safeckpt::cli::register_sign(app, exit_code);  // cli/sign.cpp (OMS sign / verify)
   safeckpt::cli::register_verify(app, exit_code);
   if (unknown_command(app, argc, argv)) return 2;

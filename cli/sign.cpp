@@ -13,12 +13,13 @@
 // CLI does: a path that, taken from the current directory, lies inside the
 // model is made relative to the model root; any other is taken as already
 // relative to the model root.
+#include "safeckpt/sign.hpp"
+
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "safeckpt/sign.hpp"
 
 namespace safeckpt::cli {
 namespace {
@@ -72,8 +73,8 @@ int run_sign(const SignArgs& a) {
     std::fprintf(stderr, "safeckpt sign: %s\n", b.error().to_string().c_str());
     return 2;
   }
-  std::printf("signed %zu resource(s) of %s (root digest %s) -> %s\n", b->statement.resources.size(),
-              a.model.c_str(), b->statement.root_digest.c_str(), a.signature.c_str());
+  std::printf("signed %zu resource(s) of %s (root digest %s) -> %s\n", b->statement.resources.size(), a.model.c_str(),
+              b->statement.root_digest.c_str(), a.signature.c_str());
   return 0;
 }
 
@@ -130,7 +131,8 @@ int run_verify(const VerifyArgs& a) {
     j["hash_type"] = bundle->statement.hash_type;
     j["root_digest"] = bundle->statement.root_digest;
     nlohmann::ordered_json files = nlohmann::ordered_json::array();
-    for (const auto& f : r->files) files.push_back({{"name", f.name}, {"status", std::string(sign::file_status_name(f.status))}});
+    for (const auto& f : r->files)
+      files.push_back({{"name", f.name}, {"status", std::string(sign::file_status_name(f.status))}});
     j["files"] = files;
     std::printf("%s\n", j.dump(2).c_str());
   } else if (r->ok()) {
@@ -148,7 +150,8 @@ void register_sign(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<SignArgs>();
   CLI::App* cmd = app.add_subcommand("sign", "sign a model (directory or file) as an OpenSSF Model Signing bundle");
   cmd->add_option("MODEL", a->model, "model directory or single file")->required();
-  cmd->add_option("--signature", a->signature, "output bundle (written atomically; model.sig by convention)")->required();
+  cmd->add_option("--signature", a->signature, "output bundle (written atomically; model.sig by convention)")
+      ->required();
   cmd->add_option("--private-key", a->private_key, "EC P-256/P-384/P-521 private key PEM");
   cmd->add_option("--certificate", a->certificate, "signing certificate PEM (certificate method)");
   cmd->add_option("--certificate-chain", a->chain, "intermediate certificate PEM file(s), put in the bundle");

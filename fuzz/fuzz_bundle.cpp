@@ -58,7 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (in.bit(1)) {
     auto st = sc::sign::parse_statement(in.data, lim);
     if (!st) {
-      fz::check_error(st.error(), {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported},
+      fz::check_error(st.error(),
+                      {sc::ErrorCode::kMalformed, sc::ErrorCode::kLimitExceeded, sc::ErrorCode::kUnsupported},
                       "parse_statement");
       return 0;
     }

@@ -136,8 +136,8 @@ enum class Material : std::uint8_t {
 struct Bundle {
   std::string media_type;
   Material material = Material::kPublicKey;
-  std::optional<std::string> hint;            // publicKey.hint (lowercase hex)
-  std::optional<std::string> raw_public_key;  // publicKey.rawBytes (PEM text, pre-1.1)
+  std::optional<std::string> hint;                      // publicKey.hint (lowercase hex)
+  std::optional<std::string> raw_public_key;            // publicKey.rawBytes (PEM text, pre-1.1)
   std::vector<std::vector<std::uint8_t>> certificates;  // DER, leaf first
   std::vector<std::uint8_t> payload;                    // statement bytes, as signed
   std::vector<std::uint8_t> signature;                  // DER ECDSA
@@ -272,10 +272,10 @@ struct VerifyOptions {
 };
 
 struct VerifyReport {
-  std::string signer;                // from verify_signature
-  std::vector<FileResult> files;     // sorted by name
-  bool ok() const noexcept;          // every file verified
-  std::string summary() const;       // "verified N files" / "2 changed: a, b; 1 missing: c"
+  std::string signer;             // from verify_signature
+  std::vector<FileResult> files;  // sorted by name
+  bool ok() const noexcept;       // every file verified
+  std::string summary() const;    // "verified N files" / "2 changed: a, b; 1 missing: c"
 };
 
 // Full verification: signature (verify_signature), then the model re-hashed
@@ -293,7 +293,9 @@ Result<VerifyReport> verify_model(const std::filesystem::path& model, const Bund
 // the loaded file's base name; for a file of a directory model pass its
 // path relative to the model root). The callable returns kIntegrity when
 // the bytes differ or the name is not signed.
-Result<std::function<Status(Bytes, const std::filesystem::path&)>> make_load_verifier(
-    const Bundle& bundle, const Trust& trust, std::string resource_name = {}, unsigned threads = 0);
+Result<std::function<Status(Bytes, const std::filesystem::path&)>> make_load_verifier(const Bundle& bundle,
+                                                                                      const Trust& trust,
+                                                                                      std::string resource_name = {},
+                                                                                      unsigned threads = 0);
 
 }  // namespace safeckpt::sign

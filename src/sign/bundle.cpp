@@ -2,12 +2,11 @@
 // nlohmann's parser keeps the last of duplicate keys; the parse callback
 // below tracks the keys of every open object and refuses a repeat, and
 // bounds the nesting, so what we verify is what every other reader sees.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -119,8 +118,8 @@ bool parse_u64(std::string_view s, std::uint64_t& out) {
 Status check_path_name(std::string_view name, std::string_view field, const Limits& limits) {
   if (name.empty()) return field_error(field, "empty name");
   if (name.size() > limits.max_name_bytes)
-    return make_error(ErrorCode::kLimitExceeded, std::string(field) + ": name longer than " +
-                                                     std::to_string(limits.max_name_bytes) + " bytes");
+    return make_error(ErrorCode::kLimitExceeded,
+                      std::string(field) + ": name longer than " + std::to_string(limits.max_name_bytes) + " bytes");
   if (name.find('\0') != std::string_view::npos) return field_error(field, "name contains NUL");
   if (!valid_utf8(name)) return field_error(field, "name is not UTF-8");
   if (name.front() == '/') return field_error(field, "absolute name \"" + std::string(name) + "\"");
@@ -182,8 +181,8 @@ Result<std::vector<std::uint8_t>> decode_base64(std::string_view s, std::string_
       v[k] = val(c);
       if (v[k] < 0) return field_error(field, "not canonical base64 (character " + std::to_string(i + k) + ")");
     }
-    std::uint32_t w = (std::uint32_t(v[0]) << 18) | (std::uint32_t(v[1]) << 12) | (std::uint32_t(v[2]) << 6) |
-                      std::uint32_t(v[3]);
+    std::uint32_t w =
+        (std::uint32_t(v[0]) << 18) | (std::uint32_t(v[1]) << 12) | (std::uint32_t(v[2]) << 6) | std::uint32_t(v[3]);
     out.push_back(static_cast<std::uint8_t>(w >> 16));
     if (!last || pad < 2) out.push_back(static_cast<std::uint8_t>(w >> 8));
     if (!last || pad < 1) out.push_back(static_cast<std::uint8_t>(w));
@@ -270,8 +269,8 @@ Result<Statement> parse_statement(Bytes payload, const Limits& limits) {
   SAFECKPT_TRY(const Json* pred, member(j, "statement", "predicate", Json::value_t::object));
   SAFECKPT_CHECK(only_keys(*pred, "predicate", {"serialization", "resources"}));
   SAFECKPT_TRY(const Json* ser, member(*pred, "predicate", "serialization", Json::value_t::object));
-  SAFECKPT_CHECK(
-      only_keys(*ser, "predicate.serialization", {"method", "hash_type", "allow_symlinks", "shard_size", "ignore_paths"}));
+  SAFECKPT_CHECK(only_keys(*ser, "predicate.serialization",
+                           {"method", "hash_type", "allow_symlinks", "shard_size", "ignore_paths"}));
   SAFECKPT_TRY(std::string method, string_member(*ser, "predicate.serialization", "method"));
   if (method == "files")
     st.method = Method::kFiles;
@@ -337,12 +336,13 @@ Result<Statement> parse_statement(Bytes payload, const Limits& limits) {
       return field_error(f + ".digest", "not " + std::to_string(hexn) + " lowercase hex digits");
     std::string path = out.name;
     if (st.method == Method::kShards) {
-      if (out.algorithm != shard_alg) return field_error(f + ".algorithm", "\"" + out.algorithm + "\" is not " + shard_alg);
+      if (out.algorithm != shard_alg)
+        return field_error(f + ".algorithm", "\"" + out.algorithm + "\" is not " + shard_alg);
       auto sn = split_shard_name(out.name);
       if (!sn) return field_error(f + ".name", sn.error().message());
       if (sn->end <= sn->start || sn->end - sn->start > st.shard_size || sn->start % st.shard_size != 0)
-        return field_error(f + ".name", "shard range of \"" + out.name + "\" is not a shard of size " +
-                                            std::to_string(st.shard_size));
+        return field_error(
+            f + ".name", "shard range of \"" + out.name + "\" is not a shard of size " + std::to_string(st.shard_size));
       path = sn->path;
     } else if (out.algorithm != st.hash_type) {
       return field_error(f + ".algorithm", "\"" + out.algorithm + "\" differs from hash_type " + st.hash_type);
@@ -382,14 +382,13 @@ Result<Bundle> parse_bundle(Bytes bytes, const Limits& limits) {
     return field_error("mediaType", "\"" + b.media_type + "\" is not a Sigstore bundle v0.1-v0.3 media type");
 
   SAFECKPT_TRY(const Json* vm, member(j, "bundle", "verificationMaterial", Json::value_t::object));
-  SAFECKPT_CHECK(only_keys(*vm, "verificationMaterial",
-                           {"publicKey", "x509CertificateChain", "certificate", "tlogEntries",
-                            "timestampVerificationData"}));
-  int forms = int(vm->contains("publicKey")) + int(vm->contains("x509CertificateChain")) +
-              int(vm->contains("certificate"));
+  SAFECKPT_CHECK(
+      only_keys(*vm, "verificationMaterial",
+                {"publicKey", "x509CertificateChain", "certificate", "tlogEntries", "timestampVerificationData"}));
+  int forms =
+      int(vm->contains("publicKey")) + int(vm->contains("x509CertificateChain")) + int(vm->contains("certificate"));
   if (forms != 1)
-    return field_error("verificationMaterial",
-                       "must hold exactly one of publicKey, x509CertificateChain, certificate");
+    return field_error("verificationMaterial", "must hold exactly one of publicKey, x509CertificateChain, certificate");
   if (auto t = vm->find("tlogEntries"); t != vm->end() && !t->is_array())
     return field_error("verificationMaterial.tlogEntries", "must be an array");
   if (vm->contains("publicKey")) {
@@ -408,8 +407,7 @@ Result<Bundle> parse_bundle(Bytes bytes, const Limits& limits) {
       b.raw_public_key = std::string(dec.begin(), dec.end());
     }
     if (pk->contains("keyDetails")) SAFECKPT_CHECK(string_member(*pk, "verificationMaterial.publicKey", "keyDetails"));
-    if (!b.hint && !b.raw_public_key)
-      return field_error("verificationMaterial.publicKey", "neither hint nor rawBytes");
+    if (!b.hint && !b.raw_public_key) return field_error("verificationMaterial.publicKey", "neither hint nor rawBytes");
   } else {
     const bool chain = vm->contains("x509CertificateChain");
     b.material = chain ? Material::kCertificates : Material::kKeyless;
@@ -441,12 +439,14 @@ Result<Bundle> parse_bundle(Bytes bytes, const Limits& limits) {
   SAFECKPT_TRY(const Json* env, member(j, "bundle", "dsseEnvelope", Json::value_t::object));
   SAFECKPT_CHECK(only_keys(*env, "dsseEnvelope", {"payload", "payloadType", "signatures"}));
   SAFECKPT_TRY(std::string ptype, string_member(*env, "dsseEnvelope", "payloadType"));
-  if (ptype != kPayloadType) return field_error("dsseEnvelope.payloadType", "\"" + ptype + "\" is not " + std::string(kPayloadType));
+  if (ptype != kPayloadType)
+    return field_error("dsseEnvelope.payloadType", "\"" + ptype + "\" is not " + std::string(kPayloadType));
   SAFECKPT_TRY(std::string payload, string_member(*env, "dsseEnvelope", "payload"));
   SAFECKPT_TRY(b.payload, decode_base64(payload, "dsseEnvelope.payload"));
   SAFECKPT_TRY(const Json* sigs, member(*env, "dsseEnvelope", "signatures", Json::value_t::array));
   if (sigs->size() != 1)
-    return field_error("dsseEnvelope.signatures", "must hold exactly one signature, not " + std::to_string(sigs->size()));
+    return field_error("dsseEnvelope.signatures",
+                       "must hold exactly one signature, not " + std::to_string(sigs->size()));
   const Json& s0 = (*sigs)[0];
   if (!s0.is_object()) return field_error("dsseEnvelope.signatures[0]", "not an object");
   SAFECKPT_CHECK(only_keys(s0, "dsseEnvelope.signatures[0]", {"sig", "keyid"}));

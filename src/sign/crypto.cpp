@@ -76,7 +76,9 @@ Result<const EVP_MD*> curve_digest(EVP_PKEY* key, std::string_view what) {
 Result<PkeyPtr> read_public_key(const std::string& pem, std::string_view what) {
   BioPtr bio = mem_bio(pem);
   PkeyPtr k(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
-  if (!k) return make_error(ErrorCode::kInvalidArgument, std::string(what) + ": no PEM public key (" + openssl_reason() + ")");
+  if (!k)
+    return make_error(ErrorCode::kInvalidArgument,
+                      std::string(what) + ": no PEM public key (" + openssl_reason() + ")");
   return k;
 }
 
@@ -133,7 +135,8 @@ Result<std::string> verify_chain(const Bundle& bundle, const Trust& trust) {
       ++n_trusted;
     }
   }
-  if (n_trusted == 0) return make_error(ErrorCode::kInvalidArgument, "certificate chain: no PEM certificate in the trust files");
+  if (n_trusted == 0)
+    return make_error(ErrorCode::kInvalidArgument, "certificate chain: no PEM certificate in the trust files");
   std::vector<X509Ptr> certs;
   for (std::size_t i = 0; i < bundle.certificates.size(); ++i) {
     const unsigned char* p = bundle.certificates[i].data();
@@ -141,8 +144,8 @@ Result<std::string> verify_chain(const Bundle& bundle, const Trust& trust) {
     if (x == nullptr || p != bundle.certificates[i].data() + bundle.certificates[i].size()) {
       X509_free(x);
       ERR_clear_error();
-      return make_error(ErrorCode::kMalformed,
-                        "verificationMaterial.x509CertificateChain.certificates[" + std::to_string(i) + "]: not one DER certificate");
+      return make_error(ErrorCode::kMalformed, "verificationMaterial.x509CertificateChain.certificates[" +
+                                                   std::to_string(i) + "]: not one DER certificate");
     }
     certs.emplace_back(x);
   }
@@ -180,8 +183,9 @@ Result<std::string> verify_chain(const Bundle& bundle, const Trust& trust) {
   bool ku_ok = ku != UINT32_MAX && (ku & KU_DIGITAL_SIGNATURE) != 0;
   bool xku_ok = xku != UINT32_MAX && (xku & XKU_CODE_SIGN) != 0;
   if (!ku_ok && !xku_ok)
-    return make_error(ErrorCode::kIntegrity,
-                      "certificate chain: the leaf has neither KeyUsage digitalSignature nor ExtendedKeyUsage codeSigning");
+    return make_error(
+        ErrorCode::kIntegrity,
+        "certificate chain: the leaf has neither KeyUsage digitalSignature nor ExtendedKeyUsage codeSigning");
   EVP_PKEY* key = X509_get0_pubkey(leaf);
   if (key == nullptr) return make_error(ErrorCode::kMalformed, "certificate chain: the leaf has no public key");
   SAFECKPT_CHECK(verify_ecdsa(key, bundle.payload, bundle.signature, "the leaf certificate's key"));
@@ -205,8 +209,9 @@ Result<std::string> verify_signature(const Bundle& bundle, const Trust& trust) {
   std::string signer;
   if (key) {
     if (bundle.material != Material::kPublicKey)
-      return make_error(ErrorCode::kIntegrity, "key: the bundle was signed with a certificate, not a bare key "
-                                               "(verify with --certificate-chain)");
+      return make_error(ErrorCode::kIntegrity,
+                        "key: the bundle was signed with a certificate, not a bare key "
+                        "(verify with --certificate-chain)");
     SAFECKPT_TRY(PkeyPtr k, read_public_key(trust.public_key_pem, "public key"));
     SAFECKPT_TRY(std::string hint, key_hint(k.get()));
     if (bundle.hint && *bundle.hint != hint)
@@ -216,8 +221,9 @@ Result<std::string> verify_signature(const Bundle& bundle, const Trust& trust) {
     signer = "public key " + hint;
   } else {
     if (bundle.material != Material::kCertificates)
-      return make_error(ErrorCode::kIntegrity, "certificate chain: the bundle was signed with a bare key, not a "
-                                               "certificate (verify with --public-key)");
+      return make_error(ErrorCode::kIntegrity,
+                        "certificate chain: the bundle was signed with a bare key, not a "
+                        "certificate (verify with --public-key)");
     SAFECKPT_TRY(signer, verify_chain(bundle, trust));
   }
   SAFECKPT_TRY(std::string root, root_digest(bundle.statement.resources));
@@ -230,14 +236,17 @@ Result<std::string> verify_signature(const Bundle& bundle, const Trust& trust) {
 Result<SignedPayload> sign_pae(const std::string& payload, const Signer& signer) {
   BioPtr bio = mem_bio(signer.private_key_pem);
   PkeyPtr k(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
-  if (!k) return make_error(ErrorCode::kInvalidArgument, "private key: no unencrypted PEM private key (" + openssl_reason() + ")");
+  if (!k)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "private key: no unencrypted PEM private key (" + openssl_reason() + ")");
   auto md = curve_digest(k.get(), "private key");
   if (!md) return make_error(ErrorCode::kInvalidArgument, md.error().message());
   SignedPayload out;
   SAFECKPT_TRY(out.hint, key_hint(k.get()));
   if (!signer.certificate_pem.empty()) {
     auto leaf = read_pem_certificates(signer.certificate_pem);
-    if (leaf.size() != 1) return make_error(ErrorCode::kInvalidArgument, "certificate: expected exactly one PEM certificate");
+    if (leaf.size() != 1)
+      return make_error(ErrorCode::kInvalidArgument, "certificate: expected exactly one PEM certificate");
     if (EVP_PKEY_eq(X509_get0_pubkey(leaf[0].get()), k.get()) != 1) {
       ERR_clear_error();
       return make_error(ErrorCode::kInvalidArgument, "certificate: its public key is not the signing key's");
@@ -254,8 +263,7 @@ Result<SignedPayload> sign_pae(const std::string& payload, const Signer& signer)
       for (auto& c : read_pem_certificates(pem)) out.certificates.push_back(der(c.get()));
   }
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
-  std::vector<std::uint8_t> msg =
-      pae(Bytes(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()));
+  std::vector<std::uint8_t> msg = pae(Bytes(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()));
   std::size_t n = 0;
   if (EVP_DigestSignInit(ctx.get(), nullptr, *md, nullptr, k.get()) != 1 ||
       EVP_DigestSign(ctx.get(), nullptr, &n, msg.data(), msg.size()) != 1)
@@ -296,7 +304,8 @@ Result<std::string> read_text(const std::filesystem::path& p, std::string_view w
   if (!in) return make_error(ErrorCode::kIo, std::string(what) + ": cannot read " + p.string());
   std::ostringstream ss;
   ss << in.rdbuf();
-  if (ss.str().size() > (16u << 20)) return make_error(ErrorCode::kLimitExceeded, std::string(what) + ": larger than 16 MiB");
+  if (ss.str().size() > (16u << 20))
+    return make_error(ErrorCode::kLimitExceeded, std::string(what) + ": larger than 16 MiB");
   return ss.str();
 }
 }  // namespace

@@ -27,7 +27,7 @@ namespace {
 constexpr std::size_t kReadBytes = 8u << 20;
 
 struct Entry {
-  std::string name;                // resource path ("." for a single file)
+  std::string name;                 // resource path ("." for a single file)
   std::filesystem::path open_path;  // what to open (a symlink's resolved target)
   std::uint64_t size = 0;
   dev_t dev = 0;
@@ -123,7 +123,8 @@ Result<std::vector<Entry>> walk(const std::filesystem::path& model, const HashOp
         continue;
       }
       if (out.size() >= opt.limits.max_files)
-        return make_error(ErrorCode::kLimitExceeded, "model: more than " + std::to_string(opt.limits.max_files) + " files");
+        return make_error(ErrorCode::kLimitExceeded,
+                          "model: more than " + std::to_string(opt.limits.max_files) + " files");
       Entry e{rel, p, static_cast<std::uint64_t>(es.st_size), es.st_dev, es.st_ino, false};
       if (S_ISLNK(es.st_mode)) {
         if (!opt.allow_symlinks)
@@ -161,7 +162,8 @@ Result<std::string> hash_range(const Entry& e, std::uint64_t start, std::uint64_
     ssize_t n = ::pread(fd, buf, want, static_cast<off_t>(off));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return io_error("read", e.open_path, errno);
-    if (n == 0) return make_error(ErrorCode::kIo, "model file " + e.name + " changed while hashing (shorter than its size)");
+    if (n == 0)
+      return make_error(ErrorCode::kIo, "model file " + e.name + " changed while hashing (shorter than its size)");
     h.update(buf, static_cast<std::size_t>(n));
     off += static_cast<std::uint64_t>(n);
   }
@@ -240,7 +242,8 @@ Status run_pool(std::size_t n_tasks, unsigned threads, bool need_buffer,
 
 Result<std::vector<Resource>> hash_model(const std::filesystem::path& model, const HashOptions& opt) {
   if (opt.hash_type != "sha256" && opt.hash_type != "blake2b")
-    return make_error(ErrorCode::kUnsupported, "hash_type " + opt.hash_type + ": only sha256 and blake2b are supported");
+    return make_error(ErrorCode::kUnsupported,
+                      "hash_type " + opt.hash_type + ": only sha256 and blake2b are supported");
   if (opt.method == Method::kShards && opt.shard_size == 0)
     return make_error(ErrorCode::kInvalidArgument, "shard size 0");
   SAFECKPT_TRY(std::vector<Entry> entries, walk(model, opt));
@@ -258,13 +261,12 @@ Result<std::vector<Resource>> hash_model(const std::filesystem::path& model, con
     return tasks[a].end - tasks[a].start > tasks[b].end - tasks[b].start;
   });
   std::vector<std::string> digests(tasks.size());
-  SAFECKPT_CHECK(run_pool(tasks.size(), thread_count(opt.threads, tasks.size()), true,
-                          [&](std::size_t k, std::uint8_t* buf) -> Status {
-                            const Task& t = tasks[order[k]];
-                            SAFECKPT_TRY(digests[order[k]],
-                                         hash_range(entries[t.entry], t.start, t.end, opt.hash_type, buf));
-                            return {};
-                          }));
+  SAFECKPT_CHECK(run_pool(
+      tasks.size(), thread_count(opt.threads, tasks.size()), true, [&](std::size_t k, std::uint8_t* buf) -> Status {
+        const Task& t = tasks[order[k]];
+        SAFECKPT_TRY(digests[order[k]], hash_range(entries[t.entry], t.start, t.end, opt.hash_type, buf));
+        return {};
+      }));
   std::vector<Resource> out;
   out.reserve(tasks.size());
   const std::string alg = algorithm_name(opt);
@@ -274,7 +276,8 @@ Result<std::vector<Resource>> hash_model(const std::filesystem::path& model, con
 }
 
 std::vector<Resource> hash_bytes(Bytes data, const std::string& name, const HashOptions& opt) {
-  std::vector<Task> tasks = make_tasks({data.size()}, opt.method, opt.shard_size == 0 ? data.size() + 1 : opt.shard_size);
+  std::vector<Task> tasks =
+      make_tasks({data.size()}, opt.method, opt.shard_size == 0 ? data.size() + 1 : opt.shard_size);
   std::vector<std::string> digests(tasks.size());
   Status s = run_pool(tasks.size(), thread_count(opt.threads, tasks.size()), false,
                       [&](std::size_t k, std::uint8_t*) -> Status {
@@ -287,7 +290,8 @@ std::vector<Resource> hash_bytes(Bytes data, const std::string& name, const Hash
   std::vector<Resource> out;
   if (!s) return out;
   const std::string alg = algorithm_name(opt);
-  for (std::size_t i = 0; i < tasks.size(); ++i) out.push_back({resource_name(name, tasks[i], opt.method), alg, digests[i]});
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    out.push_back({resource_name(name, tasks[i], opt.method), alg, digests[i]});
   return out;
 }
 

@@ -152,7 +152,8 @@ Result<VerifyReport> verify_model(const std::filesystem::path& model, const Bund
   const bool is_dir = std::filesystem::is_directory(model, ec);
   if (is_dir) {
     ho.ignore_paths = kGitIgnores;
-    if (st.ignore_paths) ho.ignore_paths.insert(ho.ignore_paths.end(), st.ignore_paths->begin(), st.ignore_paths->end());
+    if (st.ignore_paths)
+      ho.ignore_paths.insert(ho.ignore_paths.end(), st.ignore_paths->begin(), st.ignore_paths->end());
     ho.ignore_paths.insert(ho.ignore_paths.end(), options.ignore_paths.begin(), options.ignore_paths.end());
     if (auto rel = relative_inside(model, options.signature_path)) ho.ignore_paths.push_back(*rel);
   }
@@ -179,9 +180,9 @@ Result<VerifyReport> verify_model(const std::filesystem::path& model, const Bund
   for (const Resource& r : local) have[r.name] = &r;
   for (const auto& [name, r] : want) {
     auto it = have.find(name);
-    FileStatus s = it == have.end() ? FileStatus::kMissing
+    FileStatus s = it == have.end()                                                             ? FileStatus::kMissing
                    : (it->second->digest == r->digest && it->second->algorithm == r->algorithm) ? FileStatus::kVerified
-                                                                                               : FileStatus::kChanged;
+                                                                                                : FileStatus::kChanged;
     report.files.push_back({name, s});
   }
   for (const auto& [name, r] : have) {
@@ -194,9 +195,9 @@ Result<VerifyReport> verify_model(const std::filesystem::path& model, const Bund
 }
 
 Result<std::function<Status(Bytes, const std::filesystem::path&)>> make_load_verifier(const Bundle& bundle,
-                                                                                     const Trust& trust,
-                                                                                     std::string resource_name,
-                                                                                     unsigned threads) {
+                                                                                      const Trust& trust,
+                                                                                      std::string resource_name,
+                                                                                      unsigned threads) {
   SAFECKPT_CHECK(verify_signature(bundle, trust));
   auto st = std::make_shared<Statement>(bundle.statement);
   return std::function<Status(Bytes, const std::filesystem::path&)>(

@@ -84,7 +84,8 @@ Result<VerifyReport> verify_sample(const fs::path& dir, const Sample& s, const T
 fs::path copy_sample(const TempDir& t, const std::string& folder) {
   fs::path dst = t.path / folder;
   fs::copy(kSamples / folder, dst, fs::copy_options::recursive);
-  for (const auto& e : fs::recursive_directory_iterator(dst)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+  for (const auto& e : fs::recursive_directory_iterator(dst))
+    fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
   return dst;
 }
 
@@ -173,8 +174,8 @@ TEST_CASE("sign: a sample stops verifying after one byte of a file changes, a fi
 TEST_CASE("sign: every one-byte change of a bundle is refused") {
   // v1.1.0-elliptic-key (hint form) and v1.0.0-certificate (rawBytes chain):
   // flipping the lowest bit of any byte must make parsing or verification fail.
-  for (const auto& [folder, key] : std::vector<std::pair<std::string, bool>>{{"v1.1.0-elliptic-key", true},
-                                                                             {"v1.0.0-certificate", false}}) {
+  for (const auto& [folder, key] :
+       std::vector<std::pair<std::string, bool>>{{"v1.1.0-elliptic-key", true}, {"v1.0.0-certificate", false}}) {
     CAPTURE(folder);
     const std::string orig = slurp(kSamples / folder / "model.sig");
     const Trust trust = key ? key_trust() : chain_trust();
@@ -235,7 +236,8 @@ std::vector<Fixture> build_fixtures(const fs::path& root) {
   f.push_back({"deep_model_folder", root / "deep_model", {}});
   fs::create_directories(root / "symlink_model" / "hidden");
   spit(root / "symlink_model" / "hidden" / "target", k);
-  fs::create_symlink(fs::absolute(root / "symlink_model" / "hidden" / "target"), root / "symlink_model" / "symlink_file");
+  fs::create_symlink(fs::absolute(root / "symlink_model" / "hidden" / "target"),
+                     root / "symlink_model" / "symlink_file");
   f.push_back({"symlink_model_folder", root / "symlink_model", {"hidden"}});
   return f;
 }
@@ -337,8 +339,8 @@ TEST_CASE("sign: sign then verify, key and certificate methods, files and shards
   };
   for (const Case& c : cases) {
     CAPTURE(c.key.filename().string());
-    auto signer = signer_from_files(c.key, c.cert, c.cert.empty() ? std::vector<fs::path>{}
-                                                                   : std::vector<fs::path>{kKeys / "int-ca-cert.pem"});
+    auto signer = signer_from_files(
+        c.key, c.cert, c.cert.empty() ? std::vector<fs::path>{} : std::vector<fs::path>{kKeys / "int-ca-cert.pem"});
     REQUIRE(signer.has_value());
     SignOptions so;
     so.hash.method = c.method;
@@ -363,7 +365,8 @@ TEST_CASE("sign: sign then verify, key and certificate methods, files and shards
     spit(t.path / "m" / "weights.bin", w);
     auto r2 = verify_model(t.path / "m", read(sig), trust, vo);
     REQUIRE(r2.has_value());
-    CHECK(r2->summary() == (c.method == Method::kShards ? "1 changed: weights.bin:4096:8192" : "1 changed: weights.bin"));
+    CHECK(r2->summary() ==
+          (c.method == Method::kShards ? "1 changed: weights.bin:4096:8192" : "1 changed: weights.bin"));
     w[5000] = 'w';
     spit(t.path / "m" / "weights.bin", w);
   }
@@ -458,7 +461,8 @@ TEST_CASE("sign: malformed bundles are refused with the field named") {
        "dsseEnvelope.payloadType"},
       {"two signatures", replace(good, R"("keyid":""}])", R"("keyid":""},{"sig":"AA==","keyid":""}])"),
        ErrorCode::kMalformed, "exactly one signature"},
-      {"no signature", replace(good, good.substr(good.find("[{\"sig\""), good.size() - good.find("[{\"sig\"") - 2), "[]"),
+      {"no signature",
+       replace(good, good.substr(good.find("[{\"sig\""), good.size() - good.find("[{\"sig\"") - 2), "[]"),
        ErrorCode::kMalformed, "exactly one signature"},
       {"unknown field", replace(good, R"({"mediaType")", R"({"extra":1,"mediaType")"), ErrorCode::kMalformed,
        "unknown field \"extra\""},
@@ -466,21 +470,23 @@ TEST_CASE("sign: malformed bundles are refused with the field named") {
        ErrorCode::kMalformed, "exactly one of"},
       {"non-canonical base64 (no padding)", replace(good, "AkNxstJDbNl0lQ==", "AkNxstJDbNl0lQ"), ErrorCode::kMalformed,
        "dsseEnvelope.signatures[0].sig"},
-      {"non-canonical base64 (pad bits)", replace(good, "AkNxstJDbNl0lQ==", "AkNxstJDbNl0lR=="),
-       ErrorCode::kMalformed, "pad bits"},
+      {"non-canonical base64 (pad bits)", replace(good, "AkNxstJDbNl0lQ==", "AkNxstJDbNl0lR=="), ErrorCode::kMalformed,
+       "pad bits"},
       {"base64 with whitespace", replace(good, "AkNxstJDbNl0lQ==", "AkNxstJD\\nbNl0lQ=="), ErrorCode::kMalformed,
        "base64"},
-      {"deep JSON", replace(good, R"("tlogEntries":[])", R"("tlogEntries":)" + std::string(40, '[') + std::string(40, ']')),
+      {"deep JSON",
+       replace(good, R"("tlogEntries":[])", R"("tlogEntries":)" + std::string(40, '[') + std::string(40, ']')),
        ErrorCode::kLimitExceeded, "nested deeper"},
       {"traversal name", signed_bundle(statement_with(replace(res1, "\"a\"", "\"../etc/passwd\""))),
        ErrorCode::kMalformed, "\"..\" component"},
-      {"absolute name", signed_bundle(statement_with(replace(res1, "\"a\"", "\"/etc/passwd\""))),
-       ErrorCode::kMalformed, "absolute name"},
+      {"absolute name", signed_bundle(statement_with(replace(res1, "\"a\"", "\"/etc/passwd\""))), ErrorCode::kMalformed,
+       "absolute name"},
       {"empty component", signed_bundle(statement_with(replace(res1, "\"a\"", "\"a//b\""))), ErrorCode::kMalformed,
        "empty"},
       {"empty resources", signed_bundle(statement_with("[]")), ErrorCode::kMalformed, "predicate.resources: empty"},
-      {"duplicate resource", signed_bundle(statement_with("[" + res1.substr(1, res1.size() - 2) + "," +
-                                                          res1.substr(1, res1.size() - 2) + "]")),
+      {"duplicate resource",
+       signed_bundle(
+           statement_with("[" + res1.substr(1, res1.size() - 2) + "," + res1.substr(1, res1.size() - 2) + "]")),
        ErrorCode::kMalformed, "duplicate name"},
       {"uppercase digest", signed_bundle(statement_with(replace(res1, std::string(64, 'a'), std::string(64, 'A')))),
        ErrorCode::kMalformed, "lowercase hex"},
@@ -489,19 +495,20 @@ TEST_CASE("sign: malformed bundles are refused with the field named") {
       {"predicate extra field",
        signed_bundle(replace(statement_with(res1), R"("predicate": {)", R"("predicate": {"x": 1, )")),
        ErrorCode::kMalformed, "unknown field \"x\""},
-      {"two subjects", signed_bundle(replace(statement_with(res1), R"("subject": [{"name": "m", )",
-                                             R"("subject": [{"name": "n", "digest": {"sha256": ")" +
-                                                 std::string(64, '0') + R"("}}, {"name": "m", )")),
+      {"two subjects",
+       signed_bundle(replace(
+           statement_with(res1), R"("subject": [{"name": "m", )",
+           R"("subject": [{"name": "n", "digest": {"sha256": ")" + std::string(64, '0') + R"("}}, {"name": "m", )")),
        ErrorCode::kMalformed, "exactly one entry"},
-      {"shard not a shard", signed_bundle(statement_with(
-                                R"([{"name": "a:3:9", "algorithm": "sha256-sharded-8", "digest": ")" +
-                                    std::string(64, 'a') + R"("}])",
-                                R"({"method": "shards", "hash_type": "sha256", "allow_symlinks": false, "shard_size": 8})")),
+      {"shard not a shard",
+       signed_bundle(statement_with(
+           R"([{"name": "a:3:9", "algorithm": "sha256-sharded-8", "digest": ")" + std::string(64, 'a') + R"("}])",
+           R"({"method": "shards", "hash_type": "sha256", "allow_symlinks": false, "shard_size": 8})")),
        ErrorCode::kMalformed, "not a shard of size 8"},
-      {"shard plain algorithm", signed_bundle(statement_with(
-                                    R"([{"name": "a:0:8", "algorithm": "sha256", "digest": ")" + std::string(64, 'a') +
-                                        R"("}])",
-                                    R"({"method": "shards", "hash_type": "sha256", "allow_symlinks": false, "shard_size": 8})")),
+      {"shard plain algorithm",
+       signed_bundle(
+           statement_with(R"([{"name": "a:0:8", "algorithm": "sha256", "digest": ")" + std::string(64, 'a') + R"("}])",
+                          R"({"method": "shards", "hash_type": "sha256", "allow_symlinks": false, "shard_size": 8})")),
        ErrorCode::kMalformed, "sha256-sharded-8"},
   };
   for (const Bad& c : cases) {

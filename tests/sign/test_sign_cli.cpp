@@ -3,10 +3,10 @@
 // ../shared/docs/oms-format.md, not from our code) verifies what we sign and
 // signs what we must verify; the spec's JSON Schemas validate what we write.
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "support/run_cli.hpp"
@@ -21,7 +21,8 @@ namespace {
 
 const fs::path kOms = fs::path(SAFECKPT_TEST_DATA) / "oms";
 const fs::path kKeys = kOms / "model-transparency" / "scripts" / "tests" / "keys" / "certificate";
-const std::string kPy = "/usr/bin/python3 " + (fs::path(SAFECKPT_SOURCE_DIR) / "tests" / "sign" / "oms_check.py").string();
+const std::string kPy =
+    "/usr/bin/python3 " + (fs::path(SAFECKPT_SOURCE_DIR) / "tests" / "sign" / "oms_check.py").string();
 
 void spit(const fs::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);
@@ -49,7 +50,8 @@ TEST_CASE("sign cli: what safeckpt signs, the independent checker verifies, and 
   const fs::path m = make_model(t);
   for (const char* key : {"signing-key.pem", "p256", "p521"}) {
     CAPTURE(key);
-    const fs::path priv = std::string(key) == "signing-key.pem" ? kKeys / key : kOms / "minted" / (std::string(key) + "-key.pem");
+    const fs::path priv =
+        std::string(key) == "signing-key.pem" ? kKeys / key : kOms / "minted" / (std::string(key) + "-key.pem");
     const fs::path pub = std::string(key) == "signing-key.pem" ? kKeys / "signing-key-pub.pem"
                                                                : kOms / "minted" / (std::string(key) + "-pub.pem");
     auto s = run_cli("sign " + q(m) + " --signature " + q(m / "model.sig") + " --private-key " + q(priv), true);
@@ -112,7 +114,8 @@ TEST_CASE("sign cli: what the independent checker signs, safeckpt verifies; exit
   auto iu2 = run_cli("verify " + q(m) + " --signature " + q(sig) + trust + " --ignore-unsigned-files", true);
   CHECK_MESSAGE(iu2.code == 0, iu2.out);
   // Wrong key: 1 (key mismatch). Unreadable bundle, missing key, no trust: 2.
-  auto wk = run_cli("verify " + q(m) + " --signature " + q(sig) + " --public-key " + q(kOms / "minted" / "p256-pub.pem"), true);
+  auto wk = run_cli(
+      "verify " + q(m) + " --signature " + q(sig) + " --public-key " + q(kOms / "minted" / "p256-pub.pem"), true);
   CHECK(wk.code == 1);
   CHECK(wk.out.find("key mismatch") != std::string::npos);
   CHECK(run_cli("verify " + q(m) + " --signature " + q(t.path / "nope.sig") + trust).code == 2);
@@ -122,8 +125,8 @@ TEST_CASE("sign cli: what the independent checker signs, safeckpt verifies; exit
   CHECK(run_cli("sign " + q(m) + " --signature " + q(sig)).code == 2);
   // --help lists the options.
   auto h = run_cli("verify --help");
-  for (const char* o : {"--signature", "--public-key", "--certificate-chain", "--ignore-paths", "--ignore-unsigned-files",
-                        "--format"})
+  for (const char* o :
+       {"--signature", "--public-key", "--certificate-chain", "--ignore-paths", "--ignore-unsigned-files", "--format"})
     CHECK_MESSAGE(h.out.find(o) != std::string::npos, o);
   auto hs = run_cli("sign --help");
   for (const char* o : {"--signature", "--private-key", "--certificate", "--certificate-chain", "--ignore-paths",
@@ -139,9 +142,9 @@ TEST_CASE("sign cli: certificate method round trip and the reference samples thr
                        " --certificate-chain " + q(kKeys / "int-ca-cert.pem"),
                    true);
   REQUIRE_MESSAGE(s.code == 0, s.out);
-  auto v = run_cli("verify " + q(m) + " --signature " + q(t.path / "m.sig") + " --certificate-chain " +
-                       q(kKeys / "ca-cert.pem"),
-                   true);
+  auto v = run_cli(
+      "verify " + q(m) + " --signature " + q(t.path / "m.sig") + " --certificate-chain " + q(kKeys / "ca-cert.pem"),
+      true);
   CHECK_MESSAGE(v.code == 0, v.out);
   auto w = run_cli("verify " + q(m) + " --signature " + q(t.path / "m.sig") + " --certificate-chain " +
                        q(kOms / "minted" / "other-ca-cert.pem"),
@@ -149,14 +152,15 @@ TEST_CASE("sign cli: certificate method round trip and the reference samples thr
   CHECK(w.code == 1);
   // The v1.1.0 samples as model_signing's own test scripts run them.
   const fs::path sm = kOms / "model-transparency" / "scripts" / "tests";
-  auto k = run_cli("verify " + q(sm / "v1.1.0-elliptic-key") + " --signature " + q(sm / "v1.1.0-elliptic-key" / "model.sig") +
-                       " --public-key " + q(kKeys / "signing-key-pub.pem") + " --ignore-paths " +
-                       q(sm / "v1.1.0-elliptic-key" / "ignore-me"),
-                   true);
+  auto k =
+      run_cli("verify " + q(sm / "v1.1.0-elliptic-key") + " --signature " +
+                  q(sm / "v1.1.0-elliptic-key" / "model.sig") + " --public-key " + q(kKeys / "signing-key-pub.pem") +
+                  " --ignore-paths " + q(sm / "v1.1.0-elliptic-key" / "ignore-me"),
+              true);
   CHECK_MESSAGE(k.code == 0, k.out);
-  auto c = run_cli("verify " + q(sm / "v1.0.1-certificate") + " --signature " + q(sm / "v1.0.1-certificate" / "model.sig") +
-                       " --certificate-chain " + q(kKeys / "ca-cert.pem") + " --ignore-paths " +
-                       q(sm / "v1.0.1-certificate" / "ignore-me"),
+  auto c = run_cli("verify " + q(sm / "v1.0.1-certificate") + " --signature " +
+                       q(sm / "v1.0.1-certificate" / "model.sig") + " --certificate-chain " + q(kKeys / "ca-cert.pem") +
+                       " --ignore-paths " + q(sm / "v1.0.1-certificate" / "ignore-me"),
                    true);
   CHECK_MESSAGE(c.code == 0, c.out);
 }
