@@ -252,6 +252,7 @@ Result<std::vector<Resource>> hash_model(const std::filesystem::path& model, con
     std::erase_if(entries, [&](const Entry& e) { return keep.count(e.name) == 0; });
   }
   std::vector<std::uint64_t> sizes;
+  sizes.reserve(entries.size());
   for (const Entry& e : entries) sizes.push_back(e.size);
   std::vector<Task> tasks = make_tasks(sizes, opt.method, opt.shard_size);
   // Largest first, so one huge file does not start last.
@@ -289,6 +290,7 @@ std::vector<Resource> hash_bytes(Bytes data, const std::string& name, const Hash
                       });
   std::vector<Resource> out;
   if (!s) return out;
+  out.reserve(tasks.size());
   const std::string alg = algorithm_name(opt);
   for (std::size_t i = 0; i < tasks.size(); ++i)
     out.push_back({resource_name(name, tasks[i], opt.method), alg, digests[i]});
