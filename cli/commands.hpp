@@ -46,6 +46,9 @@ void register_inspect(CLI::App& app, int& exit_code);
 void register_scan(CLI::App& app, int& exit_code);
 void register_convert(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
+// `sign` and `verify` (cli/sign.cpp): OpenSSF Model Signing bundles.
+void register_sign(CLI::App& app, int& exit_code);
+void register_verify(CLI::App& app, int& exit_code);
 // `run` and `inspect-program` (cli/run.cpp): torch.export programs.
 void register_run(CLI::App& app, int& exit_code);
 // `bench-engine` (cli/bench_engine.cpp): the compiled engine's table.

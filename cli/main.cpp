@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   safeckpt::cli::register_bench(app, exit_code);
   safeckpt::cli::register_run(app, exit_code);  // cli/run.cpp (engine)
   safeckpt::cli::register_bench_engine(app, exit_code);
+  safeckpt::cli::register_sign(app, exit_code);  // cli/sign.cpp (OMS sign / verify)
+  safeckpt::cli::register_verify(app, exit_code);
   if (unknown_command(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);

@@ -4,7 +4,7 @@
 # as the ctest test layers.includes. The order is defined here, once:
 #
 #   util < container < pickle < torch < checkpoint < save < safetensors < graph < enginecache
-#        < open < scanner < cuda < engine < cli
+#        < open < sign < scanner < cuda < engine < cli
 #
 # plus two rules the order alone does not say:
 #   - the safetensors reader (src/safetensors/safetensors.cpp, internal.hpp
@@ -22,7 +22,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
 
-set(_order util container pickle torch checkpoint save safetensors graph enginecache open scanner cuda engine cli)
+set(_order util container pickle torch checkpoint save safetensors graph enginecache open sign scanner cuda engine cli)
 set(_hdr_util error dtype mapped_file limits hash version)
 set(_hdr_container zip detect)
 set(_hdr_pickle pickle value)
@@ -34,6 +34,7 @@ set(_hdr_safetensors safetensors safetensors_reader safetensors_writer)
 set(_hdr_graph graph graph_plan)
 set(_hdr_enginecache compile_cache)
 set(_hdr_open open)
+set(_hdr_sign sign)
 set(_hdr_scanner scan)
 set(_hdr_cuda cuda dlpack device_checkpoint)
 set(_hdr_engine engine)
@@ -52,7 +53,7 @@ endforeach()
 
 # Files and the layer they belong to.
 set(_files)
-foreach(layer util container pickle torch checkpoint save safetensors graph enginecache open cuda engine)
+foreach(layer util container pickle torch checkpoint save safetensors graph enginecache open sign cuda engine)
   file(GLOB _f ${ROOT}/src/${layer}/*.cpp ${ROOT}/src/${layer}/*.hpp ${ROOT}/src/${layer}/*.cu)
   foreach(f IN LISTS _f)
     list(APPEND _files "${layer}|${f}")

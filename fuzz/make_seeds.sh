@@ -17,7 +17,7 @@ corpus=$here/../tests/data/corpus
 
 # Every target gets a directory, even one with no seeds from the corpus
 # (safetensors: hand-made seeds in fuzz/corpus/safetensors only).
-for t in zip pickle pickle_torch load scan differential safetensors roundtrip graph; do
+for t in zip pickle pickle_torch load scan differential safetensors roundtrip graph bundle; do
   mkdir -p "$out/$t"
 done
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/safeckpt-seeds.XXXXXX")

@@ -65,6 +65,17 @@ struct LoadOptions {
   // into memory anyway) are always checked. Turning this off makes host
   // loading of stored records independent of tensor bytes (pure mmap).
   bool verify_storage_crc = true;
+  // Verify-then-load (issue 15; make one with safeckpt::sign::
+  // make_load_verifier, safeckpt/sign.hpp). When set, it is called once per
+  // load with the bytes the loader has mapped — the very bytes it then
+  // parses, and that load_to_device uploads from the same open file — and
+  // the file's path (empty for load_bytes/load_buffer/load_reader), before
+  // anything is parsed or built. Its error is the load's error (kIntegrity
+  // when the bytes are not the signed ones). safeckpt::open calls it for
+  // safetensors files too and refuses a sharded safetensors index with
+  // kUnsupported while it is set (the shards are separate files the
+  // callable would not see).
+  std::function<Status(Bytes bytes, const std::filesystem::path& path)> verify_bytes;
 };
 
 class Checkpoint {

@@ -42,6 +42,10 @@ enum class ErrorCode : std::uint8_t {
   kInternal = 9,
   // Output path exists and overwrite was not requested.
   kExists = 10,
+  // The bytes do not match what was signed, or the signature/key/certificate
+  // chain does not verify (safeckpt/sign.hpp; the loaders return it from
+  // LoadOptions::verify_bytes before parsing).
+  kIntegrity = 11,
 };
 
 // Stable lower-case identifier, e.g. "malformed", "disallowed_global".

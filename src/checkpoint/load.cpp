@@ -257,8 +257,10 @@ Result<Checkpoint> load_impl(LoadBuilder& b, const LoadOptions& opt) {
   }
 }
 
-Result<Checkpoint> run_load(LoadBuilder& b, const LoadOptions& opt) {
+Result<Checkpoint> run_load(LoadBuilder& b, const LoadOptions& opt, const std::filesystem::path& path = {}) {
   try {
+    // Verify-then-load: the digest is taken from the mapping parsed below.
+    if (opt.verify_bytes) SAFECKPT_CHECK(opt.verify_bytes(b.file_bytes(), path));
     return load_impl(b, opt);
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::kLimitExceeded, "out of memory while loading");
@@ -273,9 +275,10 @@ Result<Checkpoint> load(const std::filesystem::path& path, const LoadOptions& op
 }
 
 Result<Checkpoint> load_file(MappedFile file, const LoadOptions& options) {
-  const std::string name = file.path().string();
+  const std::filesystem::path path = file.path();
+  const std::string name = path.string();
   LoadBuilder b(std::move(file));
-  auto r = run_load(b, options);
+  auto r = run_load(b, options, path);
   if (!r && !name.empty()) r.error().at_record(name);
   return r;
 }

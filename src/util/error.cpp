@@ -17,6 +17,7 @@ std::string_view error_code_name(ErrorCode code) noexcept {
     case ErrorCode::kInvalidArgument: return "invalid_argument";
     case ErrorCode::kInternal: return "internal";
     case ErrorCode::kExists: return "exists";
+    case ErrorCode::kIntegrity: return "integrity";
   }
   return "unknown";
 }

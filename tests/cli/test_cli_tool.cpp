@@ -40,7 +40,8 @@ TEST_CASE("cli: an unknown command names the nearest one") {
   r = run_cli("frobnicate", true);  // nothing close: the list
   CHECK(r.code == 2);
   CHECK(r.out ==
-        "safeckpt: unknown command 'frobnicate' (commands: inspect, scan, convert, bench, run, inspect-program)\n");
+        "safeckpt: unknown command 'frobnicate' (commands: inspect, scan, convert, bench, run, inspect-program, sign, "
+        "verify)\n");
 }
 
 TEST_CASE("cli: --allow takes a file, a bundled allowlist name or a global name") {
