@@ -277,6 +277,23 @@ def _framework(framework):
     raise ValueError(f"framework must be 'pt' or 'np', not {framework!r}")
 
 
+def _read_capped(f):
+    """Everything f.read() gives, in chunks, refusing more than
+    MAX_FILELIKE_BYTES (read once more than the cap to tell)."""
+    cap = MAX_FILELIKE_BYTES
+    buf = bytearray()
+    while True:
+        chunk = f.read(min(64 << 20, cap + 1 - len(buf)))
+        if not isinstance(chunk, (bytes, bytearray)):
+            raise TypeError("f.read() must return bytes (open the file in binary mode)")
+        if not chunk:
+            return buf
+        buf += chunk
+        if len(buf) > cap:
+            raise MemoryError(f"file-like object larger than safeckpt.MAX_FILELIKE_BYTES ({cap}); "
+                              "pass a path (mapped, not read)")
+
+
 def _open_native(f, allow_pairs, map_location):
     with native_errors():
         if isinstance(f, (str, os.PathLike)):
@@ -294,13 +311,7 @@ def _open_native(f, allow_pairs, map_location):
         read = getattr(f, "read", None)
         if read is None:
             raise TypeError("f must be a path or a binary file-like object with read()")
-        data = read(MAX_FILELIKE_BYTES + 1)
-        if not isinstance(data, (bytes, bytearray)):
-            raise TypeError("f.read() must return bytes (open the file in binary mode)")
-        if len(data) > MAX_FILELIKE_BYTES:
-            raise MemoryError(f"file-like object larger than safeckpt.MAX_FILELIKE_BYTES ({MAX_FILELIKE_BYTES}); "
-                              "pass a path (mapped, not read)")
-        return _native.load_bytes(data, allow_pairs)
+        return _native.load_bytes(_read_capped(f), allow_pairs)
 
 
 def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, framework=None):
@@ -375,9 +386,7 @@ def _as_path(f):
     if isinstance(f, (str, os.PathLike)):
         return os.fspath(f), None
     import tempfile
-    data = f.read(MAX_FILELIKE_BYTES + 1) if hasattr(f, "read") else bytes(f)
-    if len(data) > MAX_FILELIKE_BYTES:
-        raise MemoryError("file-like object larger than safeckpt.MAX_FILELIKE_BYTES")
+    data = _read_capped(f) if hasattr(f, "read") else bytes(f)
     fd, tmp = tempfile.mkstemp(prefix="safeckpt-")
     with os.fdopen(fd, "wb") as out:
         out.write(data)

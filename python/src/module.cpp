@@ -159,7 +159,9 @@ class PyCheckpoint {
     h_->ckpt = &h_->device->checkpoint();
   }
   // -1 for a host checkpoint, else the CUDA device its storages are on.
-  int device() const { return h_->device ? h_->device->device() : -1; }
+  int device() const {
+    return h_->device ? h_->device->device() : -1;
+  }
   // Storage `i` as a 1-D uint8 DLPack tensor on the device ("dltensor"
   // capsule, the DLPack 0.x ABI torch.utils.dlpack.from_dlpack takes); the
   // capsule, then the torch tensor, keeps the device arena alive.
@@ -202,13 +204,23 @@ class PyCheckpoint {
     return py::reinterpret_steal<py::capsule>(cap);
   }
 #else
-  int device() const { return -1; }
+  int device() const {
+    return -1;
+  }
 #endif
-  const Checkpoint& ckpt() const { return *h_->ckpt; }
-  const std::shared_ptr<Holder>& holder() const { return h_; }
+  const Checkpoint& ckpt() const {
+    return *h_->ckpt;
+  }
+  const std::shared_ptr<Holder>& holder() const {
+    return h_;
+  }
 
-  std::string format() const { return std::string(file_format_name(ckpt().format())); }
-  std::int64_t root() const { return ckpt().root(); }
+  std::string format() const {
+    return std::string(file_format_name(ckpt().format()));
+  }
+  std::int64_t root() const {
+    return ckpt().root();
+  }
 
   // Node tuples: (Kind as a number, i, flag, re, im, text, items, attrs or
   // -1); python/safeckpt/_tree.py lists the Kind numbers (value.hpp order).
@@ -307,7 +319,9 @@ class PyCheckpoint {
 
   // True when storage `i`'s bytes are a view of the mapped file (zero-copy
   // possible), false for owned (deflated, byte-swapped) records and buffers.
-  bool storage_in_file(std::uint32_t i) const { return file_offset_of(storage(i)) >= 0; }
+  bool storage_in_file(std::uint32_t i) const {
+    return file_offset_of(storage(i)) >= 0;
+  }
 
   // Copies storage `i` to host memory at address `dest` (a buffer of at
   // least nbytes the caller owns, e.g. a torch tensor's data_ptr()).
@@ -517,9 +531,9 @@ class PyBuilder {
  private:
   static Kind kind_of(const std::string& k) {
     static const std::pair<const char*, Kind> table[] = {
-        {"list", Kind::kList}, {"tuple", Kind::kTuple}, {"set", Kind::kSet},
-        {"frozenset", Kind::kFrozenSet}, {"dict", Kind::kDict}, {"ordered_dict", Kind::kOrderedDict},
-        {"counter", Kind::kCounter}, {"size", Kind::kSize}, {"slice", Kind::kSlice},
+        {"list", Kind::kList},           {"tuple", Kind::kTuple}, {"set", Kind::kSet},
+        {"frozenset", Kind::kFrozenSet}, {"dict", Kind::kDict},   {"ordered_dict", Kind::kOrderedDict},
+        {"counter", Kind::kCounter},     {"size", Kind::kSize},   {"slice", Kind::kSlice},
     };
     for (const auto& [name, kind] : table) {
       if (k == name) {
@@ -539,7 +553,6 @@ class PyBuilder {
   NodeId root_ = kNoNode;
 };
 
-
 }  // namespace
 }  // namespace safeckpt::python
 
@@ -558,9 +571,9 @@ PYBIND11_MODULE(_safeckpt, m) {
     } catch (const Failure& f) {
       const sc::Location& w = f.error.where();
       py::object offset = w.offset == sc::Location::kNoOffset ? py::object(py::none()) : py::object(py::int_(w.offset));
-      py::tuple args = py::make_tuple(std::string(sc::error_code_name(f.error.code())),
-                                      static_cast<int>(f.error.code()), text_of(f.error.message()),
-                                      text_of(w.record), offset, w.opcode, text_of(f.error.to_string()));
+      py::tuple args =
+          py::make_tuple(std::string(sc::error_code_name(f.error.code())), static_cast<int>(f.error.code()),
+                         text_of(f.error.message()), text_of(w.record), offset, w.opcode, text_of(f.error.to_string()));
       PyErr_SetObject(g_error_type, args.ptr());
     }
   });
