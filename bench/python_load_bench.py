@@ -86,7 +86,12 @@ def run(d, device, repeat):
         cases.append(("safeckpt.load (zero-copy)", lambda: safeckpt.load(pt)))
         cases.append(("safeckpt.load mmap=False", lambda: safeckpt.load(pt, mmap=False)))
         cases.append(("torch.load weights_only", lambda: torch.load(pt, weights_only=True)))
-        cases.append(("torch.load weights_only mmap=True", lambda: torch.load(pt, weights_only=True, mmap=True)))
+        import inspect
+        if "mmap" in inspect.signature(torch.load).parameters:
+            cases.append(("torch.load weights_only mmap=True",
+                          lambda: torch.load(pt, weights_only=True, mmap=True)))
+        else:
+            rows.append(("torch.load weights_only mmap=True", None, None, None, "no mmap= in this torch"))
     try:
         from safetensors.torch import load_file
         cases.append(("safetensors.torch.load_file", lambda: load_file(st, device=device)))

@@ -58,6 +58,8 @@ def translate(err):
         return FileExistsError(full)
     if code == "invalid_argument":
         return ValueError(full)
+    if code in ("device", "internal"):  # a CUDA failure; a bug in safeckpt
+        return RuntimeError(full)
     cls = _BY_CODE.get(code, CheckpointError)
     del message
     return cls(full, code=code, record=record, offset=offset, opcode=opcode)

@@ -610,6 +610,7 @@ PYBIND11_MODULE(_safeckpt, m) {
   m.def("is_blocked", [](const std::string& name) { return sc::Allowlist::is_blocked(name); });
   m.def("dtype_names", [] {
     std::vector<std::string> out;
+    out.reserve(static_cast<std::size_t>(sc::DType::kCount_));
     for (int d = 0; d < static_cast<int>(sc::DType::kCount_); ++d) {
       out.emplace_back(sc::dtype_name(static_cast<sc::DType>(d)));
     }
@@ -621,6 +622,7 @@ PYBIND11_MODULE(_safeckpt, m) {
   });
   m.def("default_allowlist", [] {
     std::vector<std::string> out;
+    out.reserve(sc::Allowlist::default_policy().entries().size());
     for (const sc::AllowEntry& e : sc::Allowlist::default_policy().entries()) {
       out.push_back(e.name);
     }
