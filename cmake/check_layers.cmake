@@ -4,7 +4,7 @@
 # as the ctest test layers.includes. The order is defined here, once:
 #
 #   util < container < pickle < torch < checkpoint < save < safetensors < graph < enginecache
-#        < open < sign < scanner < cuda < engine < cli
+#        < open < sign < scanner < cuda < engine < cli < python (the Python package's native module)
 #
 # plus two rules the order alone does not say:
 #   - the safetensors reader (src/safetensors/safetensors.cpp, internal.hpp
@@ -22,7 +22,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
 
-set(_order util container pickle torch checkpoint save safetensors graph enginecache open sign scanner cuda engine cli)
+set(_order util container pickle torch checkpoint save safetensors graph enginecache open sign scanner cuda engine cli python)
 set(_hdr_util error dtype mapped_file limits hash version)
 set(_hdr_container zip detect)
 set(_hdr_pickle pickle value)
@@ -75,6 +75,10 @@ endforeach()
 file(GLOB _f ${ROOT}/cli/*.cpp ${ROOT}/cli/*.hpp)
 foreach(f IN LISTS _f)
   list(APPEND _files "cli|${f}")
+endforeach()
+file(GLOB _f ${ROOT}/python/src/*.cpp ${ROOT}/python/src/*.hpp)
+foreach(f IN LISTS _f)
+  list(APPEND _files "python|${f}")
 endforeach()
 
 set(_bad 0)

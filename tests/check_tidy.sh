@@ -14,6 +14,6 @@ fi
 if [ $# -gt 0 ]; then
   files=("$@")
 else
-  mapfile -t files < <(git ls-files 'src/*.cpp' 'scanner/src/*.cpp' 'cli/*.cpp')
+  mapfile -t files < <(git ls-files 'src/*.cpp' 'scanner/src/*.cpp' 'cli/*.cpp' 'python/src/*.cpp')
 fi
 printf '%s\n' "${files[@]}" | xargs -P "${JOBS:-$(nproc)}" -n 4 "$tidy" -p "$build" --quiet

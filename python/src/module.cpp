@@ -1,0 +1,673 @@
+// python/src/module.cpp — the native half of the `safeckpt` Python package.
+//
+// A thin pybind11 layer over the public C++ API: it loads, scans and saves,
+// and hands the typed value tree to Python as flat node tuples (the Python
+// half, python/safeckpt/_tree.py, turns them into Python objects without
+// recursion). Nothing here imports or calls a Python object named by a file.
+//
+// Memory: a loaded checkpoint lives in a shared Holder; every buffer handed to
+// Python (a storage's bytes) keeps that Holder alive through the buffer
+// object, so a torch tensor or numpy array made over it (torch.frombuffer /
+// numpy.frombuffer keep a reference to their buffer) keeps the mapping valid.
+// Zero-copy storages come from a second, copy-on-write (PROT_READ|PROT_WRITE,
+// MAP_PRIVATE) mapping of the same open descriptor, as torch.load(mmap=True)
+// maps files: writes to a tensor stay in this process and never reach the
+// file, and nothing can fault on a write. Records that are not stored in the
+// file as they are (deflated, byte-swapped) are owned host buffers and are
+// copied once.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "safeckpt/allowlist.hpp"
+#include "safeckpt/builder.hpp"
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/error.hpp"
+#include "safeckpt/open.hpp"
+#include "safeckpt/safetensors.hpp"
+#include "safeckpt/save.hpp"
+#include "safeckpt/scan.hpp"
+#include "safeckpt/version.hpp"
+#ifdef SAFECKPT_PYTHON_CUDA
+#include "safeckpt/device_checkpoint.hpp"
+#include "safeckpt/dlpack.hpp"
+#endif
+
+namespace py = pybind11;
+
+namespace safeckpt::python {
+namespace {
+
+// The one exception type of the native module: args = (code name, code
+// number, message, record, offset or None, opcode). python/safeckpt/_errors.py
+// maps it to the public exception classes.
+PyObject* g_error_type = nullptr;
+
+struct Failure {
+  Error error;
+};
+
+[[noreturn]] void raise(const Error& e) {
+  throw Failure{e};
+}
+
+template <class T>
+T take(Result<T> r) {
+  if (!r) {
+    raise(r.error());
+  }
+  return std::move(*r);
+}
+
+void check(const Status& s) {
+  if (!s) {
+    raise(s.error());
+  }
+}
+
+// Python text from bytes the loader stored as UTF-8; pickles may carry lone
+// surrogates (Python str allows them), which the loader keeps as WTF-8.
+py::object text_of(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
+  if (o == nullptr) {
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(o);
+}
+
+std::string utf8_of(const py::handle& h) {
+  Py_ssize_t n = 0;
+  // surrogatepass: keeps what a Python str holds, as the pickler does.
+  PyObject* b = PyUnicode_AsEncodedString(h.ptr(), "utf-8", "surrogatepass");
+  if (b == nullptr) {
+    throw py::error_already_set();
+  }
+  char* p = nullptr;
+  PyBytes_AsStringAndSize(b, &p, &n);
+  std::string out(p, static_cast<std::size_t>(n));
+  Py_DECREF(b);
+  return out;
+}
+
+// Names the caller allowlisted: (name, handled_as) pairs; default policy +
+// these. Errors (bad syntax, a hard-blocked name): kInvalidArgument.
+Allowlist make_allowlist(const std::vector<std::pair<std::string, std::string>>& names) {
+  Allowlist a;
+  for (const auto& [name, as] : names) {
+    check(a.add(name, as, "safeckpt.add_safe_globals"));
+  }
+  return a;
+}
+
+// A loaded checkpoint and, once asked for, its copy-on-write mapping.
+struct Holder {
+  Checkpoint own;
+  const Checkpoint* ckpt = &own;  // `own`, or the host half of `device`
+#ifdef SAFECKPT_PYTHON_CUDA
+  std::shared_ptr<cuda::DeviceCheckpoint> device;
+#endif
+  void* cow = nullptr;
+  std::size_t cow_size = 0;
+  std::mutex mu;
+  Holder() = default;
+  Holder(const Holder&) = delete;
+  Holder& operator=(const Holder&) = delete;
+  ~Holder() {
+    if (cow != nullptr) {
+      munmap(cow, cow_size);
+    }
+  }
+  // The copy-on-write mapping of the checkpoint's open file (nullptr for
+  // buffers). Errors: kIo.
+  std::uint8_t* cow_base() {
+    std::lock_guard<std::mutex> lock(mu);
+    const MappedFile& f = ckpt->file();
+    if (cow == nullptr && f.fd() >= 0 && f.size() > 0) {
+      void* p = mmap(nullptr, f.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, f.fd(), 0);
+      if (p == MAP_FAILED) {
+        raise(Error(ErrorCode::kIo, "mmap (copy-on-write) of " + f.path().string() + " failed"));
+      }
+      cow = p;
+      cow_size = f.size();
+    }
+    return static_cast<std::uint8_t*>(cow);
+  }
+};
+
+// A buffer-protocol view of some bytes of a Holder (keeps it alive).
+struct Buffer {
+  std::shared_ptr<Holder> owner;
+  std::uint8_t* data = nullptr;
+  std::size_t size = 0;
+  bool readonly = true;
+};
+
+class PyCheckpoint {
+ public:
+  explicit PyCheckpoint(Checkpoint c) : h_(std::make_shared<Holder>()) { h_->own = std::move(c); }
+#ifdef SAFECKPT_PYTHON_CUDA
+  explicit PyCheckpoint(cuda::DeviceCheckpoint d) : h_(std::make_shared<Holder>()) {
+    h_->device = std::make_shared<cuda::DeviceCheckpoint>(std::move(d));
+    h_->ckpt = &h_->device->checkpoint();
+  }
+  // -1 for a host checkpoint, else the CUDA device its storages are on.
+  int device() const {
+    return h_->device ? h_->device->device() : -1;
+  }
+  // Storage `i` as a 1-D uint8 DLPack tensor on the device ("dltensor"
+  // capsule, the DLPack 0.x ABI torch.utils.dlpack.from_dlpack takes); the
+  // capsule, then the torch tensor, keeps the device arena alive.
+  py::capsule storage_dlpack(std::uint32_t i) const {
+    const StorageInfo& s = storage(i);
+    if (!h_->device) {
+      raise(Error(ErrorCode::kInvalidArgument, "not a device checkpoint"));
+    }
+    struct Ctx {
+      std::shared_ptr<cuda::DeviceCheckpoint> keep;
+      std::int64_t shape[1];
+      std::int64_t stride[1];
+    };
+    auto* ctx = new Ctx{h_->device, {static_cast<std::int64_t>(s.nbytes)}, {1}};
+    auto* m = new DLManagedTensor{};
+    m->dl_tensor.data = h_->device->storage_data(i);
+    m->dl_tensor.device = DLDevice{kDLCUDA, h_->device->device()};
+    m->dl_tensor.ndim = 1;
+    m->dl_tensor.dtype = DLDataType{kDLUInt, 8, 1};
+    m->dl_tensor.shape = ctx->shape;
+    m->dl_tensor.strides = ctx->stride;
+    m->dl_tensor.byte_offset = 0;
+    m->manager_ctx = ctx;
+    m->deleter = [](DLManagedTensor* self) {
+      delete static_cast<Ctx*>(self->manager_ctx);
+      delete self;
+    };
+    // The capsule frees the tensor only if nobody consumed it (a consumer
+    // renames it "used_dltensor" and owns it from then on).
+    PyObject* cap = PyCapsule_New(m, "dltensor", [](PyObject* c) {
+      if (PyCapsule_IsValid(c, "dltensor") != 0) {
+        auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+        t->deleter(t);
+      }
+    });
+    if (cap == nullptr) {
+      m->deleter(m);
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::capsule>(cap);
+  }
+#else
+  int device() const {
+    return -1;
+  }
+#endif
+  const Checkpoint& ckpt() const {
+    return *h_->ckpt;
+  }
+  const std::shared_ptr<Holder>& holder() const {
+    return h_;
+  }
+
+  std::string format() const {
+    return std::string(file_format_name(ckpt().format()));
+  }
+  std::int64_t root() const {
+    return ckpt().root();
+  }
+
+  // Node tuples: (Kind as a number, i, flag, re, im, text, items, attrs or
+  // -1); python/safeckpt/_tree.py lists the Kind numbers (value.hpp order).
+  py::list nodes() const {
+    const ValueArena& a = ckpt().values();
+    py::list out(a.size());
+    for (std::size_t id = 0; id < a.size(); ++id) {
+      const Node& n = a[static_cast<NodeId>(id)];
+      py::object text;
+      if (n.kind == Kind::kBytes || n.kind == Kind::kByteArray) {
+        text = py::bytes(n.text);
+      } else {
+        text = text_of(n.text);
+      }
+      py::list items(n.items.size());
+      for (std::size_t k = 0; k < n.items.size(); ++k) {
+        items[k] = n.items[k] == kNoNode ? py::int_(-1) : py::int_(n.items[k]);
+      }
+      std::int64_t attrs = n.attrs == kNoNode ? -1 : static_cast<std::int64_t>(n.attrs);
+      out[id] = py::make_tuple(static_cast<int>(n.kind), n.i, n.flag, n.re, n.im, text, items, attrs);
+    }
+    return out;
+  }
+
+  py::list tensors() const {
+    py::list out;
+    for (const TensorInfo& t : ckpt().tensors()) {
+      py::dict d;
+      d["layout"] = std::string(layout_name(t.layout));
+      d["dtype"] = std::string(dtype_name(t.dtype));
+      d["shape"] = t.shape;
+      d["stride"] = t.stride;
+      d["storage_offset"] = t.storage_offset;
+      d["storage"] = t.storage == kNoStorage ? py::int_(-1) : py::int_(t.storage);
+      d["requires_grad"] = t.requires_grad;
+      d["is_parameter"] = t.is_parameter;
+      d["is_meta"] = t.is_meta;
+      d["conj"] = t.conj;
+      d["neg"] = t.neg;
+      d["device"] = t.device;
+      d["qscheme"] = std::string(qscheme_name(t.qscheme));
+      d["q_scale"] = t.q_scale;
+      d["q_zero_point"] = t.q_zero_point;
+      d["q_scales"] = t.q_scales == kNoStorage ? py::int_(-1) : py::int_(t.q_scales);
+      d["q_zero_points"] = t.q_zero_points == kNoStorage ? py::int_(-1) : py::int_(t.q_zero_points);
+      d["q_axis"] = t.q_axis;
+      d["sparse_parts"] = t.sparse_parts;
+      d["coalesced"] = t.coalesced;
+      d["python_state"] = t.python_state == kNoNode ? py::int_(-1) : py::int_(t.python_state);
+      d["subclass"] = t.subclass;
+      out.append(d);
+    }
+    return out;
+  }
+
+  py::list storages() const {
+    py::list out;
+    for (const StorageInfo& s : ckpt().storages()) {
+      py::dict d;
+      d["dtype"] = std::string(dtype_name(s.dtype));
+      d["nbytes"] = s.nbytes;
+      d["location"] = s.location;
+      d["key"] = s.key;
+      out.append(d);
+    }
+    return out;
+  }
+
+  // (name, tensor index) of every tensor reachable by a state_dict path.
+  py::list named_tensors() const {
+    py::list out;
+    for (const NamedTensor& n : take(ckpt().named_tensors())) {
+      out.append(py::make_tuple(text_of(n.name), n.tensor));
+    }
+    return out;
+  }
+
+  // Storage `i` as a buffer. writable: a copy-on-write view of the mapped
+  // file when the record lies there as it is, else nullptr-sized failure is
+  // avoided by the caller copying (see storage_in_file). Errors:
+  // kInvalidArgument (index), kIo (mmap).
+  Buffer storage_buffer(std::uint32_t i, bool writable) const {
+    const StorageInfo& s = storage(i);
+    Buffer b{h_, const_cast<std::uint8_t*>(s.bytes.data()), s.bytes.size(), true};
+    if (writable) {
+      std::int64_t off = file_offset_of(s);
+      if (off < 0) {
+        raise(Error(ErrorCode::kInvalidArgument, "storage " + std::to_string(i) + " is not a view of the file"));
+      }
+      std::uint8_t* base = h_->cow_base();
+      b.data = base + off;
+      b.readonly = false;
+    }
+    return b;
+  }
+
+  // True when storage `i`'s bytes are a view of the mapped file (zero-copy
+  // possible), false for owned (deflated, byte-swapped) records and buffers.
+  bool storage_in_file(std::uint32_t i) const {
+    return file_offset_of(storage(i)) >= 0;
+  }
+
+  // Copies storage `i` to host memory at address `dest` (a buffer of at
+  // least nbytes the caller owns, e.g. a torch tensor's data_ptr()).
+  void copy_storage_to(std::uint32_t i, std::uintptr_t dest) const {
+    const StorageInfo& s = storage(i);
+    if (!s.bytes.empty()) {
+      std::memcpy(reinterpret_cast<void*>(dest), s.bytes.data(), s.bytes.size());
+    }
+  }
+
+  // Row-major bytes of a strided tensor (for the tests' comparisons).
+  py::bytes contiguous_bytes(std::uint32_t t) const {
+    std::vector<std::uint8_t> b = take(ckpt().contiguous_bytes(t));
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+  }
+
+  // __metadata__ of a safetensors file (None for other formats).
+  py::object safetensors_metadata() const {
+    if (ckpt().format() != FileFormat::kSafetensors) {
+      return py::none();
+    }
+    SafetensorsFile f = take(SafetensorsFile::parse(ckpt().file().bytes()));
+    if (!f.has_metadata()) {
+      return py::none();
+    }
+    py::dict d;
+    for (const auto& [k, v] : f.metadata()) {
+      d[text_of(k)] = text_of(v);
+    }
+    return d;
+  }
+
+ private:
+  const StorageInfo& storage(std::uint32_t i) const {
+    if (i >= ckpt().storages().size()) {
+      raise(Error(ErrorCode::kInvalidArgument, "no storage " + std::to_string(i)));
+    }
+    return ckpt().storages()[i];
+  }
+  std::int64_t file_offset_of(const StorageInfo& s) const {
+    Bytes file = ckpt().file().bytes();
+    if (ckpt().file().fd() < 0 || s.bytes.empty() || file.empty()) {
+      return -1;
+    }
+    auto p = reinterpret_cast<std::uintptr_t>(s.bytes.data());
+    auto base = reinterpret_cast<std::uintptr_t>(file.data());
+    if (p < base || p - base > file.size() || s.bytes.size() > file.size() - (p - base)) {
+      return -1;
+    }
+    return static_cast<std::int64_t>(p - base);
+  }
+  std::shared_ptr<Holder> h_;
+};
+
+LoadOptions load_options(const Allowlist& allow) {
+  LoadOptions o;
+  o.allowlist = &allow;
+  return o;
+}
+
+PyCheckpoint load_path(const std::string& path, const std::vector<std::pair<std::string, std::string>>& allow) {
+  Allowlist a = make_allowlist(allow);
+  Result<Checkpoint> r = [&] {
+    py::gil_scoped_release nogil;
+    return open(path, load_options(a));
+  }();
+  return PyCheckpoint(take(std::move(r)));
+}
+
+PyCheckpoint load_bytes_copy(const py::buffer& data, const std::vector<std::pair<std::string, std::string>>& allow) {
+  Allowlist a = make_allowlist(allow);
+  py::buffer_info info = data.request();
+  const auto* p = static_cast<const std::uint8_t*>(info.ptr);
+  std::vector<std::uint8_t> copy(p, p + info.size * info.itemsize);
+  Result<Checkpoint> r = [&] {
+    py::gil_scoped_release nogil;
+    return load_buffer(std::move(copy), load_options(a));
+  }();
+  return PyCheckpoint(take(std::move(r)));
+}
+
+py::dict scan_path(const std::string& path, const std::vector<std::pair<std::string, std::string>>& allow) {
+  Allowlist a = make_allowlist(allow);
+  scan::ScanOptions o;
+  o.allowlist = &a;
+  scan::FileReport r = [&] {
+    py::gil_scoped_release nogil;
+    return scan::scan_file(path, o);
+  }();
+  py::dict d;
+  d["path"] = r.path;
+  d["size"] = r.size;
+  d["format"] = r.format;
+  d["verdict"] = std::string(scan::verdict_name(r.verdict));
+  d["complete"] = r.complete;
+  py::dict loader;
+  loader["ran"] = r.loader.ran;
+  loader["ok"] = r.loader.ok;
+  loader["code"] = std::string(error_code_name(r.loader.code));
+  loader["message"] = r.loader.message;
+  d["loader"] = loader;
+  py::list findings;
+  for (const scan::Finding& f : r.findings) {
+    py::dict x;
+    x["rule"] = std::string(scan::rule_info(f.rule).id);
+    x["severity"] = std::string(scan::severity_name(f.severity));
+    x["member"] = f.member;
+    x["offset"] = f.offset == ~std::uint64_t{0} ? py::object(py::none()) : py::object(py::int_(f.offset));
+    x["opcode"] = f.opcode;
+    x["global"] = f.global;
+    x["category"] = f.category;
+    x["message"] = f.message;
+    x["why"] = f.why;
+    findings.append(x);
+  }
+  d["findings"] = findings;
+  py::list events;
+  for (const scan::Event& e : r.events) {
+    events.append(py::make_tuple(std::string(scan::event_type_name(e.type)), e.name, e.allowed, e.member, e.offset));
+  }
+  d["events"] = events;
+  return d;
+}
+
+// Checks one allowlist name the way add() would (raises on a bad or
+// hard-blocked name) without keeping it.
+void check_allow_name(const std::string& name, const std::string& as) {
+  Allowlist a;
+  check(a.add(name, as, "safeckpt.add_safe_globals"));
+}
+
+// ---- save: a Checkpoint assembled by Python (python/safeckpt/_save.py) ----
+class PyBuilder {
+ public:
+  std::uint32_t none() { return b_.none(); }
+  std::uint32_t boolean(bool v) { return b_.boolean(v); }
+  std::uint32_t integer(std::int64_t v) { return b_.integer(v); }
+  std::uint32_t big_integer(const std::string& decimal) {
+    Node n;
+    n.kind = Kind::kBigInt;
+    n.text = decimal;
+    return b_.add(std::move(n));
+  }
+  std::uint32_t floating(double v) { return b_.floating(v); }
+  std::uint32_t complex_number(double re, double im) {
+    Node n;
+    n.kind = Kind::kComplex;
+    n.re = re;
+    n.im = im;
+    return b_.add(std::move(n));
+  }
+  std::uint32_t str(const py::handle& s) { return b_.str(utf8_of(s)); }
+  std::uint32_t bytes(const py::bytes& s, bool bytearray) {
+    std::string v = s;
+    if (bytearray) {
+      Node n;
+      n.kind = Kind::kByteArray;
+      n.text = std::move(v);
+      return b_.add(std::move(n));
+    }
+    Bytes raw(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
+    return b_.bytes(raw);
+  }
+  std::uint32_t container(const std::string& kind, std::vector<NodeId> items) {
+    return b_.container(kind_of(kind), std::move(items));
+  }
+  // Fills a container made empty earlier (lets Python keep shared and
+  // self-referencing lists/dicts shared, as the pickler's memo does).
+  void set_items(std::uint32_t node, std::vector<NodeId> items) { b_.values()[node].items = std::move(items); }
+  void set_attrs(std::uint32_t node, std::uint32_t attrs) { b_.values()[node].attrs = attrs; }
+  std::uint32_t dtype(const std::string& name) { return b_.dtype(dtype_of(name)); }
+  std::uint32_t device(const std::string& d) { return b_.device(d); }
+  std::uint32_t add_storage(const std::string& dtype, const py::buffer& data, const std::string& location) {
+    py::buffer_info info = data.request();
+    const auto* p = static_cast<const std::uint8_t*>(info.ptr);
+    std::vector<std::uint8_t> copy(p, p + info.size * info.itemsize);
+    return take(b_.add_storage(dtype_of(dtype), std::move(copy), location));
+  }
+  std::uint32_t add_tensor(const std::string& dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> stride,
+                           std::int64_t storage_offset, std::uint32_t storage, bool requires_grad, bool parameter) {
+    TensorInfo t;
+    t.dtype = dtype_of(dtype);
+    t.shape = std::move(shape);
+    t.stride = std::move(stride);
+    t.storage_offset = storage_offset;
+    t.storage = storage;
+    t.requires_grad = requires_grad;
+    t.is_parameter = parameter;
+    return take(b_.add_tensor(std::move(t)));
+  }
+  void save(const std::string& path, bool overwrite) {
+    b_.set_root(root_);
+    Checkpoint c = take(std::move(b_).finish());
+    SaveOptions o;
+    o.overwrite = overwrite;
+    py::gil_scoped_release nogil;
+    check(safeckpt::save(path, c, o));
+  }
+  py::bytes save_to_bytes() {
+    b_.set_root(root_);
+    Checkpoint c = take(std::move(b_).finish());
+    std::vector<std::uint8_t> out = take(safeckpt::save_to_bytes(c));
+    return {reinterpret_cast<const char*>(out.data()), out.size()};
+  }
+  void set_root(std::uint32_t r) { root_ = r; }
+
+ private:
+  static Kind kind_of(const std::string& k) {
+    static const std::pair<const char*, Kind> table[] = {
+        {"list", Kind::kList},           {"tuple", Kind::kTuple}, {"set", Kind::kSet},
+        {"frozenset", Kind::kFrozenSet}, {"dict", Kind::kDict},   {"ordered_dict", Kind::kOrderedDict},
+        {"counter", Kind::kCounter},     {"size", Kind::kSize},   {"slice", Kind::kSlice},
+    };
+    for (const auto& [name, kind] : table) {
+      if (k == name) {
+        return kind;
+      }
+    }
+    raise(Error(ErrorCode::kInvalidArgument, "unknown container kind " + k));
+  }
+  static DType dtype_of(const std::string& name) {
+    std::optional<DType> d = dtype_from_name(name);
+    if (!d) {
+      raise(Error(ErrorCode::kUnsupported, "dtype " + name + " has no safeckpt equivalent"));
+    }
+    return *d;
+  }
+  CheckpointBuilder b_;
+  NodeId root_ = kNoNode;
+};
+
+}  // namespace
+}  // namespace safeckpt::python
+
+PYBIND11_MODULE(_safeckpt, m) {
+  using namespace safeckpt::python;
+  namespace sc = safeckpt;
+  m.doc() = "Native half of the safeckpt package (see python/safeckpt/__init__.py).";
+  m.attr("__version__") = SAFECKPT_VERSION_STRING;
+  g_error_type = PyErr_NewException("safeckpt._safeckpt.Error", nullptr, nullptr);
+  m.attr("Error") = py::handle(g_error_type);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) {
+        std::rethrow_exception(p);
+      }
+    } catch (const Failure& f) {
+      const sc::Location& w = f.error.where();
+      py::object offset = w.offset == sc::Location::kNoOffset ? py::object(py::none()) : py::object(py::int_(w.offset));
+      py::tuple args =
+          py::make_tuple(std::string(sc::error_code_name(f.error.code())), static_cast<int>(f.error.code()),
+                         text_of(f.error.message()), text_of(w.record), offset, w.opcode, text_of(f.error.to_string()));
+      PyErr_SetObject(g_error_type, args.ptr());
+    }
+  });
+
+  py::class_<Buffer>(m, "_Buffer", py::buffer_protocol())
+      .def_buffer([](Buffer& b) {
+        return py::buffer_info(b.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size)}, {1}, b.readonly);
+      })
+      .def("__len__", [](const Buffer& b) { return b.size; });
+
+  py::class_<PyCheckpoint>(m, "_Checkpoint")
+      .def_property_readonly("format", &PyCheckpoint::format)
+      .def_property_readonly("root", &PyCheckpoint::root)
+      .def("nodes", &PyCheckpoint::nodes)
+      .def("tensors", &PyCheckpoint::tensors)
+      .def("storages", &PyCheckpoint::storages)
+      .def("named_tensors", &PyCheckpoint::named_tensors)
+      .def("storage_buffer", &PyCheckpoint::storage_buffer, py::arg("index"), py::arg("writable"))
+      .def("storage_in_file", &PyCheckpoint::storage_in_file)
+      .def("copy_storage_to", &PyCheckpoint::copy_storage_to)
+      .def("contiguous_bytes", &PyCheckpoint::contiguous_bytes)
+      .def("safetensors_metadata", &PyCheckpoint::safetensors_metadata)
+      .def_property_readonly("device", &PyCheckpoint::device)
+#ifdef SAFECKPT_PYTHON_CUDA
+      .def("storage_dlpack", &PyCheckpoint::storage_dlpack)
+#endif
+      ;
+
+  m.def("load_path", &load_path, py::arg("path"), py::arg("allow"));
+  m.def("load_bytes", &load_bytes_copy, py::arg("data"), py::arg("allow"));
+  m.def("scan_path", &scan_path, py::arg("path"), py::arg("allow"));
+  m.def("check_allow_name", &check_allow_name, py::arg("name"), py::arg("handled_as") = "");
+  m.def("is_blocked", [](const std::string& name) { return sc::Allowlist::is_blocked(name); });
+  m.def("dtype_names", [] {
+    std::vector<std::string> out;
+    out.reserve(static_cast<std::size_t>(sc::DType::kCount_));
+    for (int d = 0; d < static_cast<int>(sc::DType::kCount_); ++d) {
+      out.emplace_back(sc::dtype_name(static_cast<sc::DType>(d)));
+    }
+    return out;
+  });
+  m.def("dtype_size", [](const std::string& name) {
+    std::optional<sc::DType> d = sc::dtype_from_name(name);
+    return d ? sc::dtype_size(*d) : 0u;
+  });
+  m.def("default_allowlist", [] {
+    std::vector<std::string> out;
+    out.reserve(sc::Allowlist::default_policy().entries().size());
+    for (const sc::AllowEntry& e : sc::Allowlist::default_policy().entries()) {
+      out.push_back(e.name);
+    }
+    return out;
+  });
+
+  py::class_<PyBuilder>(m, "_Builder")
+      .def(py::init<>())
+      .def("none", &PyBuilder::none)
+      .def("boolean", &PyBuilder::boolean)
+      .def("integer", &PyBuilder::integer)
+      .def("big_integer", &PyBuilder::big_integer)
+      .def("floating", &PyBuilder::floating)
+      .def("complex", &PyBuilder::complex_number)
+      .def("str", &PyBuilder::str)
+      .def("bytes", &PyBuilder::bytes)
+      .def("container", &PyBuilder::container)
+      .def("set_items", &PyBuilder::set_items)
+      .def("set_attrs", &PyBuilder::set_attrs)
+      .def("dtype", &PyBuilder::dtype)
+      .def("device", &PyBuilder::device)
+      .def("add_storage", &PyBuilder::add_storage)
+      .def("add_tensor", &PyBuilder::add_tensor)
+      .def("set_root", &PyBuilder::set_root)
+      .def("save", &PyBuilder::save)
+      .def("save_to_bytes", &PyBuilder::save_to_bytes);
+
+#ifdef SAFECKPT_PYTHON_CUDA
+  m.attr("has_cuda") = true;
+  m.def(
+      "load_cuda",
+      [](const std::string& path, const std::vector<std::pair<std::string, std::string>>& allow,
+         const std::string& map_location) {
+        sc::Allowlist a = make_allowlist(allow);
+        sc::cuda::DeviceLoadOptions o;
+        o.load.allowlist = &a;
+        o.map_location = map_location;
+        sc::Result<sc::cuda::DeviceCheckpoint> r = [&] {
+          py::gil_scoped_release nogil;
+          return sc::cuda::load_to_device(path, o);
+        }();
+        return PyCheckpoint(take(std::move(r)));
+      },
+      py::arg("path"), py::arg("allow"), py::arg("map_location"));
+#else
+  m.attr("has_cuda") = false;
+#endif
+}
