@@ -3,7 +3,7 @@
 # Run at configure time (CMakeLists.txt includes cmake/CheckLayers.cmake) and
 # as the ctest test layers.includes. The order is defined here, once:
 #
-#   util < container < pickle < torch < checkpoint < save < safetensors < graph < open
+#   util < container < pickle < torch < checkpoint < save < safetensors < dcp < graph < open
 #        < scanner < cuda < cli
 #
 # plus two rules the order alone does not say:
@@ -17,7 +17,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
 
-set(_order util container pickle torch checkpoint save safetensors graph open scanner cuda cli)
+set(_order util container pickle torch checkpoint save safetensors dcp graph open scanner cuda cli)
 set(_hdr_util error dtype mapped_file limits hash version)
 set(_hdr_container zip detect)
 set(_hdr_pickle pickle value)
@@ -25,6 +25,7 @@ set(_hdr_torch allowlist tensor)
 set(_hdr_checkpoint checkpoint json builder)
 set(_hdr_save save)
 set(_hdr_safetensors safetensors)
+set(_hdr_dcp dcp)
 set(_hdr_graph graph)
 set(_hdr_open open)
 set(_hdr_scanner scan)
@@ -44,7 +45,7 @@ endforeach()
 
 # Files and the layer they belong to.
 set(_files)
-foreach(layer util container pickle torch checkpoint save safetensors graph open cuda)
+foreach(layer util container pickle torch checkpoint save safetensors dcp graph open cuda)
   file(GLOB _f ${ROOT}/src/${layer}/*.cpp ${ROOT}/src/${layer}/*.hpp ${ROOT}/src/${layer}/*.cu)
   foreach(f IN LISTS _f)
     list(APPEND _files "${layer}|${f}")
