@@ -53,7 +53,7 @@ void register_run(CLI::App& app, int& exit_code);
 int inspect_pt2(const std::string& path, Bytes file, bool json);
 // torch.distributed.checkpoint directories (cli/dcp.cpp): a directory with a
 // `.metadata` file. inspect: 0 / 1 policy / 2 other refusal; scan: 0 clean,
-// 1 finding, 2 not scanned; convert: to .safetensors only.
+// 1 finding, 2 not scanned; convert: .safetensors (flat FQNs) or .pt (nested, like dcp_to_torch_save).
 bool is_dcp_dir(const std::string& path);
 int inspect_dcp(const std::string& dir, bool json);
 int scan_dcp(const std::string& dir, bool quiet);

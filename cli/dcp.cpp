@@ -143,11 +143,15 @@ int scan_dcp(const std::string& dir, bool quiet) {
 }
 
 int convert_dcp(const std::string& in, const std::string& out, bool force, bool fsync) {
-  const std::string ext = ".safetensors";
-  if (out.size() < ext.size() || out.compare(out.size() - ext.size(), ext.size(), ext) != 0) {
+  auto ends = [&](std::string_view e) {
+    return out.size() >= e.size() && out.compare(out.size() - e.size(), e.size(), e) == 0;
+  };
+  const bool to_safetensors = ends(".safetensors");
+  if (!to_safetensors && !ends(".pt") && !ends(".pth") && !ends(".bin") && !ends(".ckpt")) {
     std::fprintf(stderr,
-                 "safeckpt convert: a DCP directory converts to .safetensors only for now (a .pt output like "
-                 "dcp_to_torch_save is not implemented yet)\n");
+                 "safeckpt convert: cannot tell the output format from %s (use .safetensors, or .pt/.pth/.bin/.ckpt "
+                 "for a PyTorch checkpoint)\n",
+                 out.c_str());
     return 2;
   }
   auto r = DcpCheckpoint::open(in);
@@ -156,7 +160,7 @@ int convert_dcp(const std::string& in, const std::string& out, bool force, bool 
   o.overwrite = force;
   o.fsync = fsync;
   std::vector<std::string> skipped;
-  auto st = dcp_to_safetensors(*r, out, o, &skipped);
+  auto st = to_safetensors ? dcp_to_safetensors(*r, out, o, &skipped) : dcp_to_torch_save(*r, out, o);
   if (!st) {
     if (st.error().code() == ErrorCode::kExists) {
       std::fprintf(stderr, "safeckpt convert: %s exists; pass --force to replace it\n", out.c_str());

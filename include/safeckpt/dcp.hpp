@@ -110,6 +110,12 @@ struct DcpBytesItem {
   std::vector<DcpPathKey> path;
 };
 
+// An entry of state_dict_metadata, in its order: a tensor or a byte item.
+struct DcpItemRef {
+  bool is_tensor = true;
+  std::uint32_t index = 0;  // into tensors() or bytes_items()
+};
+
 struct DcpFile {
   std::string name;        // plain file name, e.g. "__0_0.distcp"
   std::uint64_t size = 0;  // bytes
@@ -136,6 +142,7 @@ class DcpCheckpoint {
   const std::vector<DcpTensor>& tensors() const noexcept { return tensors_; }
   const std::vector<DcpBytesItem>& bytes_items() const noexcept { return bytes_items_; }
   const std::vector<DcpFile>& files() const noexcept { return files_; }
+  const std::vector<DcpItemRef>& items() const noexcept { return items_; }      // state_dict_metadata order
   const std::string& version() const noexcept { return version_; }              // Metadata.version ("" if None)
   const std::string& checkpoint_id() const noexcept { return checkpoint_id_; }  // StorageMeta, as text
   const DcpTensor* find_tensor(std::string_view fqn) const;                     // nullptr if absent
@@ -154,6 +161,7 @@ class DcpCheckpoint {
   std::vector<DcpTensor> tensors_;
   std::vector<DcpBytesItem> bytes_items_;
   std::vector<DcpFile> files_;
+  std::vector<DcpItemRef> items_;
   std::vector<std::unique_ptr<MappedFile>> mapped_;         // one per file (empty after parse_metadata)
   std::map<std::string, std::size_t, std::less<>> by_fqn_;  // tensors_ index
   std::string version_, checkpoint_id_;
@@ -222,6 +230,20 @@ struct DcpConvertOptions {
   bool overwrite = false;
   bool fsync = true;
 };
+// The consolidated nested state dict as torch.distributed.checkpoint.
+// format_utils.dcp_to_torch_save builds it (default_planner.py
+// _EmptyStateDictLoadPlanner + _traverse.py set_element: state_dict_metadata
+// order, each value set along its planner_data path, str keys make dicts and
+// int keys lists padded with None; no path: the FQN as a top-level key),
+// with the non-tensor items' values from the weights-only loader (PyTorch
+// unpickles them with weights_only=False). Tensor bytes go to an unlinked
+// temporary file in `scratch_dir`, mapped by the Checkpoint: memory holds one
+// tensor at a time. Errors: as load_dcp, kIo (scratch file), kUnsupported
+// (a tensor inside a non-tensor item), kMalformed (paths that collide).
+Result<Checkpoint> dcp_to_checkpoint(const DcpCheckpoint& ckpt, const std::filesystem::path& scratch_dir);
+// dcp_to_checkpoint, then safeckpt::save to `out` (atomic; scratch file beside `out`).
+Status dcp_to_torch_save(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
+                         const DcpConvertOptions& options = {});
 Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
                           const DcpConvertOptions& options = {}, std::vector<std::string>* skipped = nullptr);
 

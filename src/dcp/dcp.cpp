@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dcp/internal.hpp"
+#include "safeckpt/builder.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
 #include "util/bytes.hpp"
@@ -185,6 +186,7 @@ Status DcpAccess::assemble(DcpParsed&& p, DcpCheckpoint& c) {
   c.tensors_ = std::move(p.tensors);
   for (std::size_t i = 0; i < c.tensors_.size(); ++i) c.by_fqn_.emplace(c.tensors_[i].fqn, i);
   c.bytes_items_ = std::move(p.bytes_items);
+  c.items_ = std::move(p.items);
   c.version_ = std::move(p.version);
   c.checkpoint_id_ = std::move(p.checkpoint_id);
   return {};
@@ -518,6 +520,212 @@ Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path
     }
     return {};
   });
+}
+
+// ---- the nested state dict (dcp_to_torch_save's layout) ----
+
+namespace {
+
+// The nested containers set_element builds, before they become value nodes.
+struct Nest {
+  enum class Kind : std::uint8_t { kDict, kList, kLeaf, kNone } kind = Kind::kNone;
+  std::vector<std::pair<DcpPathKey, std::size_t>> dict;  // key -> nest index (insertion order)
+  std::vector<std::size_t> list;                         // nest indices
+  NodeId leaf = kNoNode;
+};
+
+bool same_key(const DcpPathKey& a, const DcpPathKey& b) {
+  return a.is_index == b.is_index && (a.is_index ? a.index == b.index : a.key == b.key);
+}
+
+class Nester {
+ public:
+  Nester() { nests_.push_back(Nest{Nest::Kind::kDict, {}, {}, kNoNode}); }
+
+  // _traverse.py set_element(root, path, value).
+  Status set(const std::vector<DcpPathKey>& path, NodeId value, const std::string& fqn) {
+    std::size_t cur = 0;
+    for (std::size_t i = 1; i < path.size(); ++i) {
+      const DcpPathKey& prev = path[i - 1];
+      const Nest::Kind def = path[i].is_index ? Nest::Kind::kList : Nest::Kind::kDict;
+      SAFECKPT_TRY(std::size_t slot, child(cur, prev, fqn));
+      if (nests_[slot].kind == Nest::Kind::kNone) nests_[slot].kind = def;
+      if (nests_[slot].kind == Nest::Kind::kLeaf)
+        return malformed("'" + fqn + "': its path runs through another item's value");
+      cur = slot;
+    }
+    SAFECKPT_TRY(std::size_t slot, child(cur, path.back(), fqn));
+    nests_[slot] = Nest{Nest::Kind::kLeaf, {}, {}, value};
+    return {};
+  }
+
+  // Value nodes, children before parents (iterative post-order).
+  Result<NodeId> emit(CheckpointBuilder& b) const {
+    std::vector<NodeId> node(nests_.size(), kNoNode);
+    std::vector<std::pair<std::size_t, bool>> stack{{0, false}};
+    while (!stack.empty()) {
+      auto [i, expanded] = stack.back();
+      stack.pop_back();
+      const Nest& n = nests_[i];
+      if (!expanded) {
+        stack.push_back({i, true});
+        for (const auto& kv : n.dict) stack.push_back({kv.second, false});
+        for (auto c : n.list) stack.push_back({c, false});
+        continue;
+      }
+      switch (n.kind) {
+        case Nest::Kind::kLeaf: node[i] = n.leaf; break;
+        case Nest::Kind::kNone: node[i] = b.none(); break;
+        case Nest::Kind::kList: {
+          std::vector<NodeId> items;
+          for (auto c : n.list) items.push_back(node[c]);
+          node[i] = b.container(safeckpt::Kind::kList, std::move(items));
+          break;
+        }
+        case Nest::Kind::kDict: {
+          std::vector<NodeId> items;
+          for (const auto& [k, c] : n.dict) {
+            items.push_back(k.is_index ? b.integer(k.index) : b.str(k.key));
+            items.push_back(node[c]);
+          }
+          node[i] = b.container(safeckpt::Kind::kDict, std::move(items));
+          break;
+        }
+      }
+    }
+    return node[0];
+  }
+
+ private:
+  // The slot for `key` in container `cur` (dict: setdefault; list: padded with None).
+  Result<std::size_t> child(std::size_t cur, const DcpPathKey& key, const std::string& fqn) {
+    if (nests_[cur].kind == Nest::Kind::kDict) {
+      for (const auto& kv : nests_[cur].dict)
+        if (same_key(kv.first, key)) return kv.second;
+      nests_.push_back(Nest{});
+      nests_[cur].dict.push_back({key, nests_.size() - 1});
+      return nests_.size() - 1;
+    }
+    if (!key.is_index || key.index < 0 || key.index > (1 << 24))
+      return malformed("'" + fqn + "': a list index in its path is not a small non-negative int");
+    while (nests_[cur].list.size() <= static_cast<std::size_t>(key.index)) {
+      nests_.push_back(Nest{});
+      nests_[cur].list.push_back(nests_.size() - 1);
+    }
+    return nests_[cur].list[static_cast<std::size_t>(key.index)];
+  }
+  std::vector<Nest> nests_;
+};
+
+// Copies the value tree at `root` of `src` into `b` (iteratively; shared
+// nodes stay shared). Tensors and storages are refused.
+Result<NodeId> copy_value(const ValueArena& src, NodeId root, CheckpointBuilder& b, const std::string& fqn) {
+  std::map<NodeId, NodeId> map;
+  std::vector<NodeId> order, stack{root};
+  while (!stack.empty()) {
+    NodeId id = stack.back();
+    stack.pop_back();
+    if (id == kNoNode || map.count(id)) continue;
+    const Node& n = src[id];
+    if (n.kind == safeckpt::Kind::kTensor || n.kind == safeckpt::Kind::kStorage)
+      return make_error(ErrorCode::kUnsupported, "DCP: non-tensor item '" + fqn + "' holds a tensor");
+    Node copy = n;
+    map[id] = b.add(std::move(copy));
+    order.push_back(id);
+    for (NodeId c : n.items) stack.push_back(c);
+    if (n.attrs != kNoNode) stack.push_back(n.attrs);
+  }
+  for (NodeId id : order) {
+    Node& n = b.values()[map[id]];
+    for (NodeId& c : n.items)
+      if (c != kNoNode) c = map[c];
+    if (n.attrs != kNoNode) n.attrs = map[n.attrs];
+  }
+  return map[root];
+}
+
+}  // namespace
+
+Result<Checkpoint> dcp_to_checkpoint(const DcpCheckpoint& ckpt, const std::filesystem::path& scratch_dir) {
+  // 1. Tensor bytes into an unlinked scratch file, one tensor in memory at a time.
+  int fd = ::open(scratch_dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return make_error(ErrorCode::kIo,
+                      "DCP: cannot create a scratch file in " + scratch_dir.string() + ": " + std::strerror(errno));
+  std::vector<std::uint64_t> offset(ckpt.tensors().size(), 0), bytes(ckpt.tensors().size(), 0);
+  std::uint64_t cursor = 0;
+  {
+    std::vector<std::uint8_t> buf;
+    for (std::size_t i = 0; i < ckpt.tensors().size(); ++i) {
+      const DcpTensor& t = ckpt.tensors()[i];
+      std::uint64_t n = 0, nb = 0;
+      if (!numel_of(t.shape, n) || !util::checked_mul(n, dtype_size(t.dtype), nb) ||
+          nb > ckpt.options().dcp.max_box_bytes) {
+        ::close(fd);
+        return make_error(ErrorCode::kLimitExceeded, "DCP: '" + t.fqn + "' larger than max_box_bytes");
+      }
+      if (nb == 0) continue;  // offset 0, no bytes
+      buf.assign(nb, 0);
+      Status st = load_dcp_box(ckpt, t, DcpBox{std::vector<std::int64_t>(t.shape.size(), 0), t.shape}, buf.data(), nb);
+      if (!st) {
+        ::close(fd);
+        return unexpected(std::move(st).error());
+      }
+      cursor = (cursor + 63) / 64 * 64;
+      offset[i] = cursor;
+      bytes[i] = nb;
+      for (std::uint64_t done = 0; done < nb;) {
+        const ssize_t w = ::pwrite(fd, buf.data() + done, nb - done, static_cast<off_t>(cursor + done));
+        if (w <= 0) {
+          const int e = errno;
+          ::close(fd);
+          return make_error(ErrorCode::kIo, std::string("DCP: writing the scratch file: ") + std::strerror(e));
+        }
+        done += static_cast<std::uint64_t>(w);
+      }
+      cursor += nb;
+    }
+  }
+  SAFECKPT_TRY(MappedFile scratch, MappedFile::adopt(fd, scratch_dir / "<scratch>"));
+  CheckpointBuilder b(std::move(scratch));
+  const Bytes file = b.file_bytes();
+  // 2. The nested tree in state_dict_metadata order.
+  Nester nest;
+  for (const DcpItemRef& ref : ckpt.items()) {
+    NodeId value = kNoNode;
+    const std::string* fqn = nullptr;
+    const std::vector<DcpPathKey>* path = nullptr;
+    if (ref.is_tensor) {
+      const DcpTensor& t = ckpt.tensors()[ref.index];
+      fqn = &t.fqn;
+      path = &t.path;
+      SAFECKPT_TRY(std::uint32_t s, b.add_storage_borrowed(t.dtype, file.subspan(offset[ref.index], bytes[ref.index]),
+                                                           "cpu", offset[ref.index]));
+      SAFECKPT_TRY(value, b.add_tensor(t.dtype, t.shape, s));
+    } else {
+      const DcpBytesItem& item = ckpt.bytes_items()[ref.index];
+      fqn = &item.fqn;
+      path = &item.path;
+      SAFECKPT_TRY(Checkpoint v, ckpt.load_bytes_item(item));
+      SAFECKPT_TRY(value, copy_value(v.values(), v.root(), b, item.fqn));
+    }
+    const std::vector<DcpPathKey> top{DcpPathKey{false, *fqn, 0}};
+    SAFECKPT_CHECK(nest.set(path->empty() ? top : *path, value, *fqn));
+  }
+  SAFECKPT_TRY(NodeId root, nest.emit(b));
+  b.set_root(root);
+  b.set_format(FileFormat::kTorchZip);
+  return std::move(b).finish();
+}
+
+Status dcp_to_torch_save(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
+                         const DcpConvertOptions& options) {
+  const std::filesystem::path dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
+  SAFECKPT_TRY(Checkpoint c, dcp_to_checkpoint(ckpt, dir));
+  SaveOptions so;
+  so.overwrite = options.overwrite;
+  so.fsync = options.fsync;
+  return save(out, c, so);
 }
 
 }  // namespace safeckpt

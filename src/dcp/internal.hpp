@@ -22,6 +22,7 @@ struct DcpParsed {
   std::vector<DcpTensor> tensors;         // chunks without file/offset/length yet
   std::vector<DcpBytesItem> bytes_items;  // without file/offset/length yet
   std::vector<DcpStorageEntry> storage;
+  std::vector<DcpItemRef> items;  // state_dict_metadata order
   std::string version, checkpoint_id;
 };
 

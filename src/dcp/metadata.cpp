@@ -346,6 +346,7 @@ Status parse_dcp_metadata(Bytes data, const DcpOptions& options, DcpParsed& out)
       DcpBytesItem b;
       b.fqn = fqn;
       b.path = std::move(path);
+      out.items.push_back(DcpItemRef{false, static_cast<std::uint32_t>(out.bytes_items.size())});
       out.bytes_items.push_back(std::move(b));
       continue;
     }
@@ -390,6 +391,7 @@ Status parse_dcp_metadata(Bytes data, const DcpOptions& options, DcpParsed& out)
       SAFECKPT_TRY(c.sizes, r.size(cm["sizes"], "chunk sizes of '" + fqn + "'"));
       t.chunks.push_back(std::move(c));
     }
+    out.items.push_back(DcpItemRef{true, static_cast<std::uint32_t>(out.tensors.size())});
     out.tensors.push_back(std::move(t));
   }
   return {};

@@ -72,3 +72,15 @@ TEST_CASE("cli dcp: convert DIR OUT.safetensors equals PyTorch's full tensors") 
   CHECK(test_support::run_cli("convert " + (kDcp / "fsdp2-adamw-ws2" / "dcp").string() + " " + out.string()).code == 2);
   fs::remove(out);
 }
+
+TEST_CASE("cli dcp: convert DIR OUT.pt writes the nested state dict") {
+  const fs::path out = fs::temp_directory_path() / "safeckpt_cli_dcp_placements.pt";
+  fs::remove(out);
+  auto r = test_support::run_cli("convert " + (kDcp / "placements-ws4" / "dcp").string() + " " + out.string());
+  REQUIRE(r.code == 0);
+  auto shown = test_support::run_cli("inspect " + out.string());
+  REQUIRE(shown.code == 0);
+  CHECK(shown.out.find("model.layers.1") != std::string::npos);
+  CHECK(shown.out.find("config.betas") != std::string::npos);
+  fs::remove(out);
+}

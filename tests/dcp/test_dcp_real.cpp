@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "safeckpt/dcp.hpp"
+#include "safeckpt/json.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "support/tree_json.hpp"
 
 using namespace safeckpt;
 namespace fs = std::filesystem;
@@ -305,4 +307,37 @@ TEST_CASE("dcp: a rank's load reads only the chunks its box needs") {
   CHECK(all.error().code() == ErrorCode::kUnsupported);  // load_bytes: not a torch.save file
   CHECK(all.error().message().find("__3_0.distcp") != std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("dcp: the nested checkpoint equals PyTorch's dcp_to_torch_save output") {
+  for (const char* name : kCases) {
+    CAPTURE(name);
+    DcpCheckpoint c = open_case(name);
+    auto ours = dcp_to_checkpoint(c, fs::temp_directory_path());
+    REQUIRE_MESSAGE(ours.has_value(), (ours ? "" : ours.error().to_string()));
+    auto ref = load(case_dir(name) / "consolidated.pt");
+    REQUIRE_MESSAGE(ref.has_value(), (ref ? "" : ref.error().to_string()));
+    auto a = to_json(*ours);
+    auto b = to_json(*ref);
+    REQUIRE(a.has_value());
+    REQUIRE(b.has_value());
+    auto ja = nlohmann::json::parse(*a);
+    auto jb = nlohmann::json::parse(*b);
+    test_support::normalize(ja);
+    test_support::normalize(jb);
+    CHECK_MESSAGE(ja == jb, test_support::first_diff(ja, jb));
+    // Saved and loaded again: the same tree.
+    const fs::path out = fs::temp_directory_path() / (std::string("safeckpt_dcp_") + name + ".pt");
+    DcpConvertOptions co;
+    co.overwrite = true;
+    co.fsync = false;
+    auto st = dcp_to_torch_save(c, out, co);
+    REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+    auto back = load(out);
+    REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
+    auto jc = nlohmann::json::parse(*to_json(*back));
+    test_support::normalize(jc);
+    CHECK_MESSAGE(jc == jb, test_support::first_diff(jc, jb));
+    fs::remove(out);
+  }
 }
