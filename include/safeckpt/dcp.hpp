@@ -29,8 +29,8 @@
 //
 // The layout is then checked exactly (errors name the FQN and the file):
 //  - every tensor's chunks lie inside the global shape, non-empty chunks do
-//    not overlap and cover it (sum of chunk numels = numel, pairwise
-//    disjoint); empty chunks (uneven Shard over many ranks) are allowed;
+//    not overlap and cover it (checked exactly on the grid the chunk
+//    boundaries make); empty chunks (uneven Shard over many ranks) are allowed;
 //  - every chunk and byte item has exactly one storage entry (MetadataIndex
 //    fqn + offset; duplicates are kMalformed) and no entry is left over;
 //  - relative_path is a plain file name (no '/', no "..", not ".metadata")
@@ -70,6 +70,9 @@ struct DcpLimits {
   std::uint32_t max_ndim = 64;                    // dimensions of a tensor
   std::uint64_t max_byte_item_bytes = 1u << 30;   // one non-tensor item's torch.save bytes
   std::uint64_t max_box_bytes = 1ull << 40;       // one tensor (or plan box) assembled in memory
+  // Grid cells the tiling check marks over all tensors (a DTensor layout:
+  // one per chunk; see src/dcp/dcp.cpp check_tiling).
+  std::uint64_t max_grid_cells = 64ull << 20;
 };
 
 struct DcpOptions {

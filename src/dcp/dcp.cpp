@@ -64,7 +64,12 @@ bool plain_name(const std::string& n) {
 }
 
 // Chunks inside the tensor, non-empty ones pairwise disjoint and covering it.
-Status check_tiling(const DcpTensor& t) {
+// Exact and bounded: the distinct chunk boundaries of each dimension cut the
+// tensor into a grid; every non-empty chunk is a block of grid cells, and the
+// chunks tile the tensor exactly when every cell is marked once. `cells_left`
+// caps the cells marked over the whole checkpoint (a DTensor layout has one
+// cell per chunk; a hostile one cannot make this quadratic).
+Status check_tiling(const DcpTensor& t, std::uint64_t& cells_left) {
   const std::size_t nd = t.shape.size();
   std::uint64_t total = 0;
   if (!numel_of(t.shape, total)) return malformed("shape of '" + t.fqn + "' overflows");
@@ -83,24 +88,56 @@ Status check_tiling(const DcpTensor& t) {
       return malformed("chunk sizes of '" + t.fqn + "' overflow");
     if (n > 0) nonempty.push_back(&c);
   }
-  // Disjointness: sort by the first offset, compare only chunks whose dim-0 ranges meet.
-  if (nd > 0) {
-    std::sort(nonempty.begin(), nonempty.end(),
-              [](const DcpChunk* a, const DcpChunk* b) { return a->offsets < b->offsets; });
-    for (std::size_t i = 0; i < nonempty.size(); ++i)
-      for (std::size_t j = i + 1; j < nonempty.size(); ++j) {
-        const DcpChunk& a = *nonempty[i];
-        const DcpChunk& b = *nonempty[j];
-        if (b.offsets[0] >= a.offsets[0] + a.sizes[0]) break;
-        bool overlap = true;
-        for (std::size_t d = 0; d < nd && overlap; ++d)
-          overlap = a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];
-        if (overlap)
-          return malformed("chunks at " + dims_text(a.offsets) + " and " + dims_text(b.offsets) + " of '" + t.fqn +
-                           "' overlap");
+  if (nd == 0) {
+    if (nonempty.size() > 1) return malformed("chunks at [] and [] of 0-dim tensor '" + t.fqn + "' overlap");
+  } else if (!nonempty.empty()) {
+    std::vector<std::vector<std::int64_t>> cuts(nd);
+    for (const DcpChunk* c : nonempty)
+      for (std::size_t d = 0; d < nd; ++d) {
+        cuts[d].push_back(c->offsets[d]);
+        cuts[d].push_back(c->offsets[d] + c->sizes[d]);
       }
-  } else if (nonempty.size() > 1) {
-    return malformed("0-dim tensor '" + t.fqn + "' has " + std::to_string(nonempty.size()) + " chunks");
+    std::uint64_t cells = 1;
+    std::vector<std::uint64_t> stride(nd, 1);
+    for (std::size_t d = nd; d-- > 0;) {
+      cuts[d].push_back(0);
+      cuts[d].push_back(t.shape[d]);
+      std::sort(cuts[d].begin(), cuts[d].end());
+      cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+      stride[d] = cells;
+      if (!util::checked_mul(cells, cuts[d].size() - 1, cells) || cells > cells_left)
+        return make_error(ErrorCode::kLimitExceeded,
+                          "DCP: the chunk grid of '" + t.fqn + "' is too fine to check (more cells than the cap)");
+    }
+    cells_left -= cells;
+    std::vector<bool> mark(cells, false);
+    std::vector<std::size_t> lo(nd), hi(nd), idx(nd);
+    for (const DcpChunk* c : nonempty) {
+      for (std::size_t d = 0; d < nd; ++d) {
+        lo[d] =
+            static_cast<std::size_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), c->offsets[d]) - cuts[d].begin());
+        hi[d] = static_cast<std::size_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), c->offsets[d] + c->sizes[d]) -
+                                         cuts[d].begin());
+        idx[d] = lo[d];
+      }
+      while (true) {
+        std::uint64_t cell = 0;
+        for (std::size_t d = 0; d < nd; ++d) cell += idx[d] * stride[d];
+        if (mark[cell])
+          return malformed("chunk at " + dims_text(c->offsets) + " of '" + t.fqn + "' overlaps another chunk");
+        mark[cell] = true;
+        std::size_t d = nd;
+        while (d > 0 && ++idx[d - 1] == hi[d - 1]) {
+          idx[d - 1] = lo[d - 1];
+          --d;
+        }
+        if (d == 0) break;
+      }
+    }
+    if (std::find(mark.begin(), mark.end(), false) != mark.end() || sum != total)
+      return malformed("chunks of '" + t.fqn + "' cover " + std::to_string(sum) + " of its " + std::to_string(total) +
+                       " elements (a gap)");
+    return {};
   }
   if (sum != total)
     return malformed("chunks of '" + t.fqn + "' cover " + std::to_string(sum) + " of its " + std::to_string(total) +
@@ -162,9 +199,10 @@ Status DcpAccess::assemble(DcpParsed&& p, DcpCheckpoint& c) {
     used[it->second] = true;
     return it->second;
   };
+  std::uint64_t cells_left = o.dcp.max_grid_cells;
   for (auto& t : p.tensors) {
     if (t.shape.size() > o.dcp.max_ndim) return make_error(ErrorCode::kLimitExceeded, "DCP: too many dims");
-    SAFECKPT_CHECK(check_tiling(t));
+    SAFECKPT_CHECK(check_tiling(t, cells_left));
     for (auto& ch : t.chunks) {
       SAFECKPT_TRY(std::size_t e, take(t.fqn, true, ch.offsets, "chunk"));
       SAFECKPT_TRY(ch.file, file_index(p.storage[e]));

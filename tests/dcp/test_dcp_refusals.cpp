@@ -256,3 +256,23 @@ TEST_CASE("dcp refusals: truncated metadata never crashes") {
     CHECK_FALSE(r.has_value());
   }
 }
+
+TEST_CASE("dcp refusals: 2-D tilings (grid check)") {
+  // A 2x2 grid of [2,2] blocks over [4,4]: accepted.
+  Tensor grid{
+      "g", {4, 4}, {Chunk{{0, 0}, {2, 2}}, Chunk{{0, 2}, {2, 2}}, Chunk{{2, 0}, {2, 2}}, Chunk{{2, 2}, {2, 2}}}};
+  auto ok = parse(metadata({grid}));
+  REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+  // Same element count, but one block shifted: an overlap and a gap.
+  Tensor bad{"g", {4, 4}, {Chunk{{0, 0}, {2, 2}}, Chunk{{0, 2}, {2, 2}}, Chunk{{2, 0}, {2, 2}}, Chunk{{1, 1}, {2, 2}}}};
+  expect_error(parse(metadata({bad})), ErrorCode::kMalformed, "overlaps");
+  // L-shaped cover with a hole at [2..4, 2..4] and a [4,2] column elsewhere: element count equal, gap.
+  Tensor hole{"g", {4, 4}, {Chunk{{0, 0}, {2, 4}}, Chunk{{2, 0}, {2, 2}}}};
+  expect_error(parse(metadata({hole})), ErrorCode::kMalformed, "gap");
+  // A grid finer than the cap.
+  DcpOptions tiny;
+  tiny.dcp.max_grid_cells = 3;
+  const std::string md = metadata({grid});
+  auto capped = DcpCheckpoint::parse_metadata(Bytes(reinterpret_cast<const std::uint8_t*>(md.data()), md.size()), tiny);
+  expect_error(capped, ErrorCode::kLimitExceeded, "too fine");
+}
