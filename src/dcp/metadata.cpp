@@ -16,7 +16,6 @@
 namespace safeckpt {
 namespace {
 
-constexpr std::string_view kMd = "torch.distributed.checkpoint.metadata.";
 constexpr std::string_view kMetadata = "torch.distributed.checkpoint.metadata.Metadata";
 constexpr std::string_view kTensorMd = "torch.distributed.checkpoint.metadata.TensorStorageMetadata";
 constexpr std::string_view kBytesMd = "torch.distributed.checkpoint.metadata.BytesStorageMetadata";
