@@ -32,7 +32,11 @@ std::string item_text(const DcpCheckpoint& c, const DcpBytesItem& b) {
   std::string s = *t;
   while (!s.empty() && s.back() == '\n') s.pop_back();
   const auto nl = s.rfind('\n');
-  return nl == std::string::npos ? s : s.substr(nl + 1);
+  std::string line = nl == std::string::npos ? s : s.substr(nl + 1);
+  line.erase(0, line.find_first_not_of(' '));
+  constexpr std::string_view kRoot = "<root> = ";
+  if (line.rfind(kRoot, 0) == 0) line.erase(0, kRoot.size());
+  return line;
 }
 
 int refused(const std::string& what, const Error& e) {
