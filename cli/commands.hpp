@@ -56,5 +56,12 @@ void register_bench_engine(CLI::App& app, int& exit_code);
 // `safeckpt inspect` on a PT2 archive: what `inspect-program` prints for the
 // mapped bytes `file` (borrowed), text or JSON; its exit code.
 int inspect_pt2(const std::string& path, Bytes file, bool json);
+// torch.distributed.checkpoint directories (cli/dcp.cpp): a directory with a
+// `.metadata` file. inspect: 0 / 1 policy / 2 other refusal; scan: 0 clean,
+// 1 finding, 2 not scanned; convert: .safetensors (flat FQNs) or .pt (nested, like dcp_to_torch_save).
+bool is_dcp_dir(const std::string& path);
+int inspect_dcp(const std::string& dir, bool json);
+int scan_dcp(const std::string& dir, bool quiet);
+int convert_dcp(const std::string& in, const std::string& out, bool force, bool fsync);
 
 }  // namespace safeckpt::cli

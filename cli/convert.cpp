@@ -77,6 +77,7 @@ int run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "safeckpt convert: --legacy applies to PyTorch outputs only\n");
     return 2;
   }
+  if (is_dcp_dir(a.in)) return convert_dcp(a.in, a.out, a.force, !a.no_fsync);
   Allowlist allow = Allowlist::default_policy();
   if (auto st = add_allow_args(allow, a.allow_files); !st) return fail("bad --allow", st.error());
   auto in = read_input(a, allow);

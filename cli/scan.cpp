@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -229,7 +230,20 @@ void register_scan(CLI::App& app, int& exit_code) {
   cmd->add_option("--base", args->base, "directory SARIF's %SRCROOT% stands for (default: the current directory)");
   cmd->add_flag("--no-color", args->no_color, "no colours in the text report (also NO_COLOR=1)");
   cmd->add_flag("--progress", args->progress, "progress on stderr even when it is not a terminal");
-  cmd->callback([args, &exit_code] { exit_code = run_scan(*args); });
+  cmd->callback([args, &exit_code] {
+    // DCP directories (a `.metadata` inside) are audited as one checkpoint
+    // (cli/dcp.cpp), the other paths as files; the exit code is the worst.
+    ScanArgs files = *args;
+    files.paths.clear();
+    int dcp_code = 0;
+    for (const auto& p : args->paths) {
+      if (is_dcp_dir(p))
+        dcp_code = std::max(dcp_code, scan_dcp(p, args->quiet));
+      else
+        files.paths.push_back(p);
+    }
+    exit_code = files.paths.empty() ? dcp_code : std::max(dcp_code, run_scan(files));
+  });
 }
 
 }  // namespace safeckpt::cli

@@ -3,7 +3,7 @@
 # Run at configure time (CMakeLists.txt includes cmake/CheckLayers.cmake) and
 # as the ctest test layers.includes. The order is defined here, once:
 #
-#   util < container < pickle < torch < checkpoint < save < safetensors < graph < enginecache
+#   util < container < pickle < torch < checkpoint < save < safetensors < dcp < graph < enginecache
 #        < open < sign < scanner < cuda < engine < cli < python (the Python package's native module)
 #
 # plus two rules the order alone does not say:
@@ -22,7 +22,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_layers.cmake")
 endif()
 
-set(_order util container pickle torch checkpoint save safetensors graph enginecache open sign scanner cuda engine cli python)
+set(_order util container pickle torch checkpoint save safetensors dcp graph enginecache open sign scanner cuda engine cli python)
 set(_hdr_util error dtype mapped_file limits hash version)
 set(_hdr_container zip detect)
 set(_hdr_pickle pickle value)
@@ -33,6 +33,7 @@ set(_hdr_save save)
 set(_hdr_safetensors safetensors safetensors_reader safetensors_writer)
 set(_hdr_graph graph graph_plan)
 set(_hdr_enginecache compile_cache)
+set(_hdr_dcp dcp)
 set(_hdr_open open)
 set(_hdr_sign sign)
 set(_hdr_scanner scan)
@@ -53,7 +54,7 @@ endforeach()
 
 # Files and the layer they belong to.
 set(_files)
-foreach(layer util container pickle torch checkpoint save safetensors graph enginecache open sign cuda engine)
+foreach(layer util container pickle torch checkpoint save safetensors dcp graph enginecache open sign cuda engine)
   file(GLOB _f ${ROOT}/src/${layer}/*.cpp ${ROOT}/src/${layer}/*.hpp ${ROOT}/src/${layer}/*.cu)
   foreach(f IN LISTS _f)
     list(APPEND _files "${layer}|${f}")

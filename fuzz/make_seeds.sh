@@ -17,7 +17,7 @@ corpus=$here/../tests/data/corpus
 
 # Every target gets a directory, even one with no seeds from the corpus
 # (safetensors: hand-made seeds in fuzz/corpus/safetensors only).
-for t in zip pickle pickle_torch load scan differential safetensors roundtrip graph bundle; do
+for t in zip pickle pickle_torch load scan differential safetensors roundtrip graph bundle dcp_metadata; do
   mkdir -p "$out/$t"
 done
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/safeckpt-seeds.XXXXXX")
@@ -98,6 +98,14 @@ for f in "$pt2"/*.pt2; do
     seed graph "$stem.json" "$tmp/model.json" 001 005
   fi
   case $stem in *mlp* | *cnn*) seed graph "$stem" "$f" 000 004 ;; esac
+  n=$((n + 1))
+done
+# dcp_metadata: the .metadata pickles of tests/data/dcp-2.11 (000 = default
+# limits, 001 = tiny limits); fuzz/corpus/dcp_metadata holds the same with 000.
+for f in "$here"/../tests/data/dcp-2.11/*/dcp/.metadata; do
+  [ -f "$f" ] || continue
+  stem=dcp-2.11_$(basename "$(dirname "$(dirname "$f")")")
+  seed dcp_metadata "$stem" "$f" 000 001
   n=$((n + 1))
 done
 echo "make_seeds: $n corpus files -> $out ($(ls "$out" | tr '\n' ' '))"

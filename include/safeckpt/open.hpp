@@ -12,6 +12,12 @@
 //       file names in the index's directory, each opened once, tensor names
 //       unique across shards and equal to the weight_map;
 //       safeckpt/safetensors_reader.hpp);
+//   torch.distributed.checkpoint directory (a directory with `.metadata`)
+//       -> DcpCheckpoint::open + dcp_to_checkpoint (safeckpt/dcp.hpp): the
+//       consolidated nested state dict (dcp_to_torch_save's layout), tensor
+//       bytes in an unlinked scratch file in the temporary directory; the
+//       options' allowlist is not used (DCP metadata has its own fixed set;
+//       non-tensor items use the default weights-only policy);
 //   PT2 program (torch.export / AOTInductor zip) -> kUnsupported: a program,
 //       not a checkpoint; read it with graph::Pt2Archive (safeckpt/graph.hpp;
 //       `safeckpt inspect` routes it there); TorchScript, tar, compressed wrappers and
@@ -31,7 +37,9 @@
 
 namespace safeckpt {
 
-// Errors: kIo (open/stat/mmap, a shard that cannot be opened), and every
+// Errors: kIo (open/stat/mmap, a shard that cannot be opened), kUnsupported
+// (a directory without .metadata), the errors of DcpCheckpoint::open and
+// dcp_to_checkpoint for a DCP directory, and every
 // error of the reader chosen (load(), load_safetensors(),
 // load_safetensors_index()), located at `path`.
 Result<Checkpoint> open(const std::filesystem::path& path, const LoadOptions& options = {});

@@ -3,11 +3,27 @@
 // is a layer of its own; the sniffing itself is src/container/detect.cpp.
 #include "safeckpt/open.hpp"
 
+#include <system_error>
+
+#include "safeckpt/dcp.hpp"
 #include "safeckpt/safetensors_reader.hpp"
 
 namespace safeckpt {
 
 Result<Checkpoint> open(const std::filesystem::path& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    // A torch.distributed.checkpoint directory (safeckpt/dcp.hpp), consolidated.
+    if (!std::filesystem::exists(path / ".metadata", ec))
+      return make_error(
+          ErrorCode::kUnsupported,
+          path.string() + " is a directory without a .metadata file (not a torch.distributed.checkpoint)");
+    DcpOptions d;
+    d.limits = options.limits;
+    d.verify_storage_crc = options.verify_storage_crc;
+    SAFECKPT_TRY(DcpCheckpoint c, DcpCheckpoint::open(path, d));
+    return dcp_to_checkpoint(c, std::filesystem::temp_directory_path(ec));
+  }
   SAFECKPT_TRY(MappedFile f, MappedFile::open(path));
   return open_file(std::move(f), options);
 }

@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "safeckpt/json.hpp"
 #include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "support/save_util.hpp"
+#include "support/tree_json.hpp"
 #include "support/zip_builder.hpp"
 
 namespace fs = std::filesystem;
@@ -345,4 +347,21 @@ TEST_CASE("open: a file renamed over the path after open() is never read") {
     REQUIRE_MESSAGE(st_expect.has_value(), (st_expect ? "" : st_expect.error().to_string()));
     CHECK(*st == *st_expect);
   }
+}
+
+TEST_CASE("open: a torch.distributed.checkpoint directory is its consolidated state dict") {
+  const std::filesystem::path dir = std::filesystem::path(SAFECKPT_TEST_DATA) / "dcp-2.11" / "fsdp2-adamw-ws2";
+  auto c = safeckpt::open(dir / "dcp");
+  REQUIRE_MESSAGE(c.has_value(), (c ? "" : c.error().to_string()));
+  auto ref = safeckpt::load(dir / "consolidated.pt");  // PyTorch's dcp_to_torch_save
+  REQUIRE(ref.has_value());
+  auto a = nlohmann::json::parse(*safeckpt::to_json(*c));
+  auto b = nlohmann::json::parse(*safeckpt::to_json(*ref));
+  test_support::normalize(a);
+  test_support::normalize(b);
+  CHECK_MESSAGE(a == b, test_support::first_diff(a, b));
+  // A directory that is not one.
+  auto none = safeckpt::open(dir / "ranks");
+  REQUIRE_FALSE(none.has_value());
+  CHECK(none.error().code() == safeckpt::ErrorCode::kUnsupported);
 }

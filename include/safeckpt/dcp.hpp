@@ -1,0 +1,253 @@
+// safeckpt/dcp.hpp — torch.distributed.checkpoint (DCP) directories without Python [issue 17].
+//
+// A DCP directory (what `torch.distributed.checkpoint.save` writes with the
+// default FileSystemWriter, PyTorch 2.4-2.11) holds:
+//  - `.metadata`: a pickle of torch.distributed.checkpoint.metadata.Metadata
+//    (PyTorch itself reads it with plain pickle, i.e. weights_only=False);
+//  - `__<rank>_<n>.distcp`: the writers' data files. Every item is a byte
+//    range (_StorageInfo: relative_path, offset, length). A tensor chunk's
+//    range is a complete `torch.save(tensor)` zip (filesystem.py _write_item,
+//    SerializationFormat.TORCH_SAVE); a non-tensor item's range is the
+//    `torch.save(obj)` bytes the planner made (default_planner.py).
+//
+// The metadata is read by the restricted pickle machine with hooks of its
+// own (not the weights-only allowlist, not extendable): exactly these globals
+// are accepted, each modelled as the struct below with its fields checked —
+//   torch.distributed.checkpoint.metadata.{Metadata, TensorStorageMetadata,
+//     BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
+//     MetadataIndex, StorageMeta, _MEM_FORMAT_ENCODING},
+//   torch.distributed.checkpoint.filesystem._StorageInfo,
+//   torch.Size, torch.<dtype>, torch.serialization._get_layout,
+//   pathlib.PosixPath / pathlib.PurePosixPath (StorageMeta.checkpoint_id, kept as text).
+// Anything else is kDisallowedGlobal; a call or BUILD the classes do not
+// make (a dataclass built twice, NEWOBJ with arguments, a dtype called) is
+// kDisallowedOperation; an unknown or missing field, or a field of the wrong
+// type, is kMalformed naming the class and field. Source:
+// torch/distributed/checkpoint/metadata.py (dataclasses; TensorProperties'
+// __getstate__ tuple), filesystem.py (_StorageInfo, whose __getstate__ drops
+// None fields), 2.11.
+//
+// The layout is then checked exactly (errors name the FQN and the file):
+//  - every tensor's chunks lie inside the global shape, non-empty chunks do
+//    not overlap and cover it (checked exactly on the grid the chunk
+//    boundaries make); empty chunks (uneven Shard over many ranks) are allowed;
+//  - every chunk and byte item has exactly one storage entry (MetadataIndex
+//    fqn + offset; duplicates are kMalformed) and no entry is left over;
+//  - relative_path is a plain file name (no '/', no "..", not ".metadata")
+//    of a regular file in the directory (symlinks refused: opened with
+//    O_NOFOLLOW), and offset + length <= its size;
+//  - limits: DcpLimits below.
+// The bytes of a chunk are checked when read: the range must load with
+// safeckpt::load_bytes (the weights-only loader) as one tensor whose dtype
+// is the metadata's and whose shape is the chunk's sizes (kMalformed otherwise).
+// Not supported (kUnsupported): transform_descriptors (compression
+// extensions), SerializationFormat.SAFETENSORS data files.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/dtype.hpp"
+#include "safeckpt/error.hpp"
+#include "safeckpt/limits.hpp"
+#include "safeckpt/mapped_file.hpp"
+
+namespace safeckpt {
+
+struct DcpLimits {
+  std::uint64_t max_metadata_bytes = 256u << 20;  // .metadata file size
+  std::uint64_t max_items = 1u << 20;             // FQNs (tensors + byte items)
+  std::uint64_t max_chunks = 1u << 22;            // chunks over all tensors
+  std::uint64_t max_files = 1u << 16;             // distinct .distcp files
+  std::uint32_t max_ndim = 64;                    // dimensions of a tensor
+  std::uint64_t max_byte_item_bytes = 1u << 30;   // one non-tensor item's torch.save bytes
+  std::uint64_t max_box_bytes = 1ull << 40;       // one tensor (or plan box) assembled in memory
+  // Grid cells the tiling check marks over all tensors (a DTensor layout:
+  // one per chunk; see src/dcp/dcp.cpp check_tiling).
+  std::uint64_t max_grid_cells = 64ull << 20;
+};
+
+struct DcpOptions {
+  Limits limits;  // for the pickle machine and every torch.save payload
+  DcpLimits dcp;
+  bool verify_storage_crc = true;  // passed to load_bytes for each chunk
+};
+
+// One piece of a tensor as one writer saved it (ChunkStorageMetadata + _StorageInfo).
+struct DcpChunk {
+  std::vector<std::int64_t> offsets;  // element offsets in the global tensor, per dim
+  std::vector<std::int64_t> sizes;    // element counts per dim
+  std::uint32_t file = 0;             // index into DcpCheckpoint::files()
+  std::uint64_t offset = 0;           // byte offset of the torch.save payload in the file
+  std::uint64_t length = 0;           // its length in bytes
+};
+
+// One key of the nested state dict (Metadata.planner_data: the flattening
+// path, e.g. ("model", "layers", 0)): a str key or a list index.
+struct DcpPathKey {
+  bool is_index = false;
+  std::string key;
+  std::int64_t index = 0;
+};
+
+struct DcpTensor {
+  std::string fqn;  // DCP's flattened key, e.g. "model.layers.0"
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;  // global shape
+  std::vector<DcpChunk> chunks;     // in the metadata's order
+  std::vector<DcpPathKey> path;     // nesting (empty when planner_data has none)
+};
+
+struct DcpBytesItem {
+  std::string fqn;
+  std::uint32_t file = 0;
+  std::uint64_t offset = 0, length = 0;
+  std::vector<DcpPathKey> path;
+};
+
+// An entry of state_dict_metadata, in its order: a tensor or a byte item.
+struct DcpItemRef {
+  bool is_tensor = true;
+  std::uint32_t index = 0;  // into tensors() or bytes_items()
+};
+
+struct DcpFile {
+  std::string name;        // plain file name, e.g. "__0_0.distcp"
+  std::uint64_t size = 0;  // bytes
+};
+
+class DcpCheckpoint {
+ public:
+  DcpCheckpoint();
+  ~DcpCheckpoint();
+  DcpCheckpoint(DcpCheckpoint&&) noexcept;
+  DcpCheckpoint& operator=(DcpCheckpoint&&) noexcept;
+
+  // Reads and checks `dir`/.metadata and the layout (not the chunk bytes).
+  // Errors: kIo (missing .metadata or data file, unreadable), kMalformed
+  // (pickle damage, bad fields, chunks that overlap / leave gaps / lie
+  // outside the tensor, range past the end of a file, bad file name,
+  // symlink), kDisallowedGlobal / kDisallowedOperation (metadata names
+  // anything outside the set above), kLimitExceeded, kUnsupported.
+  static Result<DcpCheckpoint> open(const std::filesystem::path& dir, const DcpOptions& options = {});
+  // The same for a .metadata pickle in memory whose data files are not
+  // opened: layout checks except file existence and sizes (fuzzing, tests).
+  static Result<DcpCheckpoint> parse_metadata(Bytes metadata, const DcpOptions& options = {});
+
+  const std::vector<DcpTensor>& tensors() const noexcept { return tensors_; }
+  const std::vector<DcpBytesItem>& bytes_items() const noexcept { return bytes_items_; }
+  const std::vector<DcpFile>& files() const noexcept { return files_; }
+  const std::vector<DcpItemRef>& items() const noexcept { return items_; }      // state_dict_metadata order
+  const std::string& version() const noexcept { return version_; }              // Metadata.version ("" if None)
+  const std::string& checkpoint_id() const noexcept { return checkpoint_id_; }  // StorageMeta, as text
+  const DcpTensor* find_tensor(std::string_view fqn) const;                     // nullptr if absent
+  const DcpOptions& options() const noexcept { return options_; }
+
+  // The chunk's payload, loaded with the weights-only loader and checked
+  // against the metadata (one tensor, dtype, shape = chunk sizes). The
+  // returned Checkpoint borrows the mapped data file (valid while *this lives).
+  // Errors: as load_bytes, plus kMalformed (payload does not match).
+  Result<Checkpoint> load_chunk(const DcpTensor& t, const DcpChunk& c) const;
+  // A non-tensor item (torch.save bytes) through the weights-only loader.
+  Result<Checkpoint> load_bytes_item(const DcpBytesItem& item) const;
+
+ private:
+  friend struct DcpAccess;
+  std::vector<DcpTensor> tensors_;
+  std::vector<DcpBytesItem> bytes_items_;
+  std::vector<DcpFile> files_;
+  std::vector<DcpItemRef> items_;
+  std::vector<std::unique_ptr<MappedFile>> mapped_;         // one per file (empty after parse_metadata)
+  std::map<std::string, std::size_t, std::less<>> by_fqn_;  // tensors_ index
+  std::string version_, checkpoint_id_;
+  DcpOptions options_;
+};
+
+// ---- Resharded loading ----
+//
+// A plan says, per tensor FQN, which box (offsets, sizes per dimension) of
+// the global tensor this process wants. Helpers build the boxes DTensor's
+// placements give (torch.chunk semantics, torch/distributed/tensor/
+// placement_types.py Shard._split_tensor: chunk size ceil(n / N), trailing
+// ranks may get fewer rows or none). A multi-GPU loader (issue 18) gives each
+// process its own plan; replicated tensors are the full box on every rank.
+struct DcpBox {
+  std::vector<std::int64_t> offsets, sizes;
+};
+struct DcpPlacement {
+  int shard_dim = -1;  // -1 = Replicate; else Shard(shard_dim)
+};
+// The box rank `rank` of a 1-D or N-D mesh holds: `mesh` = mesh shape,
+// `coord` = this rank's coordinate in it, `placements` one per mesh dim.
+// Errors: kInvalidArgument (sizes mismatch, dim out of range, coord outside mesh).
+Result<DcpBox> dtensor_box(const std::vector<std::int64_t>& global_shape, const std::vector<std::int64_t>& mesh,
+                           const std::vector<std::int64_t>& coord, const std::vector<DcpPlacement>& placements);
+
+struct DcpPlanItem {
+  std::string fqn;
+  DcpBox box;
+};
+struct DcpPlan {
+  std::vector<DcpPlanItem> items;
+  // Every tensor of `ckpt`, whole (one process loads the full model).
+  static DcpPlan full(const DcpCheckpoint& ckpt);
+  // Every tensor as rank `rank` of `world_size` sees it with one placement
+  // for all (Replicate for 0-dim tensors and when shard_dim >= ndim).
+  static DcpPlan uniform(const DcpCheckpoint& ckpt, DcpPlacement p, std::int64_t rank, std::int64_t world_size);
+};
+
+struct DcpLoadedTensor {
+  std::string fqn;
+  DType dtype = DType::kFloat32;
+  DcpBox box;  // what was asked
+  std::vector<std::int64_t> global_shape;
+  std::vector<std::uint8_t> data;  // row-major little-endian bytes of the box (numel x elem size)
+};
+
+// Reads exactly the chunks that intersect each box (others are not
+// touched) and assembles each box in host memory. Errors: kInvalidArgument
+// (unknown FQN, box outside the tensor, duplicate FQN in the plan), chunk
+// errors of load_chunk, kLimitExceeded (a box larger than limits.max_tensor_bytes).
+Result<std::vector<DcpLoadedTensor>> load_dcp(const DcpCheckpoint& ckpt, const DcpPlan& plan);
+Result<std::vector<DcpLoadedTensor>> load_dcp(const std::filesystem::path& dir, const DcpPlan& plan,
+                                              const DcpOptions& options = {});
+// One box of one tensor into `out` (exactly numel x elem size bytes).
+Status load_dcp_box(const DcpCheckpoint& ckpt, const DcpTensor& t, const DcpBox& box, std::uint8_t* out,
+                    std::uint64_t out_bytes);
+
+// ---- Consolidation ----
+// Writes every tensor whole, keyed by its FQN, into a safetensors file
+// (atomically: temp file + fsync + rename), streaming: one tensor in memory
+// at a time. Non-tensor items are not in safetensors; `skipped` (if given)
+// receives their FQNs. Errors: as load_dcp, kExists (unless
+// options.overwrite), kIo, kUnsupported (a dtype safetensors lacks).
+struct DcpConvertOptions {
+  bool overwrite = false;
+  bool fsync = true;
+};
+// The consolidated nested state dict as torch.distributed.checkpoint.
+// format_utils.dcp_to_torch_save builds it (default_planner.py
+// _EmptyStateDictLoadPlanner + _traverse.py set_element: state_dict_metadata
+// order, each value set along its planner_data path, str keys make dicts and
+// int keys lists padded with None; no path: the FQN as a top-level key),
+// with the non-tensor items' values from the weights-only loader (PyTorch
+// unpickles them with weights_only=False). Tensor bytes go to an unlinked
+// temporary file in `scratch_dir`, mapped by the Checkpoint: memory holds one
+// tensor at a time. Errors: as load_dcp, kIo (scratch file), kUnsupported
+// (a tensor inside a non-tensor item), kMalformed (paths that collide).
+Result<Checkpoint> dcp_to_checkpoint(const DcpCheckpoint& ckpt, const std::filesystem::path& scratch_dir);
+// dcp_to_checkpoint, then safeckpt::save to `out` (atomic; scratch file beside `out`).
+Status dcp_to_torch_save(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
+                         const DcpConvertOptions& options = {});
+Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
+                          const DcpConvertOptions& options = {}, std::vector<std::string>* skipped = nullptr);
+
+}  // namespace safeckpt

@@ -1,0 +1,32 @@
+// Internal to the dcp layer: the metadata as read, before layout checks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "safeckpt/dcp.hpp"
+
+namespace safeckpt {
+
+// One storage_data entry: MetadataIndex (fqn, offset) -> _StorageInfo.
+struct DcpStorageEntry {
+  std::string fqn;
+  bool has_offset = false;
+  std::vector<std::int64_t> offsets;
+  std::string relative_path;
+  std::uint64_t offset = 0, length = 0;
+};
+
+struct DcpParsed {
+  std::vector<DcpTensor> tensors;         // chunks without file/offset/length yet
+  std::vector<DcpBytesItem> bytes_items;  // without file/offset/length yet
+  std::vector<DcpStorageEntry> storage;
+  std::vector<DcpItemRef> items;  // state_dict_metadata order
+  std::string version, checkpoint_id;
+};
+
+// src/dcp/metadata.cpp: runs the pickle with the DCP hooks and reads the typed fields.
+Status parse_dcp_metadata(Bytes data, const DcpOptions& options, DcpParsed& out);
+
+}  // namespace safeckpt

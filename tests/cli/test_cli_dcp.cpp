@@ -1,0 +1,86 @@
+// `safeckpt inspect|scan|convert DIR` on torch.distributed.checkpoint
+// directories written by PyTorch 2.11 (tests/data/dcp-2.11).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "safeckpt/safetensors.hpp"
+#include "support/run_cli.hpp"
+
+namespace fs = std::filesystem;
+using safeckpt::SafetensorsFile;
+
+namespace {
+
+const fs::path kDcp = fs::path(SAFECKPT_TEST_DATA) / "dcp-2.11";
+
+fs::path copy_dir(const fs::path& src, const std::string& tag) {
+  const fs::path dir = fs::temp_directory_path() / ("safeckpt_cli_dcp_" + tag);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), dir / e.path().filename());
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("cli dcp: inspect lists tensors, chunks and non-tensor values") {
+  auto r = test_support::run_cli("inspect " + (kDcp / "placements-ws3" / "dcp").string());
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("6 tensors, 6 other items, 3 data files") != std::string::npos);
+  CHECK(r.out.find("model.b  bfloat16 [4, 12]  3 chunks") != std::string::npos);
+  CHECK(r.out.find("at [0, 8] size [4, 4]  __2_0.distcp") != std::string::npos);
+  CHECK(r.out.find("step = 7") != std::string::npos);
+}
+
+TEST_CASE("cli dcp: scan is clean on real directories and finds damaged ones") {
+  for (const char* c : {"placements-ws2", "uneven-ws4", "mesh2d-ws4", "fsdp2-adamw-ws2"}) {
+    CAPTURE(c);
+    auto r = test_support::run_cli("scan " + (kDcp / c / "dcp").string());
+    CHECK(r.code == 0);
+    CHECK(r.out.find("clean") != std::string::npos);
+  }
+  const fs::path d = copy_dir(kDcp / "placements-ws2" / "dcp", "scan");
+  fs::resize_file(d / "__0_0.distcp", fs::file_size(d / "__0_0.distcp") - 100);
+  auto r = test_support::run_cli("scan " + d.string());
+  CHECK(r.code == 1);
+  CHECK(r.out.find("FINDING") != std::string::npos);
+  CHECK(r.out.find("__0_0.distcp") != std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST_CASE("cli dcp: convert DIR OUT.safetensors equals PyTorch's full tensors") {
+  const fs::path out = fs::temp_directory_path() / "safeckpt_cli_dcp_fsdp2.safetensors";
+  fs::remove(out);
+  auto r = test_support::run_cli("convert " + (kDcp / "fsdp2-adamw-ws2" / "dcp").string() + " " + out.string());
+  REQUIRE(r.code == 0);
+  auto got = SafetensorsFile::open(out);
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.error().to_string()));
+  auto ref = SafetensorsFile::open(kDcp / "fsdp2-adamw-ws2" / "full.safetensors");
+  REQUIRE(ref.has_value());
+  REQUIRE(got->tensors().size() == ref->tensors().size());
+  for (const auto& t : ref->tensors()) {
+    CAPTURE(t.name);
+    const auto* g = got->find(t.name);
+    REQUIRE(g != nullptr);
+    CHECK(std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
+          std::vector<std::uint8_t>(t.data.begin(), t.data.end()));
+  }
+  // Exists: refused without --force.
+  CHECK(test_support::run_cli("convert " + (kDcp / "fsdp2-adamw-ws2" / "dcp").string() + " " + out.string()).code == 2);
+  fs::remove(out);
+}
+
+TEST_CASE("cli dcp: convert DIR OUT.pt writes the nested state dict") {
+  const fs::path out = fs::temp_directory_path() / "safeckpt_cli_dcp_placements.pt";
+  fs::remove(out);
+  auto r = test_support::run_cli("convert " + (kDcp / "placements-ws4" / "dcp").string() + " " + out.string());
+  REQUIRE(r.code == 0);
+  auto shown = test_support::run_cli("inspect " + out.string());
+  REQUIRE(shown.code == 0);
+  CHECK(shown.out.find("model.layers.1") != std::string::npos);
+  CHECK(shown.out.find("config.betas") != std::string::npos);
+  fs::remove(out);
+}

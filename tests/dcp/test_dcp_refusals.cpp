@@ -1,0 +1,278 @@
+// DCP refusals: hand-written .metadata pickles (a small protocol-2 writer
+// below, the shapes of PyTorch 2.11's pickle: NEWOBJ + BUILD dataclasses,
+// TensorProperties' 5-tuple state) and damaged copies of a real directory.
+// Each case is one error code naming what and where.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "safeckpt/dcp.hpp"
+
+using namespace safeckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMd = "torch.distributed.checkpoint.metadata";
+
+struct Chunk {
+  std::vector<std::int64_t> offsets, sizes;
+  std::string file = "__0_0.distcp";
+  std::int64_t offset = 0, length = 64;
+};
+struct Tensor {
+  std::string fqn;
+  std::vector<std::int64_t> shape;
+  std::vector<Chunk> chunks;
+};
+
+// Protocol-2 pickle text of a Metadata (no memo, no frames).
+class Writer {
+ public:
+  std::string s = "\x80\x02";
+  void global(const std::string& mod, const std::string& name) { s += "c" + mod + "\n" + name + "\n"; }
+  void str(const std::string& v) {
+    s += 'X';
+    const auto n = static_cast<std::uint32_t>(v.size());
+    for (int i = 0; i < 4; ++i) s += static_cast<char>((n >> (8 * i)) & 0xff);
+    s += v;
+  }
+  void integer(std::int64_t v) {
+    s += 'J';
+    const auto u = static_cast<std::uint32_t>(static_cast<std::int32_t>(v));
+    for (int i = 0; i < 4; ++i) s += static_cast<char>((u >> (8 * i)) & 0xff);
+  }
+  void size(const std::vector<std::int64_t>& v) {
+    global("torch", "Size");
+    s += '(';
+    for (auto x : v) integer(x);
+    s += "t\x85R";  // TUPLE, TUPLE1, REDUCE
+  }
+  // NEWOBJ of metadata class `cls`, then BUILD with a dict made by `fields`.
+  template <class F>
+  void dataclass(const std::string& mod, const std::string& cls, F fields) {
+    global(mod, cls);
+    s += ")\x81}(";  // EMPTY_TUPLE NEWOBJ EMPTY_DICT MARK
+    fields();
+    s += "ub";  // SETITEMS BUILD
+  }
+  void properties() {
+    global(kMd, "TensorProperties");
+    s += ")\x81(";
+    global("torch", "float32");
+    global("torch.serialization", "_get_layout");
+    str("torch.strided");
+    s += "\x85R\x89";  // TUPLE1 REDUCE NEWFALSE
+    global(kMd, "_MEM_FORMAT_ENCODING");
+    integer(0);
+    s += "\x85R\x89tb";  // TUPLE1 REDUCE NEWFALSE TUPLE BUILD
+  }
+};
+
+std::string metadata(const std::vector<Tensor>& tensors, const std::string& extra_global = "") {
+  Writer w;
+  w.dataclass(kMd, "Metadata", [&] {
+    w.str("state_dict_metadata");
+    w.s += "}(";
+    for (const auto& t : tensors) {
+      w.str(t.fqn);
+      w.dataclass(kMd, "TensorStorageMetadata", [&] {
+        w.str("properties");
+        w.properties();
+        w.str("size");
+        w.size(t.shape);
+        w.str("chunks");
+        w.s += "](";
+        for (const auto& c : t.chunks)
+          w.dataclass(kMd, "ChunkStorageMetadata", [&] {
+            w.str("offsets");
+            w.size(c.offsets);
+            w.str("sizes");
+            w.size(c.sizes);
+          });
+        w.s += "e";  // APPENDS
+      });
+    }
+    w.s += "u";
+    w.str("storage_data");
+    w.s += "}(";
+    for (const auto& t : tensors)
+      for (const auto& c : t.chunks) {
+        w.dataclass(kMd, "MetadataIndex", [&] {
+          w.str("fqn");
+          w.str(t.fqn);
+          w.str("offset");
+          w.size(c.offsets);
+          w.str("index");
+          w.s += 'N';
+        });
+        w.dataclass("torch.distributed.checkpoint.filesystem", "_StorageInfo", [&] {
+          w.str("relative_path");
+          w.str(c.file);
+          w.str("offset");
+          w.integer(c.offset);
+          w.str("length");
+          w.integer(c.length);
+        });
+      }
+    w.s += "u";
+    if (!extra_global.empty()) {
+      w.str("version");
+      w.global(extra_global.substr(0, extra_global.rfind('.')), extra_global.substr(extra_global.rfind('.') + 1));
+    }
+  });
+  w.s += '.';
+  return w.s;
+}
+
+Result<DcpCheckpoint> parse(const std::string& md) {
+  return DcpCheckpoint::parse_metadata(Bytes(reinterpret_cast<const std::uint8_t*>(md.data()), md.size()));
+}
+
+Tensor two_rows(std::vector<Chunk> chunks) {
+  return Tensor{"w", {4, 3}, std::move(chunks)};
+}
+
+void expect_error(const Result<DcpCheckpoint>& r, ErrorCode code, const std::string& needle) {
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == code);
+  CHECK_MESSAGE(r.error().message().find(needle) != std::string::npos, r.error().to_string());
+}
+
+fs::path real_dir() {
+  return fs::path(SAFECKPT_TEST_DATA) / "dcp-2.11" / "placements-ws2" / "dcp";
+}
+
+fs::path copy_real(const std::string& tag) {
+  const fs::path dir = fs::temp_directory_path() / ("safeckpt_dcp_bad_" + tag);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(real_dir())) fs::copy_file(e.path(), dir / e.path().filename());
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("dcp refusals: the hand-written well-formed metadata is accepted (the cases below differ in one thing)") {
+  auto r = parse(metadata({two_rows({Chunk{{0, 0}, {2, 3}}, Chunk{{2, 0}, {2, 3}, "__1_0.distcp"}})}));
+  REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+  REQUIRE(r->tensors().size() == 1);
+  CHECK(r->tensors()[0].chunks.size() == 2);
+  CHECK(r->files().size() == 2);
+}
+
+TEST_CASE("dcp refusals: a foreign global in .metadata") {
+  auto r = parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}}})}, "os.system"));
+  expect_error(r, ErrorCode::kDisallowedGlobal, "os.system");
+  auto r2 = parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}}})}, "torch.distributed.checkpoint.metadata.Evil"));
+  expect_error(r2, ErrorCode::kDisallowedGlobal, "Evil");
+}
+
+TEST_CASE("dcp refusals: chunks that overlap, leave a gap, or lie outside") {
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {3, 3}}, Chunk{{2, 0}, {2, 3}, "__1_0.distcp"}})})),
+               ErrorCode::kMalformed, "overlap");
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {1, 3}}, Chunk{{2, 0}, {2, 3}, "__1_0.distcp"}})})),
+               ErrorCode::kMalformed, "gap");
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {2, 3}}, Chunk{{2, 0}, {3, 3}, "__1_0.distcp"}})})),
+               ErrorCode::kMalformed, "outside");
+  // The same chunk twice: its two storage entries collide first (MetadataIndex = fqn + offset).
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}}, Chunk{{0, 0}, {4, 3}}})})), ErrorCode::kMalformed,
+               "two storage entries for 'w' at [0, 0]");
+}
+
+TEST_CASE("dcp refusals: file names that leave the directory") {
+  for (const char* bad : {"../x.distcp", "/etc/passwd", "a/b.distcp", "..", ".metadata", ""}) {
+    CAPTURE(bad);
+    expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}, bad}})})), ErrorCode::kMalformed,
+                 "not a plain file name");
+  }
+}
+
+TEST_CASE("dcp refusals: damaged copies of a real directory") {
+  SUBCASE("missing shard file") {
+    const fs::path d = copy_real("missing");
+    fs::remove(d / "__1_0.distcp");
+    auto r = DcpCheckpoint::open(d);
+    expect_error(r, ErrorCode::kIo, "__1_0.distcp");
+    fs::remove_all(d);
+  }
+  SUBCASE("byte range past the end of a .distcp") {
+    const fs::path d = copy_real("short");
+    fs::resize_file(d / "__1_0.distcp", fs::file_size(d / "__1_0.distcp") - 1);
+    auto r = DcpCheckpoint::open(d);
+    expect_error(r, ErrorCode::kMalformed, "past the end of __1_0.distcp");
+    fs::remove_all(d);
+  }
+  SUBCASE("a shard file that is a symlink") {
+    const fs::path d = copy_real("symlink");
+    fs::rename(d / "__0_0.distcp", d / "elsewhere");
+    fs::create_symlink(d / "elsewhere", d / "__0_0.distcp");
+    auto r = DcpCheckpoint::open(d);
+    expect_error(r, ErrorCode::kMalformed, "symlink");
+    fs::remove_all(d);
+  }
+  SUBCASE("a chunk whose bytes are not its tensor") {
+    // Swap two equal-length payloads inside __0_0.distcp (model.layers.1, a
+    // float16 [6, 2] chunk at 0, and model.layers.0, an int64 [5] chunk at
+    // 1577: metadata_repr.txt): every range still lies inside the file.
+    const fs::path d = copy_real("swapped");
+    std::string bytes;
+    {
+      std::ifstream in(d / "__0_0.distcp", std::ios::binary);
+      bytes.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+    REQUIRE(bytes.size() > 3154);
+    bytes = bytes.substr(1577, 1577) + bytes.substr(0, 1577) + bytes.substr(3154);
+    {
+      std::ofstream out(d / "__0_0.distcp", std::ios::binary | std::ios::trunc);
+      out << bytes;
+    }
+    auto c = DcpCheckpoint::open(d);
+    REQUIRE_MESSAGE(c.has_value(), (c ? "" : c.error().to_string()));
+    auto r = load_dcp(*c, DcpPlan::full(*c));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK_MESSAGE(r.error().message().find("__0_0.distcp") != std::string::npos, r.error().to_string());
+    CHECK_MESSAGE(r.error().message().find("dtype") != std::string::npos, r.error().to_string());
+    fs::remove_all(d);
+  }
+  SUBCASE("the real .metadata is accepted") {
+    auto r = DcpCheckpoint::open(real_dir());
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+  }
+}
+
+TEST_CASE("dcp refusals: truncated metadata never crashes") {
+  std::ifstream f(real_dir() / ".metadata", std::ios::binary);
+  const std::string md((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  REQUIRE(parse(md).has_value());
+  for (std::size_t n = 0; n < md.size(); n += 7) {
+    auto r = parse(md.substr(0, n));
+    CHECK_FALSE(r.has_value());
+  }
+}
+
+TEST_CASE("dcp refusals: 2-D tilings (grid check)") {
+  // A 2x2 grid of [2,2] blocks over [4,4]: accepted.
+  Tensor grid{
+      "g", {4, 4}, {Chunk{{0, 0}, {2, 2}}, Chunk{{0, 2}, {2, 2}}, Chunk{{2, 0}, {2, 2}}, Chunk{{2, 2}, {2, 2}}}};
+  auto ok = parse(metadata({grid}));
+  REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+  // Same element count, but one block shifted: an overlap and a gap.
+  Tensor bad{"g", {4, 4}, {Chunk{{0, 0}, {2, 2}}, Chunk{{0, 2}, {2, 2}}, Chunk{{2, 0}, {2, 2}}, Chunk{{1, 1}, {2, 2}}}};
+  expect_error(parse(metadata({bad})), ErrorCode::kMalformed, "overlaps");
+  // L-shaped cover with a hole at [2..4, 2..4] and a [4,2] column elsewhere: element count equal, gap.
+  Tensor hole{"g", {4, 4}, {Chunk{{0, 0}, {2, 4}}, Chunk{{2, 0}, {2, 2}}}};
+  expect_error(parse(metadata({hole})), ErrorCode::kMalformed, "gap");
+  // A grid finer than the cap.
+  DcpOptions tiny;
+  tiny.dcp.max_grid_cells = 3;
+  const std::string md = metadata({grid});
+  auto capped = DcpCheckpoint::parse_metadata(Bytes(reinterpret_cast<const std::uint8_t*>(md.data()), md.size()), tiny);
+  expect_error(capped, ErrorCode::kLimitExceeded, "too fine");
+}
