@@ -41,8 +41,8 @@ struct DocUris {
 };
 
 DocUris doc_uris() {
-  const std::string url = SAFECKPT_PROJECT_URL;
-  if (!url.empty()) return {url, url + "/blob/main/scanner/README.md#rules"};
+  const char* const url = SAFECKPT_PROJECT_URL;
+  if (url[0] != '\0') return {url, std::string(url) + "/blob/main/scanner/README.md#rules"};
   namespace fs = std::filesystem;
   auto uris = [](const fs::path& readme, const fs::path& rules) -> DocUris {
     std::error_code e1, e2;
