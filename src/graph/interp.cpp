@@ -1354,6 +1354,7 @@ Status index_tensor(Ctx& c, Outs& outs) {
   if (ix.empty() || ix.size() > x->shape.size())
     return c.fail(ErrorCode::kMalformed, "index.Tensor: too many or no indices");
   std::vector<const std::vector<std::int64_t>*> shapes;
+  shapes.reserve(ix.size());
   for (const HostTensor* t : ix) shapes.push_back(&t->shape);
   SAFECKPT_TRY(std::vector<std::int64_t> bshape, broadcast_shape(c, shapes));
   std::vector<std::int64_t> shape = bshape;
@@ -1369,6 +1370,7 @@ Status index_tensor(Ctx& c, Outs& outs) {
   }
   const auto xs = contiguous_strides(x->shape);
   std::vector<std::vector<std::int64_t>> st;
+  st.reserve(ix.size());
   for (const HostTensor* t : ix) st.push_back(broadcast_strides(t->shape, bshape));
   const std::uint64_t item = dtype_size(x->dtype), n = numel_of(bshape), bytes = block * item;
   std::vector<std::int64_t> pos(bshape.size(), 0);

@@ -69,6 +69,9 @@ def test_hard_blocked_names_are_refused(name):
 
 
 def test_a_dangerous_file_stays_refused_even_when_named():
-    # functools.partial is known-dangerous: allowing it does not let os.system through
-    with pytest.raises(safeckpt.UnsafeGlobalError, match="os.system"):
+    # functools.partial is hard-blocked: naming it in an allowlist is refused
+    # outright, and the file stays refused naming os.system.
+    with pytest.raises(ValueError, match="cannot be allowlisted"):
         safeckpt.load(CORPUS / "mal_functools_partial.pt", allow=["functools.partial"])
+    with pytest.raises(safeckpt.UnsafeGlobalError, match="os.system"):
+        safeckpt.load(CORPUS / "mal_functools_partial.pt")
