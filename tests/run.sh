@@ -16,7 +16,9 @@ jobs=${JOBS:-$(nproc)}
 tests/check_format.sh
 cmake --preset dev -DSAFECKPT_WERROR=ON >/dev/null
 cmake --build --preset dev -j"$jobs"
-ctest --preset dev -j"$jobs" -LE slow
+# --timeout: a test without its own TIMEOUT that hangs fails in 15 minutes
+# instead of using up CI's 90 (ctest's own default is no limit).
+ctest --preset dev -j"$jobs" -LE slow --timeout 900
 if [ "${SAFECKPT_TIDY:-1}" = 1 ]; then
   JOBS=$jobs tests/check_tidy.sh build
 fi
@@ -24,7 +26,7 @@ if [ "${SAFECKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --preset asan-ubsan >/dev/null  # no -Werror: GCC warns spuriously under sanitizers
   cmake --build --preset asan-ubsan -j"$jobs"
   # package: installs and builds an unsanitized consumer (done by dev above).
-  ctest --preset asan-ubsan -j"$jobs" -LE 'slow|cuda|report|package'
+  ctest --preset asan-ubsan -j"$jobs" -LE 'slow|cuda|report|package' --timeout 900
 fi
 fuzz_secs=${SAFECKPT_FUZZ_SECONDS:-90}
 if [ "$fuzz_secs" != 0 ]; then

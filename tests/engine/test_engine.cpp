@@ -24,11 +24,14 @@
 #include "safeckpt/engine.hpp"
 #include "safeckpt/graph.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "support/pt2_corpus.hpp"
 
 using namespace safeckpt;
 using namespace safeckpt::graph;
 using nlohmann::json;
 using safeckpt::engine::Stance;
+using test_support::read_text;
+using test_support::tensor_of;
 
 namespace {
 
@@ -39,24 +42,7 @@ bool have_device() {
 }
 
 std::string data_dir() {
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  return std::string(env != nullptr ? env : SAFECKPT_TEST_DATA) + "/pt2-2.11/";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-HostTensor tensor_of(const SafetensorsFile& f, const std::string& name) {
-  const SafetensorsTensor* t = f.find(name);
-  REQUIRE_MESSAGE(t != nullptr, name);
-  auto dt = dtype_from_safetensors(t->dtype);
-  REQUIRE(dt.has_value());
-  std::vector<std::int64_t> shape(t->shape.begin(), t->shape.end());
-  auto h = make_host_tensor(*dt, shape, t->data);
-  REQUIRE_MESSAGE(h.has_value(), (h ? "" : h.error().to_string()));
-  return *h;
+  return test_support::test_data_dir();
 }
 
 std::vector<float> floats(const HostTensor& t) {
@@ -81,23 +67,9 @@ double check_close(const HostTensor& out, const HostTensor& ref, double atol, do
   return maxdiff;
 }
 
-struct Loaded {
-  Pt2Archive archive;
-  Program program;
-  WeightMap weights;
-};
-
+using Loaded = test_support::LoadedProgram;
 Loaded load_program(const std::string& file) {
-  auto a = Pt2Archive::open_file(data_dir() + file);
-  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
-  auto p = a->program("model");
-  REQUIRE(p.has_value());
-  Program prog = **p;
-  auto st = validate(prog);
-  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
-  auto w = archive_weights(*a);
-  REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
-  return Loaded{std::move(a).value(), std::move(prog), std::move(w).value()};
+  return test_support::load_program(file, true);
 }
 
 using Inputs = std::map<std::string, HostTensor, std::less<>>;

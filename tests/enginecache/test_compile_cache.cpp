@@ -22,6 +22,7 @@
 #include "safeckpt/graph.hpp"
 #include "safeckpt/graph_plan.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/pt2_corpus.hpp"
 #include "support/save_util.hpp"
 
 using namespace safeckpt;
@@ -33,15 +34,8 @@ using safeckpt::save_test::TempDir;
 namespace {
 
 std::vector<std::uint8_t> model_json(const std::string& file) {
-  auto mf = MappedFile::open(std::string(SAFECKPT_TEST_DATA) + "/pt2-2.11/" + file);
-  REQUIRE(mf.has_value());
-  auto zip = ZipArchive::open(mf->bytes(), Limits{});
-  REQUIRE(zip.has_value());
-  const ZipEntry* e = zip->find("models/model.json");
-  REQUIRE(e != nullptr);
-  auto rb = zip->read(*e, true);
-  REQUIRE(rb.has_value());
-  return std::vector<std::uint8_t>(rb->bytes.begin(), rb->bytes.end());
+  const std::string t = test_support::archive_record(test_support::test_data_dir() + file, "models/model.json");
+  return std::vector<std::uint8_t>(t.begin(), t.end());
 }
 
 // A key and entry as the engine would make them for gpt2.core at its example shape.

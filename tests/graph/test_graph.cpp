@@ -17,44 +17,23 @@
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/pt2_corpus.hpp"
 
 using namespace safeckpt;
 using namespace safeckpt::graph;
 using nlohmann::json;
+using test_support::read_text;
+using test_support::tensor_of;
 
 namespace {
 
 std::string data_dir(const std::string& dir = "pt2-2.11") {
-  return std::string(SAFECKPT_TEST_DATA) + "/" + dir + "/";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
+  return test_support::test_data_dir(dir);
 }
 
 // The models/model.json text of an archive.
 std::string program_text(const std::string& file) {
-  auto mf = MappedFile::open(data_dir() + file);
-  REQUIRE(mf.has_value());
-  auto zip = ZipArchive::open(mf->bytes(), Limits{});
-  REQUIRE(zip.has_value());
-  const ZipEntry* e = zip->find("models/model.json");
-  REQUIRE(e != nullptr);
-  auto rb = zip->read(*e, true);
-  REQUIRE(rb.has_value());
-  return std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size());
-}
-
-HostTensor tensor_of(const SafetensorsFile& f, const std::string& name) {
-  const SafetensorsTensor* t = f.find(name);
-  REQUIRE_MESSAGE(t != nullptr, name);
-  auto dt = dtype_from_safetensors(t->dtype);
-  REQUIRE(dt.has_value());
-  std::vector<std::int64_t> shape(t->shape.begin(), t->shape.end());
-  auto h = make_host_tensor(*dt, shape, t->data);
-  REQUIRE_MESSAGE(h.has_value(), (h ? "" : h.error().to_string()));
-  return *h;
+  return test_support::archive_record(data_dir() + file, "models/model.json");
 }
 
 std::vector<float> floats(const HostTensor& t) {
@@ -87,20 +66,9 @@ void check_close(const HostTensor& out, const HostTensor& ref, double atol, doub
   MESSAGE(what << ": max|out-ref| = " << maxdiff << " (max|ref| " << maxref << ")");
 }
 
-struct Loaded {
-  Pt2Archive archive;
-  Program program;
-};
-
+using Loaded = test_support::LoadedProgram;
 Loaded load_program(const std::string& file, const std::string& dir = "pt2-2.11") {
-  auto a = Pt2Archive::open_file(data_dir(dir) + file);
-  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
-  auto p = a->program("model");
-  REQUIRE(p.has_value());
-  Program prog = **p;
-  auto st = validate(prog);
-  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
-  return Loaded{std::move(a).value(), std::move(prog)};
+  return test_support::load_program(file, false, dir);
 }
 
 using Inputs = std::map<std::string, HostTensor, std::less<>>;

@@ -17,6 +17,7 @@
 #include "safeckpt/graph.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/pt2_corpus.hpp"
 #include "support/run_cli.hpp"
 #include "support/zip_builder.hpp"
 
@@ -27,43 +28,18 @@ using nlohmann::json;
 namespace {
 
 std::string pt2_dir() {
-  return std::string(SAFECKPT_TEST_DATA) + "/pt2-2.11/";
+  return test_support::test_data_dir();
 }
-
+using test_support::crafted_mlp;
 std::string file_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
+  return test_support::read_text(path);
 }
-
-// Records of a real archive: name under the root -> bytes, in file order.
 std::vector<std::pair<std::string, std::string>> records(const std::string& file) {
-  auto mf = MappedFile::open(pt2_dir() + file);
-  REQUIRE(mf.has_value());
-  auto zip = ZipArchive::open(mf->bytes(), Limits{});
-  REQUIRE(zip.has_value());
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& e : zip->entries()) {
-    auto rb = zip->read(e, true);
-    REQUIRE(rb.has_value());
-    out.emplace_back(e.name.substr(zip->root().size() + 1),
-                     std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size()));
-  }
-  return out;
+  return test_support::archive_records(pt2_dir() + file);
 }
-
-// mlp.core.pt2 re-zipped with `edits` (record -> new bytes, or nullopt to drop) and `extra` records.
 std::vector<std::uint8_t> crafted(const std::map<std::string, std::optional<std::string>>& edits,
                                   const std::vector<std::pair<std::string, std::string>>& extra = {}) {
-  test_support::ZipBuilder zb("mlp.core");
-  for (auto& [name, data] : records("mlp.core.pt2")) {
-    auto it = edits.find(name);
-    if (it == edits.end())
-      zb.add(name, data);
-    else if (it->second)
-      zb.add(name, *it->second);
-  }
-  for (auto& [name, data] : extra) zb.add(name, data);
-  return zb.finish();
+  return crafted_mlp(edits, extra);
 }
 
 ErrorCode open_code(const std::vector<std::uint8_t>& bytes) {

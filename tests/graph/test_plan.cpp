@@ -18,6 +18,7 @@
 #include "safeckpt/hash.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/pt2_corpus.hpp"
 
 using namespace safeckpt;
 using namespace safeckpt::graph;
@@ -26,29 +27,11 @@ using nlohmann::json;
 namespace {
 
 std::string data_dir() {
-  return std::string(SAFECKPT_TEST_DATA) + "/pt2-2.11/";
+  return test_support::test_data_dir();
 }
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct Loaded {
-  Pt2Archive archive;
-  Program program;
-};
-
-Loaded load_program(const std::string& file) {
-  auto a = Pt2Archive::open_file(data_dir() + file);
-  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
-  auto p = a->program("model");
-  REQUIRE(p.has_value());
-  Program prog = **p;
-  auto st = validate(prog);
-  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
-  return Loaded{std::move(a).value(), std::move(prog)};
-}
+using Loaded = test_support::LoadedProgram;
+using test_support::load_program;
+using test_support::read_text;
 
 using Shapes = std::map<std::string, std::vector<std::int64_t>>;
 
@@ -453,15 +436,8 @@ TEST_CASE("plan: fused elementwise chains carry their ops as data") {
 TEST_CASE("plan: fingerprints cover the program, the symbols and the options") {
   Loaded l = load_program("gpt2_dynbatch.core.pt2");
   // Program::json_sha256 is the SHA-256 of the models/model.json record.
-  auto mf = MappedFile::open(data_dir() + "gpt2_dynbatch.core.pt2");
-  REQUIRE(mf.has_value());
-  auto zip = ZipArchive::open(mf->bytes(), Limits{});
-  REQUIRE(zip.has_value());
-  const ZipEntry* e = zip->find("models/model.json");
-  REQUIRE(e != nullptr);
-  auto rb = zip->read(*e, true);
-  REQUIRE(rb.has_value());
-  CHECK(l.program.json_sha256 == sha256_hex(rb->bytes));
+  const std::string mj = test_support::archive_record(data_dir() + "gpt2_dynbatch.core.pt2", "models/model.json");
+  CHECK(l.program.json_sha256 == sha256_hex(Bytes(reinterpret_cast<const std::uint8_t*>(mj.data()), mj.size())));
 
   ExecutionPlan a = plan_for(l.program, {{"idx", {4, 32}}});
   ExecutionPlan a2 = plan_for(l.program, {{"idx", {4, 32}}});

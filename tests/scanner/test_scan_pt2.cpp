@@ -17,8 +17,8 @@
 #include "safeckpt/graph.hpp"
 #include "safeckpt/scan.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/pt2_corpus.hpp"
 #include "support/run_cli.hpp"
-#include "support/zip_builder.hpp"
 #include "test_scan_helpers.hpp"
 
 using namespace safeckpt;
@@ -30,45 +30,22 @@ using scantest::os_system_pickle;
 namespace {
 
 std::string data_dir(const char* which) {
-  return std::string(SAFECKPT_TEST_DATA) + "/" + which + "/";
+  return test_support::test_data_dir(which);
 }
-
+using test_support::archive_records;
 std::vector<std::pair<std::string, std::string>> records(const std::string& path) {
-  auto mf = MappedFile::open(path);
-  REQUIRE(mf.has_value());
-  auto zip = ZipArchive::open(mf->bytes(), Limits{});
-  REQUIRE(zip.has_value());
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& e : zip->entries()) {
-    auto rb = zip->read(e, true);
-    REQUIRE(rb.has_value());
-    out.emplace_back(e.name.substr(zip->root().size() + 1),
-                     std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size()));
-  }
-  return out;
+  return archive_records(path);
 }
 
 // mlp.core.pt2 re-zipped with `edits` (record -> new bytes, nullopt drops it) and `extra` records.
 std::string crafted(const std::map<std::string, std::optional<std::string>>& edits,
                     const std::vector<std::pair<std::string, std::string>>& extra = {}) {
-  test_support::ZipBuilder zb("mlp.core");
-  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2")) {
-    auto it = edits.find(name);
-    if (it == edits.end())
-      zb.add(name, data);
-    else if (it->second)
-      zb.add(name, *it->second);
-  }
-  for (auto& [name, data] : extra) zb.add(name, data);
-  auto v = zb.finish();
+  auto v = test_support::crafted_mlp(edits, extra);
   return std::string(v.begin(), v.end());
 }
 
 json mlp_json() {
-  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
-    if (name == "models/model.json") return json::parse(data);
-  FAIL("no model.json");
-  return {};
+  return json::parse(test_support::archive_record(data_dir("pt2-2.11") + "mlp.core.pt2", "models/model.json"));
 }
 
 FileReport scan_str(const std::string& b) {

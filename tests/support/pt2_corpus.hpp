@@ -1,0 +1,119 @@
+// Helpers for tests over the real PyTorch 2.11 programs of tests/data/pt2-2.11
+// (see its PROVENANCE.md): paths, the records of an archive, archives crafted
+// from a real one by editing records, loading + validating a program, and the
+// tensors of a <model>.io.safetensors file (PyTorch's inputs and eager outputs).
+// Header-only, doctest assertions: include from test files only.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "safeckpt/graph.hpp"
+#include "safeckpt/mapped_file.hpp"
+#include "safeckpt/safetensors.hpp"
+#include "safeckpt/zip.hpp"
+#include "support/zip_builder.hpp"
+
+namespace test_support {
+
+// tests/data/<dir>/ (SAFECKPT_TEST_DATA_DIR overrides the data root, for the
+// device machine where the binary runs from another tree).
+inline std::string test_data_dir(const std::string& dir = "pt2-2.11") {
+  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
+  return std::string(env != nullptr ? env : SAFECKPT_TEST_DATA) + "/" + dir + "/";
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Records of a real archive at `path`: name under the root -> bytes, in file order.
+inline std::vector<std::pair<std::string, std::string>> archive_records(const std::string& path) {
+  auto mf = safeckpt::MappedFile::open(path);
+  REQUIRE(mf.has_value());
+  auto zip = safeckpt::ZipArchive::open(mf->bytes(), safeckpt::Limits{});
+  REQUIRE(zip.has_value());
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : zip->entries()) {
+    auto rb = zip->read(e, true);
+    REQUIRE(rb.has_value());
+    out.emplace_back(e.name.substr(zip->root().size() + 1),
+                     std::string(reinterpret_cast<const char*>(rb->bytes.data()), rb->bytes.size()));
+  }
+  return out;
+}
+
+// One record (name under the root, e.g. "models/model.json") of the archive at `path`.
+inline std::string archive_record(const std::string& path, const std::string& name) {
+  for (auto& [n, data] : archive_records(path))
+    if (n == name) return data;
+  FAIL("no record " << name << " in " << path);
+  return {};
+}
+
+// pt2-2.11/mlp.core.pt2 re-zipped with `edits` (record -> new bytes, nullopt
+// drops it) and `extra` records appended.
+inline std::vector<std::uint8_t> crafted_mlp(const std::map<std::string, std::optional<std::string>>& edits,
+                                             const std::vector<std::pair<std::string, std::string>>& extra = {}) {
+  ZipBuilder zb("mlp.core");
+  for (auto& [name, data] : archive_records(test_data_dir() + "mlp.core.pt2")) {
+    auto it = edits.find(name);
+    if (it == edits.end())
+      zb.add(name, data);
+    else if (it->second)
+      zb.add(name, *it->second);
+  }
+  for (auto& [name, data] : extra) zb.add(name, data);
+  return zb.finish();
+}
+
+// A program of tests/data/<dir>/, opened, its model "model" validated;
+// `weights` read from the archive when asked.
+struct LoadedProgram {
+  safeckpt::graph::Pt2Archive archive;
+  safeckpt::graph::Program program;
+  safeckpt::graph::WeightMap weights;
+};
+
+inline LoadedProgram load_program(const std::string& file, bool with_weights = false,
+                                  const std::string& dir = "pt2-2.11") {
+  using namespace safeckpt::graph;
+  auto a = Pt2Archive::open_file(test_data_dir(dir) + file);
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto p = a->program("model");
+  REQUIRE(p.has_value());
+  Program prog = **p;
+  auto st = validate(prog);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  WeightMap weights;
+  if (with_weights) {
+    auto w = archive_weights(*a);
+    REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+    weights = std::move(w).value();
+  }
+  return LoadedProgram{std::move(a).value(), std::move(prog), std::move(weights)};
+}
+
+// The tensor `name` of an io.safetensors file as a HostTensor (a copy).
+inline safeckpt::graph::HostTensor tensor_of(const safeckpt::SafetensorsFile& f, const std::string& name) {
+  const safeckpt::SafetensorsTensor* t = f.find(name);
+  REQUIRE_MESSAGE(t != nullptr, name);
+  auto dt = safeckpt::dtype_from_safetensors(t->dtype);
+  REQUIRE(dt.has_value());
+  std::vector<std::int64_t> shape(t->shape.begin(), t->shape.end());
+  auto h = safeckpt::graph::make_host_tensor(*dt, shape, t->data);
+  REQUIRE_MESSAGE(h.has_value(), (h ? "" : h.error().to_string()));
+  return *h;
+}
+
+}  // namespace test_support
