@@ -116,6 +116,7 @@ struct Holder {
 #endif
   void* cow = nullptr;
   std::size_t cow_size = 0;
+  bool released = false;  // `own` was handed to PyCheckpoint::to_device
   std::mutex mu;
   Holder() = default;
   Holder(const Holder&) = delete;
@@ -206,13 +207,15 @@ class PyCheckpoint {
   // Hands this host checkpoint (parsed, not yet looked at through a buffer)
   // to cuda::load_to_device(Checkpoint, ...), which streams its storages from
   // the same open descriptor (or, for a checkpoint read from bytes, from host
-  // memory) to `map_location`; this object holds nothing afterwards. Errors:
-  // kInvalidArgument (already a device checkpoint, already handed over, or a
-  // buffer of it is alive), load_to_device's (kDevice, kIo, kMalformed).
+  // memory) to `map_location`; this object holds an empty checkpoint
+  // afterwards, also when the load fails. Errors: kInvalidArgument (already a
+  // device checkpoint, already handed over, or a buffer of it is alive),
+  // load_to_device's (kDevice, kIo, kMalformed).
   PyCheckpoint to_device(const std::string& map_location) {
-    if (h_->device || h_->ckpt != &h_->own || h_.use_count() != 1 || h_->cow != nullptr) {
+    if (h_->device || h_->released || h_->ckpt != &h_->own || h_.use_count() != 1 || h_->cow != nullptr) {
       raise(Error(ErrorCode::kInvalidArgument, "to_device: needs a host checkpoint no buffer refers to"));
     }
+    h_->released = true;
     cuda::DeviceLoadOptions o;
     o.map_location = map_location;
     Checkpoint host = std::move(h_->own);

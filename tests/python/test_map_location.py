@@ -236,3 +236,20 @@ def test_gpu_safe_open():
         for k in f.keys():
             t = f.get_tensor(k)
             assert t.device.type == "cuda" and torch.equal(t, ref[k]), k
+
+
+@pytest.mark.skipif(not safeckpt.HAS_CUDA, reason="module built without CUDA (no _Checkpoint.to_device)")
+def test_to_device_hands_over_only_an_unviewed_host_checkpoint():
+    # the native step behind map_location={"cpu": "cuda:0"} and file objects:
+    # the parsed checkpoint moves to the GPU loader, so no buffer may still view it
+    from safeckpt import _safeckpt as native
+    ck = native.load_path(str(CORPUS / "mlp_state_dict.pt"), [])
+    buf = ck.storage_buffer(0, False)
+    with pytest.raises(native.Error, match="no buffer refers to"):
+        ck.to_device("cuda:0")
+    del buf
+    if not HAS_GPU:
+        with pytest.raises(native.Error, match="device"):
+            ck.to_device("cuda:0")
+        with pytest.raises(native.Error, match="no buffer refers to"):  # handed over, even though it failed
+            ck.to_device("cuda:0")

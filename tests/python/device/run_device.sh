@@ -13,6 +13,11 @@ set -u
 ROOT=$PWD
 R=$ROOT/devrun-python
 OUT=${OUT:-/tmp/out}
+if [ ! -d "$R/libs" ] || [ ! -x "$R/bin/safeckpt" ]; then
+  echo "run_device.sh: $R/libs or $R/bin/safeckpt missing: the device tool copies the session's checkout;" \
+       "build devrun-python/ there and pass carry=[\"devrun-python\"] (HACKING.md \"GPU machine\")"
+  exit 2
+fi
 mkdir -p "$OUT"
 echo "== toolchain"; which g++ python3; python3 --version; g++ --version | head -1
 INC=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
