@@ -18,6 +18,21 @@ on one multi-GB checkpoint, host or GPU, in one table (issue 16).
       cpu the seconds to then touch one byte per 4 KiB page of every tensor
       (a lazy mapping pays its page faults there; loaders that copied already
       paid them). cuda times end with torch.cuda.synchronize().
+  rows FILE... [--device cuda[:N]] [--repeat 3] [--no-cold] [--no-torch]
+      The companion of `safeckpt bench --baselines` (which appends the files it
+      benchmarks and --no-cold): prints one tab-separated line per measurement,
+        ROW what mode seconds GB/s first_tensor_ms rss_growth_MiB device_overhead_MiB note
+      (cli/probes.hpp reads them; note = "FILE; ..."), so the table of
+      `safeckpt bench` shows the Python package next to the C++ loader:
+        safeckpt.load(map_location=cuda) [python]   warm (best of --repeat) and cold
+        safeckpt.load(cpu) [python]                 zero-copy; the note has the touch time
+        safeckpt.load(cpu, mmap=False) [python]     every storage copied
+        torch.load(cpu) / torch.load(mmap=True, cpu) / safetensors load_file(cpu)
+      then, unless --no-torch, bench/torch_baselines.py's CUDA rows for the same
+      files (torch.load(map_location=cuda), torch.load(mmap=True)+.cuda(),
+      safetensors load_file(cuda)). One PyTorch file and/or one .safetensors file.
+      Example (GPU machine):
+        safeckpt bench --baselines "python3 bench/python_load_bench.py rows"
 Run with PYTHONPATH=<build>/python (the package in the build tree).
 """
 import argparse
@@ -126,6 +141,94 @@ def run(d, device, repeat):
         print(f"| {name} | {fmt(s, 3)} | {fmt(gbs, 2)} | {fmt(tt, 3)} | {note} |")
 
 
+def rows(files, device, repeat, no_cold, no_torch):
+    import inspect
+
+    import torch
+    import safeckpt
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_baselines as tb
+
+    pts = [f for f in files if not f.endswith(".safetensors")]
+    sts = [f for f in files if f.endswith(".safetensors")]
+    if len(pts) > 1 or len(sts) > 1:
+        raise SystemExit("rows: at most one PyTorch file and one .safetensors file")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.zeros(1, device=device)  # CUDA context outside every row
+        torch.cuda.synchronize()
+    print(f"python rows: safeckpt {safeckpt.__version__} (HAS_CUDA={safeckpt.HAS_CUDA}), torch {torch.__version__}, "
+          f"python {sys.version.split()[0]}, device {torch.cuda.get_device_name() if cuda else 'none'}", flush=True)
+
+    def measure(fn, on_device):
+        """(seconds, tensor bytes, peak RSS growth MiB, device overhead MiB or -1, touch seconds or None)."""
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            free0 = torch.cuda.mem_get_info()[0]
+        rss0 = tb.reset_peak_rss()
+        t0 = time.perf_counter()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        rss = (tb.status_kib("VmHWM:") - rss0) / 1024
+        nbytes = sum(t.numel() * t.element_size() for t in out.values())
+        dev_over = (free0 - torch.cuda.mem_get_info()[0] - nbytes) / tb.MiB if on_device else -1
+        touched = None
+        if not on_device:
+            t1 = time.perf_counter()
+            touch(out.values())
+            touched = time.perf_counter() - t1
+        del out
+        gc.collect()
+        return dt, nbytes, rss, dev_over, touched
+
+    def row(what, mode, m, path, note):
+        dt, nbytes, rss, dev_over, touched = m
+        if touched is not None:
+            note += f"; then touching one byte per 4 KiB page {touched:.3f} s"
+        print(f"ROW\t{what}\t{mode}\t{dt:.3f}\t{nbytes / dt / 1e9:.2f}\t{dt * 1e3:.1f}\t{rss:.0f}\t{dev_over:.0f}\t"
+              f"{os.path.basename(path)}; {note}", flush=True)
+
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        load_file = None
+    has_mmap = "mmap" in inspect.signature(torch.load).parameters
+    for path in pts + sts:
+        is_st = path.endswith(".safetensors")
+        cases = []
+        if cuda:
+            cases.append(("safeckpt.load(map_location=cuda) [python]", True,
+                          lambda: safeckpt.load(path, map_location=device),
+                          "C++ GPU loader, storages handed to torch through DLPack", True))
+        cases.append(("safeckpt.load(cpu) [python]", False, lambda: safeckpt.load(path),
+                      "zero-copy views of a copy-on-write map" + ("" if is_st else "; CRC-32 of every record checked"),
+                      False))
+        if not is_st:
+            cases.append(("safeckpt.load(cpu, mmap=False) [python]", False, lambda: safeckpt.load(path, mmap=False),
+                          "every storage copied into owned memory", False))
+            cases.append(("torch.load(cpu)", False, lambda: torch.load(path, weights_only=True),
+                          "weights_only=True", False))
+            if has_mmap:
+                cases.append(("torch.load(mmap=True, cpu)", False,
+                              lambda: torch.load(path, weights_only=True, mmap=True), "weights_only=True", False))
+        elif load_file is not None:
+            cases.append(("safetensors load_file(cpu)", False, lambda: load_file(path), "", False))
+        for what, cold_too, fn, note, on_device in cases:
+            tb.warm_page_cache(path)
+            runs = [measure(fn, on_device) for _ in range(repeat)]
+            row(what, "warm", min(runs, key=lambda m: m[0]), path, f"{note}; best of {repeat}")
+            if cold_too and not no_cold:
+                how = tb.drop_page_cache([path])
+                row(what, "cold", measure(fn, on_device), path, f"{note}; cache dropped via {how}")
+    if cuda and not no_torch:
+        args = argparse.Namespace(repeat=repeat, no_cold=no_cold)
+        tb.run_baselines(pts[0] if pts else None, sts[0] if sts else None, args)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -137,9 +240,17 @@ def main():
     r.add_argument("dir")
     r.add_argument("--device", default="cpu")
     r.add_argument("--repeat", type=int, default=3)
+    w = sub.add_parser("rows")
+    w.add_argument("files", nargs="+")
+    w.add_argument("--device", default="cuda")
+    w.add_argument("--repeat", type=int, default=3)
+    w.add_argument("--no-cold", action="store_true")
+    w.add_argument("--no-torch", action="store_true")
     a = ap.parse_args()
     if a.cmd == "make":
         make(a.dir, a.gib, a.tensors)
+    elif a.cmd == "rows":
+        rows(a.files, a.device, a.repeat, a.no_cold, a.no_torch)
     else:
         run(a.dir, a.device, a.repeat)
 

@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover - exercised where torch is absent
 
 import numpy as _np
 
+_UNTYPED_STORAGE = getattr(_torch, "UntypedStorage", None) if _torch is not None else None
+
 
 class RawBitsArray(_np.ndarray):
     """A numpy array holding the raw bits of a dtype numpy (or the installed
@@ -52,18 +54,117 @@ def _torch_dtype(name):
     return getattr(_torch, name, None) if _torch is not None else None
 
 
-def _parse_map_location(map_location):
-    """None, "cpu" or "cuda[:N]" (str or torch.device)."""
-    if map_location is None:
-        return "cpu"
-    if _torch is not None and isinstance(map_location, _torch.device):
-        map_location = str(map_location)
-    if isinstance(map_location, str):
-        if map_location == "cpu" or re.fullmatch(r"cuda(:[0-9]+)?", map_location):
-            return map_location
-        raise ValueError(f"map_location {map_location!r}: safeckpt maps to 'cpu' or 'cuda[:N]' only")
-    raise TypeError("map_location must be None, 'cpu', 'cuda[:N]' or a torch.device of those "
-                    "(callables and dicts are not supported: nothing from the file picks code to run)")
+_TARGET_RE = re.compile(r"cpu|meta|cuda(:[0-9]+)?")
+
+
+def _cuda_unavailable_message():
+    return ("Attempting to deserialize object on a CUDA device but torch.cuda.is_available() is False. "
+            "If you are running on a CPU-only machine, please use safeckpt.load with "
+            "map_location=torch.device('cpu') to map your storages to the CPU.")
+
+
+def _resolve_cuda(target):
+    """"cuda" / "cuda:N" -> "cuda:N" on a device torch sees, as torch's
+    validate_cuda_device checks it (RuntimeError otherwise)."""
+    if _torch is None or not _torch.cuda.is_available():
+        raise RuntimeError(_cuda_unavailable_message())
+    index = _torch.cuda.current_device() if target == "cuda" else int(target[5:])
+    count = _torch.cuda.device_count()
+    if index >= count:
+        raise RuntimeError(f"Attempting to deserialize object on CUDA device {index} but "
+                           f"torch.cuda.device_count() is {count}. Please use safeckpt.load with "
+                           "map_location to map your storages to an existing device.")
+    return f"cuda:{index}"
+
+
+def _location_text(v, what):
+    if isinstance(v, str):
+        return v
+    if _torch is not None and isinstance(v, _torch.device):
+        return str(v)
+    raise TypeError(f"map_location: {what} must be a str or torch.device, not {type(v).__name__}")
+
+
+class _LocationMap:
+    """torch.load's map_location (torch/serialization.py, _get_restore_location):
+    None: every storage goes where the file recorded it ("cpu", "cuda:1", ...);
+    a str or torch.device: every storage goes there; a dict: recorded location
+    -> target, a location not in it stays where it was recorded; a callable:
+    called as fn(storage, location) per storage (see load()). Targets safeckpt
+    restores: "cpu", "meta", "cuda" (torch's current device) and "cuda:N"."""
+
+    def __init__(self, map_location):
+        self.fn = None
+        self.constant = None
+        self.table = None
+        if map_location is None:
+            pass
+        elif isinstance(map_location, dict):
+            self.table = {_location_text(k, "a dict key"): _location_text(v, "a dict value")
+                          for k, v in map_location.items()}
+            for k, v in self.table.items():
+                if not _TARGET_RE.fullmatch(v):
+                    raise ValueError(f"map_location[{k!r}] = {v!r}: safeckpt maps to 'cpu', 'meta' or 'cuda[:N]'")
+        elif isinstance(map_location, str) or (_torch is not None and isinstance(map_location, _torch.device)):
+            self.constant = _location_text(map_location, "map_location")
+            if not _TARGET_RE.fullmatch(self.constant):
+                raise ValueError(f"map_location {self.constant!r}: safeckpt maps to 'cpu', 'meta' or 'cuda[:N]'")
+        elif callable(map_location):
+            self.fn = map_location
+        else:
+            raise TypeError("map_location must be None, a str, a torch.device, a dict or a callable, not "
+                            f"{type(map_location).__name__}")
+
+    def target(self, location):
+        """Where a storage recorded at `location` goes (cuda resolved to
+        "cuda:N"); not for callables. A recorded location safeckpt does not
+        restore raises UnsupportedCheckpointError."""
+        if self.constant is not None:
+            t = self.constant
+        elif self.table is not None:
+            t = self.table.get(location, location)
+        else:
+            t = location
+        if not _TARGET_RE.fullmatch(t):
+            raise UnsupportedCheckpointError(
+                f"a storage is recorded at location {location!r}, which safeckpt does not restore "
+                "('cpu', 'meta', 'cuda[:N]'); map it with map_location (e.g. {" + repr(location) + ": 'cpu'})",
+                code="unsupported")
+        return _resolve_cuda(t) if t.startswith("cuda") else t
+
+
+def _restore_to(storage, target):
+    """A CPU UntypedStorage moved to `target` ("cpu", "meta", "cuda:N"), as
+    torch's default_restore_location does it."""
+    if target == "cpu":
+        return storage
+    if target == "meta":
+        return _torch.UntypedStorage(storage.nbytes(), device="meta")
+    return storage.cuda(int(target[5:]))
+
+
+def _callable_restore(fn, locations, default):
+    """The restore step of a callable map_location: fn(storage, location) with
+    the CPU UntypedStorage of the record and the location string the file
+    recorded (text from the file, never resolved to code by safeckpt); None ->
+    default (the recorded location); else an UntypedStorage / TypedStorage of
+    the same byte size, used as the storage."""
+
+    def restore(storage, i):
+        result = fn(storage, locations[i])
+        if result is None:
+            return _restore_to(storage, default.target(locations[i]))
+        if isinstance(result, _torch.storage.TypedStorage):
+            result = result._untyped_storage if hasattr(result, "_untyped_storage") else result.untyped()
+        if not isinstance(result, _UNTYPED_STORAGE):
+            raise TypeError(f"map_location callable returned {type(result).__name__} for a storage recorded at "
+                            f"{locations[i]!r}: return a torch.UntypedStorage (or TypedStorage) or None")
+        if result.nbytes() != storage.nbytes():
+            raise ValueError(f"map_location callable returned a storage of {result.nbytes()} bytes for one of "
+                             f"{storage.nbytes()} bytes (recorded at {locations[i]!r})")
+        return result
+
+    return restore
 
 
 def _untyped(t):
@@ -116,8 +217,9 @@ class _Materializer:
     """Makes tensors and storages of one checkpoint, each storage once (so
     views of one storage share memory, as torch.load's)."""
 
-    def __init__(self, ck, framework, zero_copy, scalars):
+    def __init__(self, ck, framework, zero_copy, scalars, restore=None):
         self.ck = ck
+        self.restore = restore  # None, or restore(cpu UntypedStorage, storage index) -> UntypedStorage
         self.framework = framework
         self.zero_copy = zero_copy
         self.scalars = scalars
@@ -146,6 +248,8 @@ class _Materializer:
             flat = _torch.empty(nbytes, dtype=_torch.uint8)
             self.ck.copy_storage_to(i, flat.data_ptr())
         s = _untyped(flat)
+        if self.restore is not None and self.device < 0:
+            s = self.restore(s, i)
         self._storages[i] = s
         return s
 
@@ -160,8 +264,8 @@ class _Materializer:
         return s
 
     def _strided_torch(self, t, dt):
-        dev = f"cuda:{self.device}" if self.device >= 0 else "cpu"
         st = self._untyped(t["storage"])
+        dev = st.device
         if t["qscheme"] in ("per_tensor_affine", "per_tensor_symmetric"):
             base = _torch._empty_affine_quantized(t["shape"], scale=t["q_scale"], zero_point=t["q_zero_point"],
                                                   dtype=dt, device=dev)
@@ -294,18 +398,15 @@ def _read_capped(f):
                               "pass a path (mapped, not read)")
 
 
-def _open_native(f, allow_pairs, map_location):
+def _open_native(f, allow_pairs, cuda_target=None):
+    """A host _Checkpoint of f, or with cuda_target ("cuda:N") and a path, the
+    C++ GPU loader's (file opened once, storages streamed to the device)."""
     with native_errors():
         if isinstance(f, (str, os.PathLike)):
             path = os.fspath(f)
-            if map_location.startswith("cuda"):
-                if not _native.has_cuda:
-                    raise RuntimeError("map_location='cuda': this safeckpt module was built without CUDA "
-                                       "(build with -DSAFECKPT_CUDA=ON and nvcc), so it cannot load to the GPU")
-                return _native.load_cuda(path, allow_pairs, map_location)
+            if cuda_target is not None:
+                return _native.load_cuda(path, allow_pairs, cuda_target)
             return _native.load_path(path, allow_pairs)
-        if map_location.startswith("cuda"):
-            raise ValueError("map_location='cuda' needs a path (the GPU path reads the file directly)")
         if isinstance(f, (bytes, bytearray, memoryview)):
             return _native.load_bytes(f, allow_pairs)
         read = getattr(f, "read", None)
@@ -322,10 +423,31 @@ def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, fram
     memory, at most MAX_FILELIKE_BYTES). Any format safeckpt reads, by
     content: torch.save zip, legacy (< 1.6), bare pickle, safetensors (an
     OrderedDict name -> tensor), sharded safetensors index.
-    map_location: None / "cpu", or "cuda[:N]" (a path only; the C++ GPU
-    loader streams storages to the device and hands them to torch through
-    DLPack, no host copy of the tensor bytes; needs a module built with CUDA,
-    else RuntimeError).
+    map_location: as torch.load's (torch/serialization.py):
+      None: each storage goes to the location the file recorded ("cpu",
+        "cuda:1", ...; a CUDA location needs a GPU, as in torch);
+      "cpu" / "meta" / "cuda" / "cuda:N" or a torch.device of those: every
+        storage goes there;
+      a dict {recorded location: target} (str or torch.device), e.g.
+        {"cuda:1": "cuda:0"} or {"cpu": "cuda:0"}: recorded locations not in
+        it stay where they were recorded;
+      a callable fn(storage, location): called once per storage with the
+        record's bytes as a CPU torch.UntypedStorage (a copy-on-write view
+        of the file, or a copy with mmap=False / deflated records) and the
+        location string the file recorded (data, never turned into code by
+        safeckpt); it returns an UntypedStorage/TypedStorage of the same
+        byte size on any device, which is used as the storage, or None for
+        the recorded location. Only your callable runs: nothing from the
+        file chooses code.
+      Where every storage goes to one CUDA device, the C++ GPU loader
+      streams the storages there and hands them to torch through DLPack, no
+      host copy of the tensor bytes (a str/torch.device target with a path:
+      the file is opened once by the GPU loader; otherwise the file or bytes
+      are parsed on the host first, then streamed). Storages bound for
+      several devices, or a module built without CUDA, go through torch's
+      storage.cuda(N) copies. "cuda" with no GPU: RuntimeError as torch's.
+      Locations other than cpu/meta/cuda[:N]: ValueError for an argument,
+      UnsupportedCheckpointError for a location the file recorded.
     weights_only: must be True (or None): safeckpt never executes a file;
     False raises ValueError.
     mmap: None or True: tensors are zero-copy views of a copy-on-write
@@ -334,11 +456,13 @@ def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, fram
     byte-swapped records are always copies.
     allow: extra safe globals for this call only (as add_safe_globals).
     framework: "pt" (torch.Tensor), "np" (numpy arrays; dtypes numpy lacks
-    come back as RawBitsArray), or None: "pt" when torch imports.
+    come back as RawBitsArray; storages must map to "cpu"), or None: "pt"
+    when torch imports.
 
     Raises UnsafeGlobalError (disallowed global/operation; the message names
     them), MalformedCheckpointError, UnsupportedCheckpointError (all
-    pickle.UnpicklingError), OSError, ValueError, TypeError.
+    pickle.UnpicklingError), OSError, RuntimeError (no such CUDA device),
+    ValueError, TypeError.
     """
     if weights_only is False:
         raise ValueError("safeckpt.load(weights_only=False) is refused: safeckpt never executes code from a file. "
@@ -346,20 +470,41 @@ def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, fram
                          "(only for data classes you trust), or use torch.load(weights_only=False) yourself "
                          "on a file you fully trust.")
     fw = _framework(framework)
-    loc = _parse_map_location(map_location)
-    if loc.startswith("cuda") and fw != "pt":
-        raise ValueError("map_location='cuda' needs framework='pt' (torch)")
+    where = _LocationMap(map_location)
+    if fw != "pt" and (where.fn is not None or where.constant not in (None, "cpu")):
+        raise ValueError("map_location other than 'cpu' needs framework='pt' (torch)")
     pairs, names = _globals.current(allow)
-    ck = _open_native(f, pairs, loc)
-    return _materialize(ck, fw, mmap is not False, names)
+    zero_copy = mmap is not False
+    if (where.constant is not None and where.constant.startswith("cuda") and _native.has_cuda
+            and isinstance(f, (str, os.PathLike))):
+        ck = _open_native(f, pairs, _resolve_cuda(where.constant))
+        return _materialize(ck, fw, zero_copy, names)
+    ck = _open_native(f, pairs)
+    with native_errors():
+        locations = [s["location"] for s in ck.storages()]
+    restore = None
+    if where.fn is not None:
+        restore = _callable_restore(where.fn, locations, _LocationMap(None))
+    else:
+        targets = [where.target(loc) for loc in locations]
+        devices = set(targets)
+        if devices - {"cpu"} and fw != "pt":
+            raise ValueError(f"storages recorded at {sorted(set(locations))} go to {sorted(devices)}: "
+                             "framework='np' reads to the CPU only (map_location='cpu')")
+        if len(devices) == 1 and next(iter(devices)).startswith("cuda") and _native.has_cuda:
+            with native_errors():
+                ck = ck.to_device(targets[0])
+        elif devices - {"cpu"}:
+            restore = lambda storage, i: _restore_to(storage, targets[i])  # noqa: E731
+    return _materialize(ck, fw, zero_copy, names, restore)
 
 
-def _materialize(ck, fw, zero_copy, names):
+def _materialize(ck, fw, zero_copy, names, restore=None):
     with native_errors():
         nodes = ck.nodes()
         tensors = ck.tensors()
     scalars = _Scalars(fw, names, tensors)
-    m = _Materializer(ck, fw, zero_copy, scalars)
+    m = _Materializer(ck, fw, zero_copy, scalars, restore)
     with native_errors():
         return _tree.build(nodes, ck.root, m.tensor, m.storage, scalars)
 
@@ -433,6 +578,23 @@ def scan(path, *, allow=None):
         return Report(_native.scan_path(os.fspath(path), pairs))
 
 
+def _safe_open_device(device, fw):
+    """safe_open's device argument -> "cpu" or "cuda:N" (checked against the
+    GPUs torch sees)."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}"
+    text = _location_text(device, "safe_open's device")
+    if text == "cpu":
+        return "cpu"
+    if not re.fullmatch(r"cuda(:[0-9]+)?", text):
+        raise ValueError(f"safe_open device {text!r}: safeckpt reads to 'cpu', 'cuda' or 'cuda:N'")
+    if fw != "pt":
+        raise ValueError(f"safe_open device {text!r} needs framework='pt' (torch)")
+    return _resolve_cuda(text)
+
+
 class safe_open:
     """safetensors-style lazy access to .pt and .safetensors files alike:
 
@@ -445,16 +607,18 @@ class safe_open:
     get_tensor() asks for it (zero-copy, copy-on-write). keys(): the
     state_dict names of every tensor (nested dicts joined with '.').
     metadata(): safetensors' __metadata__ dict, or None (always None for
-    PyTorch files). device: "cpu" only (use load(map_location="cuda") for the
-    GPU)."""
+    PyTorch files). device: "cpu" (default), "cuda", "cuda:N", an int N (=
+    "cuda:N", as safetensors takes it) or a torch.device of those:
+    get_tensor() builds the host tensor (zero-copy) and copies just that
+    tensor to the device (framework="pt" only; no GPU: RuntimeError as
+    torch.load's). For a whole checkpoint on the GPU, load(path,
+    map_location="cuda") streams every storage at once."""
 
     def __init__(self, filename, framework="pt", device="cpu", *, allow=None):
-        if device not in ("cpu", None) and not (_torch is not None and isinstance(device, _torch.device)
-                                                 and device.type == "cpu"):
-            raise ValueError("safeckpt.safe_open reads to 'cpu'; use safeckpt.load(path, map_location='cuda')")
         self._fw = _framework(framework)
+        self._device = _safe_open_device(device, self._fw)
         pairs, names = _globals.current(allow)
-        self._ck = _open_native(filename, pairs, "cpu")
+        self._ck = _open_native(filename, pairs)
         with native_errors():
             self._names = dict(self._ck.named_tensors())
             tensors = self._ck.tensors()
@@ -479,7 +643,8 @@ class safe_open:
         except KeyError:
             raise KeyError(f"no tensor named {name!r}") from None
         with native_errors():
-            return self._m.tensor(index)
+            t = self._m.tensor(index)
+        return t if self._device == "cpu" else t.to(self._device)
 
     def __contains__(self, name):
         return name in self._names

@@ -104,10 +104,13 @@ def build(nodes, root, tensor_of, storage_of, scalars):
             if state[c] != 2 and nodes[c][0] not in _MUTABLE:
                 raise MalformedCheckpointError(f"a cycle through an immutable value ({_kind_label(nodes[c][0])}) "
                                                "cannot be built", code="malformed")
-        try:
+        if kind in (K_TENSOR, K_STORAGE):  # their errors (a map_location callable's included) pass as they are
             out[nid] = _finish(node, nid, out, tensor_of, storage_of, scalars)
-        except TypeError as e:  # unhashable key or set member: pickle fails the same way
-            raise MalformedCheckpointError(f"value node {nid}: {e}", code="malformed") from None
+        else:
+            try:
+                out[nid] = _finish(node, nid, out, tensor_of, storage_of, scalars)
+            except TypeError as e:  # unhashable key or set member: pickle fails the same way
+                raise MalformedCheckpointError(f"value node {nid}: {e}", code="malformed") from None
         state[nid] = 2
     return out[root]
 

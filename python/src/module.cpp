@@ -116,6 +116,7 @@ struct Holder {
 #endif
   void* cow = nullptr;
   std::size_t cow_size = 0;
+  bool released = false;  // `own` was handed to PyCheckpoint::to_device
   std::mutex mu;
   Holder() = default;
   Holder(const Holder&) = delete;
@@ -202,6 +203,28 @@ class PyCheckpoint {
       throw py::error_already_set();
     }
     return py::reinterpret_steal<py::capsule>(cap);
+  }
+  // Hands this host checkpoint (parsed, not yet looked at through a buffer)
+  // to cuda::load_to_device(Checkpoint, ...), which streams its storages from
+  // the same open descriptor (or, for a checkpoint read from bytes, from host
+  // memory) to `map_location`; this object holds an empty checkpoint
+  // afterwards, also when the load fails. Errors: kInvalidArgument (already a
+  // device checkpoint, already handed over, or a buffer of it is alive),
+  // load_to_device's (kDevice, kIo, kMalformed).
+  PyCheckpoint to_device(const std::string& map_location) {
+    if (h_->device || h_->released || h_->ckpt != &h_->own || h_.use_count() != 1 || h_->cow != nullptr) {
+      raise(Error(ErrorCode::kInvalidArgument, "to_device: needs a host checkpoint no buffer refers to"));
+    }
+    h_->released = true;
+    cuda::DeviceLoadOptions o;
+    o.map_location = map_location;
+    Checkpoint host = std::move(h_->own);
+    h_->own = Checkpoint();
+    Result<cuda::DeviceCheckpoint> r = [&] {
+      py::gil_scoped_release nogil;
+      return cuda::load_to_device(std::move(host), o);
+    }();
+    return PyCheckpoint(take(std::move(r)));
   }
 #else
   int device() const {
@@ -600,6 +623,7 @@ PYBIND11_MODULE(_safeckpt, m) {
       .def_property_readonly("device", &PyCheckpoint::device)
 #ifdef SAFECKPT_PYTHON_CUDA
       .def("storage_dlpack", &PyCheckpoint::storage_dlpack)
+      .def("to_device", &PyCheckpoint::to_device, py::arg("map_location"))
 #endif
       ;
 

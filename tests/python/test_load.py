@@ -162,11 +162,7 @@ def test_map_location():
     assert sd["0.weight"].device.type == "cpu"
     with pytest.raises(ValueError):
         safeckpt.load(CORPUS / "mlp_state_dict.pt", map_location="tpu")
-    with pytest.raises(TypeError):
-        safeckpt.load(CORPUS / "mlp_state_dict.pt", map_location=lambda s, loc: s)
-    if not safeckpt.HAS_CUDA:
-        with pytest.raises(RuntimeError, match="without CUDA"):
-            safeckpt.load(CORPUS / "mlp_state_dict.pt", map_location="cuda")
+    # the rest of torch's map_location meaning: test_map_location.py
 
 
 def test_self_referencing_list_stays_a_cycle(tmp_path):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """GPU machine check (issue 16): safeckpt.load(map_location="cuda") equals
 torch.load(weights_only=True, map_location="cuda") bit for bit on every corpus
-file PyTorch loads, and the tensors live on the GPU (no host detour in our path:
+file PyTorch loads (from the path, from a file object, and with
+map_location={"cpu": "cuda:0"}), and the tensors live on the GPU (no host detour in our path:
 storages come from the C++ GPU loader through DLPack).
 
   PYTHONPATH=<module dir>:tests/python python3 tests/python/device/gpu_check.py tests/data/corpus/torch-2.11
@@ -50,7 +51,12 @@ for j in sorted(d.glob("*.json")):
                 stack.extend(o)
         n = assert_same_as_torch(ref, ours)
         assert devs <= {"cuda"}, devs
-        print(f"OK   {rec['case']}: {n} tensors bit-identical, devices {sorted(devs)}")
+        # the same file as a file object: host parse, then the GPU loader over the bytes
+        with open(f, "rb") as fh:
+            assert_same_as_torch(ref, safeckpt.load(fh, map_location="cuda"))
+        # and through a dict: recorded "cpu" -> "cuda:0"
+        assert_same_as_torch(ref, safeckpt.load(f, map_location={"cpu": "cuda:0"}))
+        print(f"OK   {rec['case']}: {n} tensors bit-identical (path, file object, dict), devices {sorted(devs)}")
         ok += 1
     except Exception as e:  # noqa: BLE001
         print(f"FAIL {rec['case']}: {type(e).__name__}: {e}")
