@@ -250,3 +250,39 @@ TEST_CASE("dcp: torch.save files holding DTensors are refused with a message say
     CHECK(msg.find("torch.distributed.checkpoint") != std::string::npos);
   }
 }
+
+TEST_CASE("dcp write: hostile trees (a million lists deep, a memo-shared DAG) stay linear") {
+  using namespace std::string_literals;
+  // {"model": [[[...[tensor]...]]]}, a million lists: refused by the path cap, quickly.
+  CheckpointBuilder b;
+  auto s = b.add_storage(DType::kFloat32, std::vector<std::uint8_t>(8, 0));
+  REQUIRE(s.has_value());
+  auto t = b.add_tensor(DType::kFloat32, {2}, *s);
+  REQUIRE(t.has_value());
+  NodeId v = *t;
+  for (int i = 0; i < 1000000; ++i) v = b.container(Kind::kList, {v});
+  b.set_root(b.container(Kind::kDict, {b.str("model"), v}));
+  auto deep = std::move(b).finish();
+  REQUIRE(deep.has_value());
+  TempDir tmp;
+  auto w = save_dcp(*deep, tmp.path / "deep", fast());
+  REQUIRE(!w.has_value());
+  CHECK(w.error().code() == ErrorCode::kLimitExceeded);
+  // {"x": L40} with L0 = [], L(i) = [L(i-1), L(i-1)] through the memo (2^40
+  // paths): lists without tensors are one non-tensor item, pickled with the
+  // memo (linear), and read back.
+  std::string p = "\x80\x02}X\x01\x00\x00\x00x]q"s + '\0';
+  for (int i = 1; i <= 40; ++i)
+    p += "0(h"s + static_cast<char>(i - 1) + "h" + static_cast<char>(i - 1) + "lq" + static_cast<char>(i);
+  p += "s.";
+  auto dag = load_buffer(std::vector<std::uint8_t>(p.begin(), p.end()));
+  REQUIRE_MESSAGE(dag.has_value(), (dag ? "" : dag.error().to_string()));
+  auto wd = save_dcp(*dag, tmp.path / "dag", fast());
+  REQUIRE_MESSAGE(wd.has_value(), (wd ? "" : wd.error().to_string()));
+  CHECK(wd->bytes_items == 1);
+  DcpCheckpoint got = open_dcp(tmp.path / "dag");
+  REQUIRE(got.bytes_items().size() == 1);
+  auto item = got.load_bytes_item(got.bytes_items()[0]);
+  REQUIRE_MESSAGE(item.has_value(), (item ? "" : item.error().to_string()));
+  CHECK(item->values().size() < 100);
+}
