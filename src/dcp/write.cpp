@@ -137,7 +137,7 @@ Result<std::vector<FlatItem>> flatten(const Checkpoint& ckpt, const DcpWriteOpti
     // What the .metadata will need for this item, roughly: the FQN in
     // state_dict_metadata, planner_data and storage_data, its path, and a
     // fixed part; refused when DcpCheckpoint::open would refuse the file.
-    metadata_estimate += 3 * it.fqn.size() + 16 * path.size() + 256;
+    metadata_estimate += 3 * it.fqn.size() + 64 * path.size() + 256;
     if (out.size() + 1 > o.limits.max_items || metadata_estimate > o.limits.max_metadata_bytes)
       return make_error(ErrorCode::kLimitExceeded,
                         "DCP write: more items or metadata than DcpLimits lets DcpCheckpoint::open read back");
