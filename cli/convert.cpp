@@ -164,7 +164,10 @@ void register_convert(CLI::App& app, int& exit_code) {
   cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
   cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");
-  cmd->add_option("--allow", args->allow_files, std::string(kAllowHelp) + "; for a PyTorch input (trusted input only)");
+  // One value per --allow: OUT is optional (--to-dcp), so a multi-value
+  // option would swallow IN and OUT (`convert --allow argparse IN OUT`).
+  cmd->add_option("--allow", args->allow_files, std::string(kAllowHelp) + "; for a PyTorch input (trusted input only)")
+      ->allow_extra_args(false);
   cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
   cmd->add_flag("--legacy", args->legacy,
                 "to PyTorch: write the pre-1.6 legacy format (torch.save(..., _use_new_zipfile_serialization=False))");
