@@ -12,6 +12,10 @@
 //  - PyTorch -> PyTorch: re-saved from what the weights-only loader built,
 //    i.e. scrubbed to weights.
 //  --legacy writes PyTorch outputs in the pre-1.6 sequential-pickle format.
+//  --to-dcp OUTDIR (instead of OUT): a torch.distributed.checkpoint directory
+//    of world size 1 (safeckpt::save_dcp: one __0_0.distcp + .metadata) that
+//    torch.distributed.checkpoint.load reads; never replaces OUTDIR (--force
+//    does not apply: a directory cannot be replaced atomically).
 // The output is written atomically and never replaces a file unless --force.
 // Exit codes: 0 converted, 1 input refused by policy, 2 anything else.
 #include <cstdio>
@@ -22,6 +26,7 @@
 #include "allow_arg.hpp"
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
+#include "safeckpt/dcp.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/open.hpp"
 #include "safeckpt/safetensors_writer.hpp"
@@ -31,7 +36,7 @@ namespace safeckpt::cli {
 namespace {
 
 struct ConvertArgs {
-  std::string in, out;
+  std::string in, out, to_dcp;
   std::vector<std::string> allow_files;
   bool force = false;
   bool drop_non_tensors = false;
@@ -59,7 +64,42 @@ Result<Checkpoint> read_input(const ConvertArgs& a, const Allowlist& allow) {
   return safeckpt::open(a.in, opt);
 }
 
+int run_to_dcp(const ConvertArgs& a) {
+  if (!a.out.empty()) {
+    std::fprintf(stderr, "safeckpt convert: give either OUT or --to-dcp OUTDIR, not both\n");
+    return 2;
+  }
+  if (a.force || a.legacy || a.cpu || a.drop_non_tensors) {
+    std::fprintf(stderr,
+                 "safeckpt convert: --force, --legacy, --cpu and --drop-non-tensors do not apply to --to-dcp\n");
+    return 2;
+  }
+  Allowlist allow = Allowlist::default_policy();
+  if (auto st = add_allow_args(allow, a.allow_files); !st) return fail("bad --allow", st.error());
+  auto in = read_input(a, allow);
+  if (!in) return fail(a.in + ": " + failure_word(in.error().code()), in.error());
+  DcpWriteOptions o;
+  o.fsync = !a.no_fsync;
+  auto r = save_dcp(*in, a.to_dcp, o);
+  if (!r) {
+    if (r.error().code() == ErrorCode::kExists) {
+      std::fprintf(stderr, "safeckpt convert: %s exists; --to-dcp never replaces a directory\n", a.to_dcp.c_str());
+      return 2;
+    }
+    return fail("cannot write " + a.to_dcp, r.error());
+  }
+  std::fprintf(stderr, "wrote %s (%llu tensors, %llu non-tensor items, %llu data bytes)\n", a.to_dcp.c_str(),
+               static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes_items),
+               static_cast<unsigned long long>(r->data_bytes));
+  return 0;
+}
+
 int run_convert(const ConvertArgs& a) {
+  if (!a.to_dcp.empty()) return run_to_dcp(a);
+  if (a.out.empty()) {
+    std::fprintf(stderr, "safeckpt convert: OUT (or --to-dcp OUTDIR) is required\n");
+    return 2;
+  }
   enum class Out { kTorch, kSafetensors } out;
   if (ends_with(a.out, ".safetensors")) {
     out = Out::kSafetensors;
@@ -113,14 +153,21 @@ int run_convert(const ConvertArgs& a) {
 void register_convert(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Convert between PyTorch checkpoints (.pt/.pth/.bin/.ckpt) and safetensors (.safetensors)");
+      "convert",
+      "Convert between PyTorch checkpoints (.pt/.pth/.bin/.ckpt), safetensors (.safetensors) and DCP directories");
   cmd->add_option("IN", args->in, "input: a PyTorch checkpoint, a .safetensors file or a *.safetensors.index.json")
       ->required();
-  cmd->add_option("OUT", args->out, "output; its extension picks the format")->required();
+  cmd->add_option("OUT", args->out, "output; its extension picks the format");
+  cmd->add_option("--to-dcp", args->to_dcp,
+                  "write a torch.distributed.checkpoint directory OUTDIR (world size 1) instead of OUT; "
+                  "OUTDIR must not exist");
   cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
   cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");
-  cmd->add_option("--allow", args->allow_files, std::string(kAllowHelp) + "; for a PyTorch input (trusted input only)");
+  // One value per --allow: OUT is optional (--to-dcp), so a multi-value
+  // option would swallow IN and OUT (`convert --allow argparse IN OUT`).
+  cmd->add_option("--allow", args->allow_files, std::string(kAllowHelp) + "; for a PyTorch input (trusted input only)")
+      ->allow_extra_args(false);
   cmd->add_flag("--cpu", args->cpu, "to PyTorch: record every storage as saved on the CPU");
   cmd->add_flag("--legacy", args->legacy,
                 "to PyTorch: write the pre-1.6 legacy format (torch.save(..., _use_new_zipfile_serialization=False))");

@@ -250,4 +250,57 @@ Status dcp_to_torch_save(const DcpCheckpoint& ckpt, const std::filesystem::path&
 Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
                           const DcpConvertOptions& options = {}, std::vector<std::string>* skipped = nullptr);
 
+// ---- Writing a DCP directory (the reverse: one checkpoint -> DCP) ----
+//
+// save_dcp writes what torch.distributed.checkpoint.save writes from a single
+// process (world size 1, FileSystemWriter defaults, PyTorch 2.11), so that
+// torch.distributed.checkpoint.load / FileSystemReader read it back (checked
+// on PyTorch 2.11: tests/data/dcp-2.11/README.md, "Written by safeckpt") and DcpCheckpoint::open
+// accepts it:
+//  1. The state dict is `ckpt`'s root, a dict (kDict / kOrderedDict), flattened
+//     as torch/distributed/checkpoint/_traverse.py traverse_state_dict and
+//     _nested_dict.py flatten_state_dict do: dict keys become str (str or int
+//     keys only), lists holding a tensor or a dict (directly or through
+//     nested lists) are walked by index, every other value (tuples, lists of
+//     plain values, scalars, str, bytes, ...) is one non-tensor item; the FQN
+//     is the path joined with '.'; empty dicts vanish. OrderedDict
+//     `_metadata` is not kept (DCP drops it too).
+//  2. `__0_0.distcp`: per item, in flattening order, back to back: a tensor
+//     as ONE chunk (offsets 0, sizes = its shape) holding a complete
+//     torch.save zip of a C-contiguous copy of it (safeckpt::save_to_writer,
+//     zip root "archive", storage on "cpu"; like DCP, which clones views);
+//     a non-tensor item as the torch.save bytes of its value (weights-only
+//     compatible, as safeckpt::save writes it).
+//  3. `.metadata`: the pickle (protocol 2, the save layer's pickler) of
+//     Metadata(state_dict_metadata, planner_data = FQN -> path tuple,
+//     storage_data = MetadataIndex(fqn, offset, index) -> _StorageInfo(
+//     "__0_0.distcp", offset, length), version = "1.0.0" as 2.11 writes it),
+//     the dataclasses made by NEWOBJ + BUILD as Python pickles them.
+//  4. Atomic: everything is written into a new temporary directory beside
+//     `out_dir`, each file fsync'ed, then the directory is renamed to
+//     `out_dir` with RENAME_NOREPLACE and the parent fsync'ed. An existing
+//     `out_dir` (file, directory or symlink) is refused; on any error the
+//     temporary directory is removed and nothing is left behind.
+// Memory: one tensor's contiguous copy at a time (plus the metadata tree).
+// Errors: kExists (out_dir exists), kIo (parent missing, create / write /
+// fsync / rename, errno text), kUnsupported (root not a dict, a dict key
+// that is not str/int, a container reached twice or a cycle, a tensor that
+// is not a plain strided one — sparse, quantized, meta, conj/neg bits, a
+// subclass —, a tensor inside a non-tensor item, a value the weights-only
+// save refuses), kInvalidArgument (two items with one FQN, e.g. keys "a.b"
+// and "a" -> "b"), kLimitExceeded (a path deeper than 4096 keys or an FQN
+// longer than kMaxTensorNameBytes, or more items / metadata than DcpLimits
+// lets DcpCheckpoint::open read back).
+struct DcpWriteOptions {
+  bool fsync = true;  // fsync files and directories (off: faster, not crash-safe)
+  DcpLimits limits;   // refuse what DcpCheckpoint::open would refuse with these
+};
+// What save_dcp wrote.
+struct DcpWriteSummary {
+  std::uint64_t tensors = 0, bytes_items = 0;
+  std::uint64_t data_bytes = 0;  // size of __0_0.distcp
+};
+Result<DcpWriteSummary> save_dcp(const Checkpoint& ckpt, const std::filesystem::path& out_dir,
+                                 const DcpWriteOptions& options = {});
+
 }  // namespace safeckpt

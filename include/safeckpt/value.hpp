@@ -60,7 +60,7 @@ std::string_view kind_name(Kind k) noexcept;
 
 struct Node {
   Kind kind = Kind::kNone;
-  bool flag = false;      // kBool value
+  bool flag = false;      // kBool value; kObject: made by NEWOBJ (cls.__new__(cls)) then BUILD, not REDUCE
   std::int64_t i = 0;     // kInt value; kTensor: tensor index; kStorage: storage index;
                           // kDtype: DType; kGlobal: handled-as id (internal)
   double re = 0, im = 0;  // kFloat (re), kComplex

@@ -9,12 +9,14 @@ without running anything from the file.
     safeckpt.get_unsafe_globals_in_checkpoint("x.pt")
     safeckpt.scan("x.pt").verdict                  # the auditor
     with safeckpt.safe_open("model.safetensors") as f: f.get_tensor("w")
+    safeckpt.load_dcp("ckpt_dir", rank=0, world_size=2)   # a DCP directory, this rank's shards
 
 The checks are the C++ library's (include/safeckpt/*.hpp): the restricted
 pickle machine, the allowlist (PyTorch 2.6+'s weights-only set), storage
 and view bounds, memory and size limits.
 """
 from . import _safeckpt
+from ._dcp import load_dcp
 from ._api import (MAX_FILELIKE_BYTES, RawBitsArray, Report, get_unsafe_globals_in_checkpoint, load, safe_open,
                    scan)
 from ._errors import (CheckpointError, MalformedCheckpointError, UnsafeGlobalError, UnsupportedCheckpointError)
@@ -26,7 +28,7 @@ __version__ = _safeckpt.__version__
 HAS_CUDA = bool(_safeckpt.has_cuda)
 
 __all__ = [
-    "load", "save", "safe_open", "scan", "Report", "get_unsafe_globals_in_checkpoint", "add_safe_globals",
+    "load", "load_dcp", "save", "safe_open", "scan", "Report", "get_unsafe_globals_in_checkpoint", "add_safe_globals",
     "safe_globals", "get_safe_globals", "clear_safe_globals", "CheckpointError", "UnsafeGlobalError",
     "MalformedCheckpointError", "UnsupportedCheckpointError", "GlobalRef", "SafeGlobalObject", "RawBitsArray",
     "MAX_FILELIKE_BYTES", "HAS_CUDA",

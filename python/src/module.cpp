@@ -24,12 +24,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "safeckpt/allowlist.hpp"
 #include "safeckpt/builder.hpp"
 #include "safeckpt/checkpoint.hpp"
+#include "safeckpt/dcp.hpp"
 #include "safeckpt/error.hpp"
 #include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
@@ -117,6 +119,7 @@ struct Holder {
   void* cow = nullptr;
   std::size_t cow_size = 0;
   bool released = false;  // `own` was handed to PyCheckpoint::to_device
+  std::vector<std::uint8_t> bytes;  // a box load_dcp assembled (load_dcp_boxes)
   std::mutex mu;
   Holder() = default;
   Holder(const Holder&) = delete;
@@ -576,6 +579,43 @@ class PyBuilder {
   NodeId root_ = kNoNode;
 };
 
+// safeckpt::load_dcp over a DCP directory (safeckpt/dcp.hpp): with `boxes`
+// (fqn -> (offsets, sizes)) exactly those; else with world_size > 0 every
+// tensor as rank `rank` sees it (DcpPlan::uniform: Shard(shard_dim), or
+// Replicate when shard_dim < 0 or >= ndim); else every tensor whole. One
+// tuple per tensor: (fqn, dtype name, global shape, offsets, sizes, _Buffer
+// of the box's row-major bytes, owned by the buffer).
+py::list load_dcp_boxes(
+    const std::string& path, std::int64_t rank, std::int64_t world_size, int shard_dim,
+    const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::vector<std::int64_t>>>& boxes) {
+  Result<std::vector<DcpLoadedTensor>> r = [&]() -> Result<std::vector<DcpLoadedTensor>> {
+    py::gil_scoped_release nogil;
+    SAFECKPT_TRY(DcpCheckpoint c, DcpCheckpoint::open(path));
+    DcpPlan plan;
+    if (!boxes.empty()) {
+      for (const auto& [fqn, off, sz] : boxes) plan.items.push_back(DcpPlanItem{fqn, DcpBox{off, sz}});
+    } else if (world_size > 0) {
+      if (rank < 0 || rank >= world_size)
+        return make_error(ErrorCode::kInvalidArgument,
+                          "rank " + std::to_string(rank) + " outside world_size " + std::to_string(world_size));
+      plan = DcpPlan::uniform(c, DcpPlacement{shard_dim}, rank, world_size);
+    } else {
+      plan = DcpPlan::full(c);
+    }
+    return load_dcp(c, plan);
+  }();
+  std::vector<DcpLoadedTensor> loaded = take(std::move(r));
+  py::list out;
+  for (DcpLoadedTensor& t : loaded) {
+    auto h = std::make_shared<Holder>();
+    h->bytes = std::move(t.data);
+    Buffer b{h, h->bytes.data(), h->bytes.size(), false};
+    out.append(py::make_tuple(text_of(t.fqn), std::string(dtype_name(t.dtype)), t.global_shape, t.box.offsets,
+                              t.box.sizes, py::cast(std::move(b))));
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace safeckpt::python
 
@@ -630,6 +670,8 @@ PYBIND11_MODULE(_safeckpt, m) {
   m.def("load_path", &load_path, py::arg("path"), py::arg("allow"));
   m.def("load_bytes", &load_bytes_copy, py::arg("data"), py::arg("allow"));
   m.def("scan_path", &scan_path, py::arg("path"), py::arg("allow"));
+  m.def("load_dcp_boxes", &load_dcp_boxes, py::arg("path"), py::arg("rank"), py::arg("world_size"),
+        py::arg("shard_dim"), py::arg("boxes"));
   m.def("check_allow_name", &check_allow_name, py::arg("name"), py::arg("handled_as") = "");
   m.def("is_blocked", [](const std::string& name) { return sc::Allowlist::is_blocked(name); });
   m.def("dtype_names", [] {

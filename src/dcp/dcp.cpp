@@ -655,9 +655,11 @@ class Nester {
   std::vector<Nest> nests_;
 };
 
+}  // namespace
+
 // Copies the value tree at `root` of `src` into `b` (iteratively; shared
 // nodes stay shared). Tensors and storages are refused.
-Result<NodeId> copy_value(const ValueArena& src, NodeId root, CheckpointBuilder& b, const std::string& fqn) {
+Result<NodeId> dcp_copy_value(const ValueArena& src, NodeId root, CheckpointBuilder& b, const std::string& fqn) {
   std::map<NodeId, NodeId> map;
   std::vector<NodeId> order, stack{root};
   while (!stack.empty()) {
@@ -681,8 +683,6 @@ Result<NodeId> copy_value(const ValueArena& src, NodeId root, CheckpointBuilder&
   }
   return map[root];
 }
-
-}  // namespace
 
 Result<Checkpoint> dcp_to_checkpoint(const DcpCheckpoint& ckpt, const std::filesystem::path& scratch_dir) {
   // 1. Tensor bytes into an unlinked scratch file, one tensor in memory at a time.
@@ -745,7 +745,7 @@ Result<Checkpoint> dcp_to_checkpoint(const DcpCheckpoint& ckpt, const std::files
       fqn = &item.fqn;
       path = &item.path;
       SAFECKPT_TRY(Checkpoint v, ckpt.load_bytes_item(item));
-      SAFECKPT_TRY(value, copy_value(v.values(), v.root(), b, item.fqn));
+      SAFECKPT_TRY(value, dcp_copy_value(v.values(), v.root(), b, item.fqn));
     }
     const std::vector<DcpPathKey> top{DcpPathKey{false, *fqn, 0}};
     SAFECKPT_CHECK(nest.set(path->empty() ? top : *path, value, *fqn));

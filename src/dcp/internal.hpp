@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "safeckpt/builder.hpp"
 #include "safeckpt/dcp.hpp"
 
 namespace safeckpt {
@@ -28,5 +29,10 @@ struct DcpParsed {
 
 // src/dcp/metadata.cpp: runs the pickle with the DCP hooks and reads the typed fields.
 Status parse_dcp_metadata(Bytes data, const DcpOptions& options, DcpParsed& out);
+
+// src/dcp/dcp.cpp: copies the value tree at `root` of `src` into `b`
+// (iteratively; shared nodes stay shared). A tensor or storage in it is
+// kUnsupported naming `fqn` (a non-tensor item holds no tensors).
+Result<NodeId> dcp_copy_value(const ValueArena& src, NodeId root, CheckpointBuilder& b, const std::string& fqn);
 
 }  // namespace safeckpt

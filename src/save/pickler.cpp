@@ -35,7 +35,7 @@ constexpr std::uint8_t kMark = '(', kStop = '.', kBinInt = 'J', kBinInt1 = 'K', 
                        kEmptyList = ']', kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't',
                        kSetItems = 'u', kEmptyDict = '}', kEmptyTuple = ')', kGlobalOp = 'c', kReduce = 'R',
                        kBuild = 'b', kBinFloat = 'G', kBinPersId = 'Q', kProto = 0x80, kTuple1 = 0x85, kTuple2 = 0x86,
-                       kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a;
+                       kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kNewObj = 0x81;
 constexpr std::size_t kBatch = 1000;  // pickle._BATCHSIZE
 
 Unexpected unsupported(std::string msg) {
@@ -153,6 +153,9 @@ class Pickler {
     for (auto it = seq.rbegin(); it != seq.rend(); ++it) stack_.push_back(std::move(*it));
   }
   void push_node(NodeId id) { stack_.push_back(node(id)); }
+  static void write_global_seq(Seq& seq, std::string mod_nl_name) {
+    seq.push_back({Op::kGlobal, 0, 0, false, std::move(mod_nl_name)});
+  }
 
   // Tuple of `n` items already in `seq` order: close it Python's way.
   static void close_tuple(Seq& seq, std::size_t n, std::size_t mark_pos) {
@@ -605,6 +608,23 @@ class Pickler {
         auto [m, nm] = split_global(n.text);
         NodeId args = n.items.size() > 0 ? n.items[0] : kNoNode;
         NodeId state = n.items.size() > 1 ? n.items[1] : kNoNode;
+        if (n.flag) {
+          // Made by NEWOBJ: cls.__new__(cls), then BUILD (Python's protocol-2
+          // reduction of a plain class instance, copyreg.__reduce_ex__ ->
+          // __newobj__; how pickle writes DCP's metadata dataclasses).
+          if (args != kNoNode && (args >= a_.size() || a_[args].kind != Kind::kTuple || !a_[args].items.empty()))
+            return unsupported("save: " + n.text + " (node " + std::to_string(id) +
+                               ") is made by NEWOBJ with arguments; only cls.__new__(cls) is written");
+          write_global_seq(seq, m + "\n" + nm);
+          seq.push_back(raw(kEmptyTuple));
+          seq.push_back(raw(kNewObj));
+          seq.push_back({Op::kMemoNode, id});
+          if (state != kNoNode) {
+            seq.push_back(node(state));
+            seq.push_back(raw(kBuild));
+          }
+          break;
+        }
         // An object with neither arguments nor state is an opaque placeholder
         // (e.g. a numpy dtype the loader consumed): there is nothing to re-create.
         if (args == kNoNode && state == kNoNode)

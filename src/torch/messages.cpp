@@ -30,6 +30,22 @@ std::string allow_hint(std::string_view g) {
            "or scalars: if you trust it, load it with `--allow numpy` (the bundled allowlist/numpy.allow, "
            "installed in <prefix>/share/safeckpt/allowlist/; it rebuilds arrays as tensors and scalars as "
            "numbers) or Allowlist::add_file(<that file>).";
+  // DTensors in a torch.save file (torch.save(model.state_dict()) of an FSDP2
+  // / DTensor model; tests/data/dcp-2.11/*/ranks/, README there): PyTorch
+  // 2.11 loads them only after `import torch.distributed.tensor` registers
+  // DTensor, DeviceMesh, _MeshLayout, DTensorSpec, TensorMeta, Shard,
+  // Replicate, Partial as safe globals, and the result is one rank's local
+  // shard inside a DTensor over a DeviceMesh. safeckpt does not rebuild
+  // DTensors (decision, issue 17): say what the file is and what to do.
+  for (std::string_view prefix :
+       {"torch.distributed.tensor.", "torch.distributed.device_mesh.", "torch.distributed._mesh_layout."})
+    if (g.rfind(prefix, 0) == 0)
+      return "Unsupported global: GLOBAL " + name +
+             " is part of a DTensor (torch.distributed.tensor). This file is a torch.save of a sharded "
+             "(FSDP2 / DTensor) state_dict: each tensor is one rank's local shard plus its device mesh and "
+             "placements, which safeckpt does not rebuild. Save sharded models with "
+             "torch.distributed.checkpoint instead (safeckpt reads those directories: inspect, scan, convert "
+             "DIR, load_dcp), or save {name: t.full_tensor()} (whole tensors) with torch.save.";
   // Bundled allowlists that cover a global: name them (`--allow NAME`).
   std::string bundled;
   if (g == "builtins.frozenset" || g == "builtins.slice")

@@ -84,3 +84,43 @@ TEST_CASE("cli dcp: convert DIR OUT.pt writes the nested state dict") {
   CHECK(shown.out.find("config.betas") != std::string::npos);
   fs::remove(out);
 }
+
+TEST_CASE("cli dcp: convert FILE --to-dcp OUTDIR, then inspect, scan and consolidate it") {
+  const fs::path base = fs::temp_directory_path() / "safeckpt_cli_to_dcp";
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const fs::path src = fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11" / "mlp_state_dict.pt";
+  const fs::path out = base / "dcp";
+  auto r = test_support::run_cli("convert " + src.string() + " --to-dcp " + out.string(), true);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("wrote " + out.string()) != std::string::npos);
+  auto shown = test_support::run_cli("inspect " + out.string());
+  REQUIRE(shown.code == 0);
+  CHECK(shown.out.find("1 data files") != std::string::npos);
+  auto scanned = test_support::run_cli("scan " + out.string());
+  CHECK(scanned.code == 0);
+  CHECK(scanned.out.find("clean") != std::string::npos);
+  // Consolidated back to safetensors: the same tensors as the file converted directly.
+  REQUIRE(test_support::run_cli("convert " + out.string() + " " + (base / "a.safetensors").string()).code == 0);
+  REQUIRE(test_support::run_cli("convert " + src.string() + " " + (base / "b.safetensors").string()).code == 0);
+  auto a = SafetensorsFile::open(base / "a.safetensors");
+  auto b = SafetensorsFile::open(base / "b.safetensors");
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  REQUIRE(a->tensors().size() == b->tensors().size());
+  for (const auto& t : b->tensors()) {
+    CAPTURE(t.name);
+    const auto* g = a->find(t.name);
+    REQUIRE(g != nullptr);
+    CHECK(std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
+          std::vector<std::uint8_t>(t.data.begin(), t.data.end()));
+  }
+  // An existing OUTDIR is never replaced, not even with --force.
+  auto again = test_support::run_cli("convert " + src.string() + " --to-dcp " + out.string(), true);
+  CHECK(again.code == 2);
+  CHECK(again.out.find("exists") != std::string::npos);
+  CHECK(test_support::run_cli("convert " + src.string() + " --to-dcp " + (base / "other").string() + " --force").code ==
+        2);
+  CHECK(!fs::exists(base / "other"));
+  fs::remove_all(base);
+}

@@ -1,0 +1,288 @@
+// save_dcp (safeckpt/dcp.hpp "Writing a DCP directory"): real checkpoints
+// (the PyTorch 2.11 DCP directories consolidated, the 2.11 corpus) written as
+// DCP directories and read back with DcpCheckpoint: every tensor equals its
+// source byte for byte, non-tensor items equal PyTorch's recorded values, and
+// refusals leave nothing behind. That PyTorch 2.11's dcp.load reads what
+// save_dcp writes is checked on the GPU machine (tests/gen/check_to_dcp.py,
+// result in tests/data/dcp-2.11/README.md).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "safeckpt/builder.hpp"
+#include "safeckpt/checkpoint.hpp"
+#include "safeckpt/dcp.hpp"
+#include "safeckpt/safetensors.hpp"
+#include "support/save_util.hpp"
+
+using namespace safeckpt;
+namespace fs = std::filesystem;
+using save_test::TempDir;
+
+namespace {
+
+const char* const kCases[] = {"placements-ws2", "placements-ws3", "placements-ws4",
+                              "uneven-ws4",     "mesh2d-ws4",     "fsdp2-adamw-ws2"};
+
+fs::path case_dir(const std::string& name) {
+  return fs::path(SAFECKPT_TEST_DATA) / "dcp-2.11" / name;
+}
+
+DcpCheckpoint open_dcp(const fs::path& dir) {
+  auto r = DcpCheckpoint::open(dir);
+  REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+  return std::move(*r);
+}
+
+std::vector<std::uint8_t> whole(const DcpCheckpoint& c, const DcpTensor& t) {
+  DcpBox box{std::vector<std::int64_t>(t.shape.size(), 0), t.shape};
+  std::uint64_t n = dtype_size(t.dtype);
+  for (auto s : t.shape) n *= static_cast<std::uint64_t>(s);
+  std::vector<std::uint8_t> out(n);
+  auto st = load_dcp_box(c, t, box, out.data(), n);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  return out;
+}
+
+std::string path_text(const std::vector<DcpPathKey>& p) {
+  std::string s;
+  for (const auto& k : p) s += (k.is_index ? "#" + std::to_string(k.index) : k.key) + "/";
+  return s;
+}
+
+DcpWriteOptions fast() {
+  DcpWriteOptions o;
+  o.fsync = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("dcp write: consolidated PyTorch 2.11 directories written back read the same") {
+  for (const char* name : kCases) {
+    CAPTURE(name);
+    TempDir tmp;
+    DcpCheckpoint src = open_dcp(case_dir(name) / "dcp");
+    auto ck = dcp_to_checkpoint(src, tmp.path);
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    const fs::path out = tmp.path / "out";
+    auto w = save_dcp(*ck, out, fast());
+    REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+    CHECK(w->tensors == src.tensors().size());
+    CHECK(w->bytes_items == src.bytes_items().size());
+    DcpCheckpoint got = open_dcp(out);
+    CHECK(got.version() == "1.0.0");
+    REQUIRE(got.files().size() == 1);
+    CHECK(got.files()[0].name == "__0_0.distcp");
+    CHECK(got.files()[0].size == w->data_bytes);
+    // The same items with the same nesting (planner_data). The order is not
+    // compared: PyTorch's comes from merging several ranks' plans (replicated
+    // items are written by one rank), ours is the flattening order.
+    REQUIRE(got.items().size() == src.items().size());
+    const auto listing = [](const DcpCheckpoint& c) {
+      std::vector<std::string> lines;
+      for (const DcpItemRef& r : c.items()) {
+        const std::string& fqn = r.is_tensor ? c.tensors()[r.index].fqn : c.bytes_items()[r.index].fqn;
+        const auto& path = r.is_tensor ? c.tensors()[r.index].path : c.bytes_items()[r.index].path;
+        lines.push_back(fqn + (r.is_tensor ? " tensor " : " bytes ") + path_text(path));
+      }
+      std::sort(lines.begin(), lines.end());
+      return lines;
+    };
+    CHECK(listing(got) == listing(src));
+    // Tensors: one chunk each, bytes equal to PyTorch's full_tensor().
+    auto full = SafetensorsFile::open(case_dir(name) / "full.safetensors");
+    REQUIRE_MESSAGE(full.has_value(), (full ? "" : full.error().to_string()));
+    for (const DcpTensor& t : got.tensors()) {
+      CAPTURE(t.fqn);
+      const DcpTensor* s = src.find_tensor(t.fqn);
+      REQUIRE(s != nullptr);
+      CHECK(t.dtype == s->dtype);
+      CHECK(t.shape == s->shape);
+      CHECK(t.chunks.size() == 1);
+      const SafetensorsTensor* ref = full->find(t.fqn);
+      REQUIRE(ref != nullptr);
+      CHECK(whole(got, t) == std::vector<std::uint8_t>(ref->data.begin(), ref->data.end()));
+    }
+    // Non-tensor items: the same values as in PyTorch's directory.
+    for (std::size_t i = 0; i < got.bytes_items().size(); ++i) {
+      CAPTURE(got.bytes_items()[i].fqn);
+      auto a = got.load_bytes_item(got.bytes_items()[i]);
+      auto b = src.load_bytes_item(src.bytes_items()[i]);
+      REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+      REQUIRE_MESSAGE(b.has_value(), (b ? "" : b.error().to_string()));
+      auto ja = to_json(*a), jb = to_json(*b);
+      REQUIRE(ja.has_value());
+      REQUIRE(jb.has_value());
+      CHECK(*ja == *jb);
+    }
+    // Consolidating what we wrote gives PyTorch's consolidated tree again.
+    auto again = dcp_to_checkpoint(got, tmp.path);
+    REQUIRE_MESSAGE(again.has_value(), (again ? "" : again.error().to_string()));
+    auto j1 = to_json(*ck), j2 = to_json(*again);
+    REQUIRE(j1.has_value());
+    REQUIRE(j2.has_value());
+    CHECK(*j1 == *j2);
+    // No temporary directory is left beside the output.
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(tmp.path)) names.push_back(e.path().filename().string());
+    CHECK(names == std::vector<std::string>{"out"});
+  }
+}
+
+TEST_CASE("dcp write: PyTorch 2.11 corpus checkpoints round trip tensor by tensor") {
+  const fs::path corpus = fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11";
+  for (const char* name : {"mlp_state_dict", "conv_bn_state_dict", "training_checkpoint", "views_shared_storage",
+                           "scalars_and_empty", "many_tensors"}) {
+    CAPTURE(name);
+    auto ck = load(corpus / (std::string(name) + ".pt"));
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    TempDir tmp;
+    auto w = save_dcp(*ck, tmp.path / "out", fast());
+    REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+    DcpCheckpoint got = open_dcp(tmp.path / "out");
+    auto named = ck->named_tensors();
+    REQUIRE(named.has_value());
+    REQUIRE(!named->empty());
+    CHECK(got.tensors().size() == named->size());
+    for (const NamedTensor& nt : *named) {
+      CAPTURE(nt.name);
+      const DcpTensor* t = got.find_tensor(nt.name);
+      REQUIRE(t != nullptr);
+      const TensorInfo& info = ck->tensors()[nt.tensor];
+      CHECK(t->dtype == info.dtype);
+      CHECK(t->shape == info.shape);
+      auto ref = ck->contiguous_bytes(nt.tensor);
+      REQUIRE(ref.has_value());
+      CHECK(whole(got, *t) == *ref);
+    }
+  }
+}
+
+TEST_CASE("dcp write: an existing output is refused and left as it was") {
+  TempDir tmp;
+  auto ck = load(fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11" / "mlp_state_dict.pt");
+  REQUIRE(ck.has_value());
+  fs::create_directory(tmp.path / "out");
+  { std::ofstream(tmp.path / "out" / "keep") << "x"; }
+  auto w = save_dcp(*ck, tmp.path / "out", fast());
+  REQUIRE(!w.has_value());
+  CHECK(w.error().code() == ErrorCode::kExists);
+  CHECK(fs::exists(tmp.path / "out" / "keep"));
+  CHECK(!fs::exists(tmp.path / "out" / ".metadata"));
+  { std::ofstream(tmp.path / "file") << "x"; }
+  auto w2 = save_dcp(*ck, tmp.path / "file", fast());
+  REQUIRE(!w2.has_value());
+  CHECK(w2.error().code() == ErrorCode::kExists);
+  CHECK(tmp.entries() == std::vector<std::string>{"file", "out"});
+  auto w3 = save_dcp(*ck, tmp.path / "missing" / "out", fast());
+  REQUIRE(!w3.has_value());
+  CHECK(w3.error().code() == ErrorCode::kIo);
+}
+
+TEST_CASE("dcp write: values DCP cannot flatten are refused and nothing is left behind") {
+  // A real tensor to put into shapes save_dcp must refuse.
+  auto src = load(fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11" / "mlp_state_dict.pt");
+  REQUIRE(src.has_value());
+  auto named = src->named_tensors();
+  REQUIRE(named.has_value());
+  const TensorInfo& ti = src->tensors()[(*named)[0].tensor];
+  auto bytes = src->contiguous_bytes((*named)[0].tensor);
+  REQUIRE(bytes.has_value());
+  struct Case {
+    const char* what;
+    ErrorCode code;
+  };
+  for (const Case c :
+       {Case{"root is a tensor", ErrorCode::kUnsupported}, Case{"tensor inside a tuple", ErrorCode::kUnsupported},
+        Case{"shared list", ErrorCode::kUnsupported}, Case{"duplicate fqn", ErrorCode::kInvalidArgument},
+        Case{"float key", ErrorCode::kUnsupported}}) {
+    CAPTURE(c.what);
+    CheckpointBuilder b;
+    auto s = b.add_storage(ti.dtype, *bytes);
+    REQUIRE(s.has_value());
+    auto t = b.add_tensor(ti.dtype, ti.shape, *s);
+    REQUIRE(t.has_value());
+    const std::string what = c.what;
+    NodeId root = kNoNode;
+    if (what == "root is a tensor") {
+      root = *t;
+    } else if (what == "tensor inside a tuple") {
+      // The plain tensor is written first, then the tuple fails mid-way.
+      root = b.container(Kind::kDict, {b.str("w"), *t, b.str("t"), b.container(Kind::kTuple, {*t})});
+    } else if (what == "shared list") {
+      NodeId l = b.container(Kind::kList, {*t});
+      root = b.container(Kind::kDict, {b.str("a"), l, b.str("b"), l});
+    } else if (what == "duplicate fqn") {
+      root = b.container(Kind::kDict, {b.str("a.b"), *t, b.str("a"), b.container(Kind::kDict, {b.str("b"), *t})});
+    } else {
+      root = b.container(Kind::kDict, {b.floating(1.5), *t});
+    }
+    b.set_root(root);
+    auto ck = std::move(b).finish();
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    TempDir tmp;
+    auto w = save_dcp(*ck, tmp.path / "out", fast());
+    REQUIRE(!w.has_value());
+    CHECK(w.error().code() == c.code);
+    CHECK(tmp.entries().empty());
+  }
+}
+
+TEST_CASE("dcp: torch.save files holding DTensors are refused with a message saying so") {
+  // ranks/rank<r>.pt: torch.save of a rank's state dict of DTensors, made by
+  // PyTorch 2.11 (gen_dcp.py); PyTorch itself loads them only after
+  // `import torch.distributed.tensor` (weights_only.json there).
+  for (const char* name : {"placements-ws2", "fsdp2-adamw-ws2", "mesh2d-ws4"}) {
+    CAPTURE(name);
+    auto r = load(case_dir(name) / "ranks" / "rank0.pt");
+    REQUIRE(!r.has_value());
+    CHECK(r.error().code() == ErrorCode::kDisallowedGlobal);
+    const std::string msg = r.error().to_string();
+    CAPTURE(msg);
+    CHECK(msg.find("torch.distributed.tensor.DTensor") != std::string::npos);
+    CHECK(msg.find("is part of a DTensor") != std::string::npos);
+    CHECK(msg.find("torch.distributed.checkpoint") != std::string::npos);
+  }
+}
+
+TEST_CASE("dcp write: hostile trees (a million lists deep, a memo-shared DAG) stay linear") {
+  using namespace std::string_literals;
+  // {"model": [[[...[tensor]...]]]}, a million lists: refused by the path cap, quickly.
+  CheckpointBuilder b;
+  auto s = b.add_storage(DType::kFloat32, std::vector<std::uint8_t>(8, 0));
+  REQUIRE(s.has_value());
+  auto t = b.add_tensor(DType::kFloat32, {2}, *s);
+  REQUIRE(t.has_value());
+  NodeId v = *t;
+  for (int i = 0; i < 1000000; ++i) v = b.container(Kind::kList, {v});
+  b.set_root(b.container(Kind::kDict, {b.str("model"), v}));
+  auto deep = std::move(b).finish();
+  REQUIRE(deep.has_value());
+  TempDir tmp;
+  auto w = save_dcp(*deep, tmp.path / "deep", fast());
+  REQUIRE(!w.has_value());
+  CHECK(w.error().code() == ErrorCode::kLimitExceeded);
+  // {"x": L40} with L0 = [], L(i) = [L(i-1), L(i-1)] through the memo (2^40
+  // paths): lists without tensors are one non-tensor item, pickled with the
+  // memo (linear), and read back.
+  std::string p = "\x80\x02}X\x01\x00\x00\x00x]q"s + '\0';
+  for (int i = 1; i <= 40; ++i)
+    p += "0(h"s + static_cast<char>(i - 1) + "h" + static_cast<char>(i - 1) + "lq" + static_cast<char>(i);
+  p += "s.";
+  auto dag = load_buffer(std::vector<std::uint8_t>(p.begin(), p.end()));
+  REQUIRE_MESSAGE(dag.has_value(), (dag ? "" : dag.error().to_string()));
+  auto wd = save_dcp(*dag, tmp.path / "dag", fast());
+  REQUIRE_MESSAGE(wd.has_value(), (wd ? "" : wd.error().to_string()));
+  CHECK(wd->bytes_items == 1);
+  DcpCheckpoint got = open_dcp(tmp.path / "dag");
+  REQUIRE(got.bytes_items().size() == 1);
+  auto item = got.load_bytes_item(got.bytes_items()[0]);
+  REQUIRE_MESSAGE(item.has_value(), (item ? "" : item.error().to_string()));
+  CHECK(item->values().size() < 100);
+}

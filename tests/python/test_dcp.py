@@ -1,0 +1,147 @@
+"""safeckpt.load_dcp on the DCP directories PyTorch 2.11 wrote (tests/data/dcp-2.11).
+
+References are PyTorch's: full.safetensors (DTensor.full_tensor() of every tensor, read
+here with json + numpy, not with safeckpt), expected.json (non-tensor values, DCP's
+flattening mapping); the resharded slices are torch.chunk of the full tensors (the split
+DTensor's Shard uses), computed by the installed torch.
+"""
+import json
+import os
+import pickle
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import safeckpt
+from conftest import DATA
+
+DCP = DATA / "dcp-2.11"
+CASES = ["placements-ws2", "placements-ws3", "placements-ws4", "uneven-ws4", "mesh2d-ws4", "fsdp2-adamw-ws2"]
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
+def full_tensors(case):
+    """full.safetensors parsed by hand: 8-byte header length, JSON header, data."""
+    raw = (DCP / case / "full.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        dt = _ST_DTYPES[info["dtype"]]
+        buf = bytearray(data[b:e])
+        t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+        out[name] = t.view(dt).reshape(info["shape"])
+    return out
+
+
+def expected(case):
+    return json.loads((DCP / case / "expected.json").read_text())
+
+
+def as_bytes(t):
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def get_path(tree, path):
+    for k in path:
+        tree = tree[int(k)] if isinstance(tree, list) else tree[k]
+    return tree
+
+
+def jsonable(v):
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, bytes):
+        return {"repr": repr(v)}
+    return v
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_whole_model_equals_pytorch(case):
+    sd = safeckpt.load_dcp(DCP / case / "dcp")
+    full = full_tensors(case)
+    exp = expected(case)
+    n_tensors = n_values = 0
+    for fqn, item in exp["items"].items():
+        got = get_path(sd, exp["mapping"][fqn])
+        if item["kind"] == "bytes":
+            assert jsonable(got) == item["value"], fqn
+            n_values += 1
+        else:
+            assert isinstance(got, torch.Tensor), fqn
+            assert got.dtype == full[fqn].dtype and got.shape == full[fqn].shape, fqn
+            assert as_bytes(got) == as_bytes(full[fqn]), fqn
+            n_tensors += 1
+    assert n_tensors == len(full)
+    assert n_tensors > 0
+
+
+@pytest.mark.parametrize("case", ["placements-ws3", "uneven-ws4", "fsdp2-adamw-ws2"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_resharded_equals_torch_chunk(case, world_size):
+    full = full_tensors(case)
+    for shard_dim in (0, 1, None):
+        for rank in range(world_size):
+            got = safeckpt.load_dcp(DCP / case / "dcp", rank=rank, world_size=world_size, shard_dim=shard_dim)
+            assert set(got) == set(full)
+            for fqn, t in full.items():
+                if shard_dim is None or t.dim() <= shard_dim:
+                    want = t
+                else:
+                    pieces = torch.chunk(t, world_size, dim=shard_dim) if t.shape[shard_dim] else ()
+                    if rank < len(pieces):
+                        want = pieces[rank]
+                    else:
+                        shape = list(t.shape)
+                        shape[shard_dim] = 0
+                        want = t.new_empty(shape)
+                assert got[fqn].dtype == want.dtype, (fqn, rank)
+                assert list(got[fqn].shape) == list(want.shape), (fqn, rank, shard_dim)
+                assert as_bytes(got[fqn]) == as_bytes(want), (fqn, rank, shard_dim)
+
+
+def test_boxes_and_numpy():
+    full = full_tensors("mesh2d-ws4")
+    fqn, t = next((k, v) for k, v in full.items() if v.dim() == 2 and v.shape[0] > 1 and v.shape[1] > 1)
+    got = safeckpt.load_dcp(DCP / "mesh2d-ws4" / "dcp", boxes={fqn: ((1, 1), (t.shape[0] - 1, t.shape[1] - 1))})
+    assert list(got) == [fqn]
+    assert as_bytes(got[fqn]) == as_bytes(t[1:, 1:])
+    got = safeckpt.load_dcp(DCP / "placements-ws2" / "dcp", rank=1, world_size=2, framework="np")
+    a = got["model.a"]
+    assert isinstance(a, np.ndarray)
+    assert a.tobytes() == as_bytes(torch.chunk(full_tensors("placements-ws2")["model.a"], 2, dim=0)[1])
+    assert got["model.b"].torch_dtype == "bfloat16"  # numpy lacks it: raw bits
+
+
+def test_refusals(tmp_path):
+    src = DCP / "placements-ws2" / "dcp"
+    with pytest.raises(ValueError):
+        safeckpt.load_dcp(src, rank=2, world_size=2)
+    with pytest.raises(ValueError):
+        safeckpt.load_dcp(src, boxes={"model.a": ((0, 0), (13, 5))})  # past the end of [12, 5]
+    with pytest.raises(ValueError):
+        safeckpt.load_dcp(src, boxes={"nope": ((0,), (1,))})
+    # A .metadata naming a foreign global: refused, nothing called.
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    (bad / ".metadata").write_bytes(pickle.dumps({"x": os.system}, protocol=2))
+    with pytest.raises(safeckpt.UnsafeGlobalError):
+        safeckpt.load_dcp(bad, rank=0, world_size=2)
+    # A truncated data file: a clear error naming it.
+    cut = tmp_path / "cut"
+    shutil.copytree(src, cut)
+    data = cut / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:-100])
+    with pytest.raises(safeckpt.MalformedCheckpointError, match="__0_0.distcp"):
+        safeckpt.load_dcp(cut, rank=0, world_size=1)
