@@ -5,7 +5,7 @@
 # `dev`, build-asan/ is `asan-ubsan`, build-fuzz/ is `fuzz` (fuzz/run.sh).
 # Usage: tests/run.sh            (from the repository root)
 # Environment: JOBS (parallelism, default nproc), SAFECKPT_SKIP_SANITIZERS=1
-# (normal build only), SAFECKPT_FUZZ_SECONDS (per fuzz target, default 90;
+# (normal build only), SAFECKPT_FUZZ_SECONDS (per fuzz target, default 60;
 # 0 skips fuzzing; the stage needs clang-14 + libclang-rt-14-dev),
 # SAFECKPT_TIDY=0 (skip the curated .clang-tidy, tests/check_tidy.sh; on by
 # default: about 2 CPU-minutes on the dev build's compile_commands.json).
@@ -28,7 +28,7 @@ if [ "${SAFECKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
   # package: installs and builds an unsanitized consumer (done by dev above).
   ctest --preset asan-ubsan -j"$jobs" -LE 'slow|cuda|report|package' --timeout 900
 fi
-fuzz_secs=${SAFECKPT_FUZZ_SECONDS:-90}
+fuzz_secs=${SAFECKPT_FUZZ_SECONDS:-60}
 if [ "$fuzz_secs" != 0 ]; then
   # Any crash, leak, timeout or broken invariant fails the run; the input is
   # left in fuzz/crashes/<target>/ (see fuzz/README.md).
