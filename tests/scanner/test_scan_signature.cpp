@@ -57,7 +57,7 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
 
 json scan_json(const std::string& args, int expect_code) {
   auto r = run_cli("scan --format json " + args);
-  CHECK_MESSAGE(r.code == expect_code, args + "\n" + r.out);
+  CHECK_MESSAGE(r.code == expect_code, (args + "\n" + r.out));
   json j = json::parse(r.out, nullptr, false);
   REQUIRE_MESSAGE(!j.is_discarded(), r.out);
   CHECK(j["summary"]["exit_code"] == expect_code);
