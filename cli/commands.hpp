@@ -5,10 +5,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "safeckpt/error.hpp"
 #include "safeckpt/limits.hpp"
 #include "safeckpt/mapped_file.hpp"
+#include "safeckpt/sign.hpp"
 
 namespace safeckpt::cli {
 
@@ -49,6 +51,23 @@ void register_bench(CLI::App& app, int& exit_code);
 // `sign` and `verify` (cli/sign.cpp): OpenSSF Model Signing bundles.
 void register_sign(CLI::App& app, int& exit_code);
 void register_verify(CLI::App& app, int& exit_code);
+// What `safeckpt verify` takes besides the model, shared with `scan
+// --signature` (cli/sign.cpp; one parser for both).
+struct VerifyInputs {
+  std::string signature, public_key;
+  std::vector<std::string> chain, ignore;
+  bool ignore_unsigned = false;
+  unsigned threads = 0;
+};
+// Adds --signature (required when `signature_required`), --public-key,
+// --certificate-chain, --ignore-paths, --ignore-unsigned-files, --threads.
+void add_verify_options(CLI::App* cmd, VerifyInputs& v, bool signature_required);
+// The trust material: exactly one of --public-key and --certificate-chain
+// (kInvalidArgument naming both options otherwise; kIo: a file unreadable).
+Result<sign::Trust> verify_trust(const VerifyInputs& v);
+// ignore paths made relative to `model` as model_signing's CLI does, the
+// other flags as given.
+sign::VerifyOptions verify_options(const std::string& model, const VerifyInputs& v);
 // `run` and `inspect-program` (cli/run.cpp): torch.export programs.
 void register_run(CLI::App& app, int& exit_code);
 // `bench-engine` (cli/bench_engine.cpp): the compiled engine's table.

@@ -2,8 +2,13 @@
 // The work is in the safeckpt_scanner library (scanner/include/safeckpt/scan.hpp);
 // this file parses options, expands paths and prints the report.
 // Exit codes: 0 every file clean (or not a model file), 1 any finding not
-// suppressed at or above --fail-on, 2 usage error or a path that was not
-// scanned (scan::exit_code, the same value the JSON/SARIF reports carry).
+// suppressed at or above --fail-on (or any signature failure), 2 usage error
+// or a path that was not scanned (scan::exit_code, the same value the
+// JSON/SARIF reports carry).
+// `--signature BUNDLE` with the trust options of `safeckpt verify` (parsed by
+// the same code, cli/sign.cpp add_verify_options): the one PATH is the
+// signed model, verified by sign::verify_model; scan::add_signature_findings
+// turns the outcome into SCK200-SCK204 findings (scan.hpp).
 #include "safeckpt/scan.hpp"
 
 #include <fmt/format.h>
@@ -83,6 +88,7 @@ struct ScanArgs {
   bool progress = false;
   int max_nesting = 3;
   std::uint64_t max_memory_mib = 0;
+  VerifyInputs verify;  // --signature and its trust options
 };
 
 scan::Severity parse_severity(const std::string& s) {
@@ -93,6 +99,31 @@ scan::Severity parse_severity(const std::string& s) {
 }
 
 int run_scan(const ScanArgs& a) {
+  const bool signed_scan = !a.verify.signature.empty();
+  if (!signed_scan && (!a.verify.public_key.empty() || !a.verify.chain.empty() || !a.verify.ignore.empty() ||
+                       a.verify.ignore_unsigned)) {
+    std::fprintf(stderr,
+                 "safeckpt scan: --public-key, --certificate-chain, --ignore-paths and --ignore-unsigned-files "
+                 "need --signature\n");
+    return 2;
+  }
+  scan::SignatureCheck check;
+  if (signed_scan) {
+    if (a.paths.size() != 1) {
+      std::fprintf(stderr, "safeckpt scan: --signature verifies one model: give exactly one PATH (got %zu)\n",
+                   a.paths.size());
+      return 2;
+    }
+    auto trust = verify_trust(a.verify);
+    if (!trust) {
+      std::fprintf(stderr, "safeckpt scan: %s\n", trust.error().to_string().c_str());
+      return 2;
+    }
+    check.model = a.paths[0];
+    check.bundle = a.verify.signature;
+    check.trust = std::move(*trust);
+    check.verify = verify_options(a.paths[0], a.verify);
+  }
   Allowlist allow = Allowlist::default_policy();
   if (auto st = add_allow_args(allow, a.allow_files); !st) {
     std::fprintf(stderr, "safeckpt scan: %s\n", st.error().to_string().c_str());
@@ -165,6 +196,7 @@ int run_scan(const ScanArgs& a) {
   if (progress && err_tty) std::fprintf(stderr, "\r\033[K");
   // Every path that was not scanned becomes a report: counted once, in every format.
   for (const auto& e : walk.errors) reports.push_back(scan::unscanned_report(e.path, e.reason));
+  if (signed_scan) (void)scan::add_signature_findings(reports, check);
   scan::apply_ignores(reports, ignores, ro.base_dir);
   if (reports.empty()) std::fprintf(stderr, "safeckpt scan: no files to scan\n");
 
@@ -230,6 +262,8 @@ void register_scan(CLI::App& app, int& exit_code) {
   cmd->add_option("--base", args->base, "directory SARIF's %SRCROOT% stands for (default: the current directory)");
   cmd->add_flag("--no-color", args->no_color, "no colours in the text report (also NO_COLOR=1)");
   cmd->add_flag("--progress", args->progress, "progress on stderr even when it is not a terminal");
+  // The options of `safeckpt verify` (one parser): the PATH is then the signed model.
+  add_verify_options(cmd, args->verify, false);
   cmd->callback([args, &exit_code] {
     // DCP directories (a `.metadata` inside) are audited as one checkpoint
     // (cli/dcp.cpp), the other paths as files; the exit code is the worst.
@@ -237,6 +271,14 @@ void register_scan(CLI::App& app, int& exit_code) {
     files.paths.clear();
     int dcp_code = 0;
     for (const auto& p : args->paths) {
+      if (is_dcp_dir(p) && !args->verify.signature.empty()) {
+        std::fprintf(stderr,
+                     "safeckpt scan: --signature with a torch.distributed.checkpoint directory (%s) is not "
+                     "supported; run `safeckpt verify` and `safeckpt scan` on it separately\n",
+                     p.c_str());
+        exit_code = 2;
+        return;
+      }
       if (is_dcp_dir(p))
         dcp_code = std::max(dcp_code, scan_dcp(p, args->quiet));
       else

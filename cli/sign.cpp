@@ -79,22 +79,21 @@ int run_sign(const SignArgs& a) {
 }
 
 struct VerifyArgs {
-  std::string model, signature, public_key, format = "text";
-  std::vector<std::string> chain, ignore;
-  bool ignore_unsigned = false;
-  unsigned threads = 0;
+  std::string model, format = "text";
+  VerifyInputs in;
 };
 
-int run_verify(const VerifyArgs& a) {
+int run_verify(const VerifyArgs& args) {
+  const VerifyInputs& a = args.in;
   if (a.public_key.empty() == a.chain.empty()) {
     std::fprintf(stderr, "safeckpt verify: give exactly one of --public-key and --certificate-chain\n");
     return 2;
   }
-  const bool json = a.format == "json";
+  const bool json = args.format == "json";
   auto fail = [&](int code, const std::string& stage, const Error& e) {
     if (json) {
       nlohmann::ordered_json j;
-      j["model"] = a.model;
+      j["model"] = args.model;
       j["signature"] = a.signature;
       j["verified"] = false;
       j["stage"] = stage;
@@ -107,23 +106,16 @@ int run_verify(const VerifyArgs& a) {
   };
   auto bundle = sign::read_bundle(a.signature);
   if (!bundle) return fail(2, "bundle", bundle.error());
-  auto trust = a.public_key.empty()
-                   ? sign::trust_from_chain_files(std::vector<fs::path>(a.chain.begin(), a.chain.end()))
-                   : sign::trust_from_public_key_file(a.public_key);
+  auto trust = verify_trust(a);
   if (!trust) return fail(2, "trust", trust.error());
-  sign::VerifyOptions vo;
-  vo.ignore_paths = model_relative(a.model, a.ignore);
-  vo.ignore_unsigned_files = a.ignore_unsigned;
-  vo.signature_path = a.signature;
-  vo.threads = a.threads;
-  auto r = sign::verify_model(a.model, *bundle, *trust, vo);
+  auto r = sign::verify_model(args.model, *bundle, *trust, verify_options(args.model, a));
   if (!r) {
     const ErrorCode c = r.error().code();
     return fail(c == ErrorCode::kIntegrity ? 1 : 2, c == ErrorCode::kIntegrity ? "signature" : "input", r.error());
   }
   if (json) {
     nlohmann::ordered_json j;
-    j["model"] = a.model;
+    j["model"] = args.model;
     j["signature"] = a.signature;
     j["verified"] = r->ok();
     j["signer"] = r->signer;
@@ -136,15 +128,41 @@ int run_verify(const VerifyArgs& a) {
     j["files"] = files;
     std::printf("%s\n", j.dump(2).c_str());
   } else if (r->ok()) {
-    std::printf("verified: %s (%s; signer: %s)\n", a.model.c_str(), r->summary().c_str(), r->signer.c_str());
+    std::printf("verified: %s (%s; signer: %s)\n", args.model.c_str(), r->summary().c_str(), r->signer.c_str());
   } else {
-    std::printf("verification FAILED: %s: %s (signature by %s is valid; the model differs)\n", a.model.c_str(),
+    std::printf("verification FAILED: %s: %s (signature by %s is valid; the model differs)\n", args.model.c_str(),
                 r->summary().c_str(), r->signer.c_str());
   }
   return r->ok() ? 0 : 1;
 }
 
 }  // namespace
+
+void add_verify_options(CLI::App* cmd, VerifyInputs& v, bool signature_required) {
+  CLI::Option* sig = cmd->add_option("--signature", v.signature, "the OpenSSF Model Signing bundle (model.sig)");
+  if (signature_required) sig->required();
+  cmd->add_option("--public-key", v.public_key, "key method: the signer's public key PEM");
+  cmd->add_option("--certificate-chain", v.chain, "certificate method: trusted CA certificate PEM file(s)");
+  cmd->add_option("--ignore-paths", v.ignore, "paths to skip (besides those the bundle records)");
+  cmd->add_flag("--ignore-unsigned-files", v.ignore_unsigned, "do not fail on files the bundle does not list");
+  cmd->add_option("--threads", v.threads, "hashing threads (default: all cores)");
+}
+
+Result<sign::Trust> verify_trust(const VerifyInputs& v) {
+  if (v.public_key.empty() == v.chain.empty())
+    return make_error(ErrorCode::kInvalidArgument, "give exactly one of --public-key and --certificate-chain");
+  return v.public_key.empty() ? sign::trust_from_chain_files(std::vector<fs::path>(v.chain.begin(), v.chain.end()))
+                              : sign::trust_from_public_key_file(v.public_key);
+}
+
+sign::VerifyOptions verify_options(const std::string& model, const VerifyInputs& v) {
+  sign::VerifyOptions vo;
+  vo.ignore_paths = model_relative(model, v.ignore);
+  vo.ignore_unsigned_files = v.ignore_unsigned;
+  vo.signature_path = v.signature;
+  vo.threads = v.threads;
+  return vo;
+}
 
 void register_sign(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<SignArgs>();
@@ -169,13 +187,8 @@ void register_verify(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "verify a model against an OpenSSF Model Signing bundle (exit 0 verified, 1 failed, 2 bad input)");
   cmd->add_option("MODEL", a->model, "model directory or single file")->required();
-  cmd->add_option("--signature", a->signature, "the bundle (model.sig)")->required();
-  cmd->add_option("--public-key", a->public_key, "key method: the signer's public key PEM");
-  cmd->add_option("--certificate-chain", a->chain, "certificate method: trusted CA certificate PEM file(s)");
-  cmd->add_option("--ignore-paths", a->ignore, "paths to skip (besides those the bundle records)");
-  cmd->add_flag("--ignore-unsigned-files", a->ignore_unsigned, "do not fail on files the bundle does not list");
+  add_verify_options(cmd, a->in, true);
   cmd->add_option("--format", a->format, "text (default) or json")->check(CLI::IsMember({"text", "json"}));
-  cmd->add_option("--threads", a->threads, "hashing threads (default: all cores)");
   cmd->callback([a, &exit_code] { exit_code = run_verify(*a); });
 }
 

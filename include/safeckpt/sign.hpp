@@ -257,6 +257,11 @@ Result<std::string> sign_payload(const std::string& payload, const Signer& signe
 enum class FileStatus : std::uint8_t { kVerified, kChanged, kMissing, kExtra };
 std::string_view file_status_name(FileStatus s) noexcept;
 
+// The file path a resource name stands for: the name itself for kFiles,
+// "<path>" of a shard name "<path>:<start>:<end>" for kShards (split at the
+// last two colons; a name without them is returned as it is).
+std::string resource_path(const std::string& name, Method method);
+
 struct FileResult {
   std::string name;  // resource name (shards: "path:start:end")
   FileStatus status = FileStatus::kVerified;

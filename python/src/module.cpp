@@ -37,6 +37,7 @@
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
 #include "safeckpt/scan.hpp"
+#include "safeckpt/sign.hpp"
 #include "safeckpt/version.hpp"
 #ifdef SAFECKPT_PYTHON_CUDA
 #include "safeckpt/device_checkpoint.hpp"
@@ -616,6 +617,74 @@ py::list load_dcp_boxes(
   return out;
 }
 
+// ---- OpenSSF Model Signing (safeckpt/sign.hpp; python/safeckpt/_sign.py) ----
+
+std::vector<std::filesystem::path> paths_of(const std::vector<std::string>& v) {
+  return {v.begin(), v.end()};
+}
+
+// verify_model -> (signer, method, hash_type, root_digest, [(name, status)...]).
+// A signature that does not verify raises (kIntegrity); a model that differs
+// is a result whose statuses say how (_sign.py raises SignatureError).
+struct Verified {
+  sign::VerifyReport report;
+  sign::Statement statement;
+};
+py::tuple verify_model(const std::string& model, const std::string& signature, const std::string& public_key,
+                       const std::vector<std::string>& chain, const std::vector<std::string>& ignore_paths,
+                       bool ignore_unsigned_files, unsigned threads) {
+  Result<Verified> r = [&]() -> Result<Verified> {
+    py::gil_scoped_release nogil;
+    if (public_key.empty() == chain.empty())
+      return make_error(ErrorCode::kInvalidArgument, "give exactly one of public_key and certificate_chain");
+    SAFECKPT_TRY(sign::Bundle bundle, sign::read_bundle(signature));
+    SAFECKPT_TRY(sign::Trust trust, public_key.empty() ? sign::trust_from_chain_files(paths_of(chain))
+                                                       : sign::trust_from_public_key_file(public_key));
+    sign::VerifyOptions vo;
+    vo.ignore_paths = ignore_paths;
+    vo.ignore_unsigned_files = ignore_unsigned_files;
+    vo.signature_path = signature;
+    vo.threads = threads;
+    SAFECKPT_TRY(sign::VerifyReport rep, sign::verify_model(model, bundle, trust, vo));
+    return Verified{std::move(rep), std::move(bundle.statement)};
+  }();
+  Verified v = take(std::move(r));
+  py::list files;
+  for (const sign::FileResult& f : v.report.files)
+    files.append(py::make_tuple(text_of(f.name), std::string(sign::file_status_name(f.status))));
+  return py::make_tuple(text_of(v.report.signer), v.statement.method == sign::Method::kFiles ? "files" : "shards",
+                        v.statement.hash_type, v.statement.root_digest, files);
+}
+
+// sign_model -> (root_digest, [(name, algorithm, digest)...]).
+py::tuple sign_model(const std::string& model, const std::string& signature, const std::string& private_key,
+                     const std::string& certificate, const std::vector<std::string>& chain,
+                     const std::vector<std::string>& ignore_paths, const std::string& serialization,
+                     std::uint64_t shard_size, unsigned threads, bool overwrite) {
+  Result<sign::Bundle> r = [&]() -> Result<sign::Bundle> {
+    py::gil_scoped_release nogil;
+    if (serialization != "files" && serialization != "shards")
+      return make_error(ErrorCode::kInvalidArgument,
+                        "serialization must be \"files\" or \"shards\", not \"" + serialization + "\"");
+    if (shard_size == 0) return make_error(ErrorCode::kInvalidArgument, "shard_size must be positive");
+    if (certificate.empty() && !chain.empty())
+      return make_error(ErrorCode::kInvalidArgument, "certificate_chain needs certificate");
+    SAFECKPT_TRY(sign::Signer signer, sign::signer_from_files(private_key, certificate, paths_of(chain)));
+    sign::SignOptions so;
+    so.hash.method = serialization == "shards" ? sign::Method::kShards : sign::Method::kFiles;
+    so.hash.shard_size = shard_size;
+    so.hash.threads = threads;
+    so.hash.ignore_paths = ignore_paths;
+    so.overwrite = overwrite;
+    return sign::sign_model(model, signature, signer, so);
+  }();
+  sign::Bundle b = take(std::move(r));
+  py::list resources;
+  for (const sign::Resource& res : b.statement.resources)
+    resources.append(py::make_tuple(text_of(res.name), res.algorithm, res.digest));
+  return py::make_tuple(b.statement.root_digest, resources);
+}
+
 }  // namespace
 }  // namespace safeckpt::python
 
@@ -672,6 +741,11 @@ PYBIND11_MODULE(_safeckpt, m) {
   m.def("scan_path", &scan_path, py::arg("path"), py::arg("allow"));
   m.def("load_dcp_boxes", &load_dcp_boxes, py::arg("path"), py::arg("rank"), py::arg("world_size"),
         py::arg("shard_dim"), py::arg("boxes"));
+  m.def("verify_model", &verify_model, py::arg("model"), py::arg("signature"), py::arg("public_key"),
+        py::arg("certificate_chain"), py::arg("ignore_paths"), py::arg("ignore_unsigned_files"), py::arg("threads"));
+  m.def("sign_model", &sign_model, py::arg("model"), py::arg("signature"), py::arg("private_key"),
+        py::arg("certificate"), py::arg("certificate_chain"), py::arg("ignore_paths"), py::arg("serialization"),
+        py::arg("shard_size"), py::arg("threads"), py::arg("overwrite"));
   m.def("check_allow_name", &check_allow_name, py::arg("name"), py::arg("handled_as") = "");
   m.def("is_blocked", [](const std::string& name) { return sc::Allowlist::is_blocked(name); });
   m.def("dtype_names", [] {

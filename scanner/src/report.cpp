@@ -1,6 +1,7 @@
 // Reports: human text, JSON (schema: scanner/README.md), SARIF 2.1.0.
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +55,11 @@ std::string clean(std::string_view s) {
     }
   }
   return out;
+}
+
+// The bundle report's own SCK204 (add_signature_findings): "signature verified".
+bool is_signature_summary(const FileReport& r, const Finding& f) {
+  return f.rule == Rule::kSignatureVerified && r.format == "oms_bundle" && f.member.empty();
 }
 
 json finding_json(const Finding& f) {
@@ -240,6 +246,11 @@ Result<std::vector<IgnoreRule>> parse_ignore(std::string_view text, std::string_
       return make_error(ErrorCode::kInvalidArgument,
                         where + ": " + std::string(found->id) +
                             " (io-error) cannot be ignored: a path that was not read is never accepted");
+    if (found->rule == Rule::kSignatureNotVerified)
+      return make_error(ErrorCode::kInvalidArgument,
+                        where + ": " + std::string(found->id) +
+                            " (signature-not-verified) cannot be ignored: a signature that does not verify is never "
+                            "accepted (drop --signature to scan without it)");
     out.push_back({std::move(glob), found->rule, where});
   }
   return out;
@@ -266,7 +277,7 @@ std::uint64_t apply_ignores(std::vector<FileReport>& reports, const std::vector<
     const std::string given = plain_path(r.path);
     const std::string rel = relative_to(r.path, base_dir);
     for (Finding& f : r.findings) {
-      if (f.suppressed || f.rule == Rule::kIo) continue;
+      if (f.suppressed || f.rule == Rule::kIo || f.rule == Rule::kSignatureNotVerified) continue;
       for (const IgnoreRule& ir : rules_) {
         if (ir.rule != f.rule) continue;
         if (fnmatch(ir.path_glob.c_str(), given.c_str(), 0) == 0 ||
@@ -296,7 +307,7 @@ Totals totals(const std::vector<FileReport>& reports, const ReportOptions& optio
       case Verdict::kError: ++t.errors; break;
     }
     for (const Finding& f : r.findings) {
-      if (!f.suppressed && f.severity >= options.fail_on) ++t.failing;
+      if (!f.suppressed && (f.severity >= options.fail_on || is_signature_failure(f.rule))) ++t.failing;
       if (f.severity == Severity::kInfo) continue;
       if (f.suppressed) {
         ++t.suppressed;
@@ -315,7 +326,7 @@ int exit_code(const std::vector<FileReport>& reports, const ReportOptions& optio
   for (const FileReport& r : reports) {
     if (r.verdict == Verdict::kError) return 2;
     for (const Finding& f : r.findings)
-      if (!f.suppressed && f.severity >= options.fail_on) rc = 1;
+      if (!f.suppressed && (f.severity >= options.fail_on || is_signature_failure(f.rule))) rc = 1;
   }
   return rc;
 }
@@ -332,7 +343,9 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, const
       out << clean(r.path) << ": " << paint("NOT SCANNED", "1;31") << " (" << one_line(clean(reason)) << ")\n";
       continue;
     }
-    if (r.verdict == Verdict::kNotModel && r.findings.empty() && !o.verbose) {
+    const bool only_info = std::all_of(r.findings.begin(), r.findings.end(),
+                                       [](const Finding& f) { return f.severity == Severity::kInfo; });
+    if (r.verdict == Verdict::kNotModel && only_info && !o.verbose) {
       ++quiet_not_models;
       continue;
     }
@@ -349,7 +362,8 @@ void write_text(std::ostream& out, const std::vector<FileReport>& reports, const
     // acceptance gets a line of its own, so the loader's text appears once.
     if (r.loader.ran && r.loader.ok) out << "  loader: accepts\n";
     for (const Finding& f : r.findings) {
-      if (f.severity == Severity::kInfo && !o.verbose) continue;
+      // The bundle's "signature verified" line is the answer to --signature: always shown.
+      if (f.severity == Severity::kInfo && !o.verbose && !is_signature_summary(r, f)) continue;
       const RuleInfo& ri = rule_info(f.rule);
       std::string w = where(f);
       const std::string tag = "[" + std::string(severity_name(f.severity)) + "]";
@@ -507,6 +521,12 @@ std::string to_sarif(const std::vector<FileReport>& reports, const ReportOptions
              {"descriptor", {{"id", std::string(rule_info(f.rule).id)}}},
              {"locations", json::array({{{"physicalLocation", {{"artifactLocation", art_indexed}}}}})}});
       }
+      if (is_signature_summary(r, f))
+        notifications.push_back(
+            {{"level", "note"},
+             {"message", {{"text", clean(r.path) + ": " + clean(f.message)}}},
+             {"descriptor", {{"id", std::string(rule_info(f.rule).id)}}},
+             {"locations", json::array({{{"physicalLocation", {{"artifactLocation", art_indexed}}}}})}});
       if (f.severity == Severity::kInfo) continue;
       const RuleInfo& ri = rule_info(f.rule);
       std::size_t rule_index = 0;

@@ -130,6 +130,18 @@ const std::vector<RuleInfo>& rules() {
        Severity::kMedium},
       {Rule::kLoaderRefused, "SCK180", "loader-refused", "safeckpt's loader refuses this file", Severity::kHigh},
       {Rule::kIo, "SCK190", "io-error", "A file or member could not be read", Severity::kHigh},
+      {Rule::kSignatureNotVerified, "SCK200", "signature-not-verified",
+       "The model does not verify against its OpenSSF Model Signing bundle (malformed bundle, signature, key, "
+       "certificate chain, root digest, or a model that cannot be hashed)",
+       Severity::kCritical},
+      {Rule::kSignedFileChanged, "SCK201", "signed-file-changed",
+       "The file's bytes differ from the digest its signature bundle records", Severity::kCritical},
+      {Rule::kSignedFileMissing, "SCK202", "signed-file-missing",
+       "A file the signature bundle signs is not in the model", Severity::kHigh},
+      {Rule::kUnsignedFile, "SCK203", "unsigned-file", "A file of the model that the signature bundle does not sign",
+       Severity::kMedium},
+      {Rule::kSignatureVerified, "SCK204", "signature-verified",
+       "The signature verifies, or this file matches the digest its signature bundle records", Severity::kInfo},
   };
   return kRules;
 }

@@ -28,12 +28,6 @@ std::optional<std::string> relative_inside(const std::filesystem::path& model, c
   return rel.generic_string();
 }
 
-std::string path_of(const std::string& name, Method m) {
-  if (m == Method::kFiles) return name;
-  std::size_t c2 = name.rfind(':');
-  return name.substr(0, name.rfind(':', c2 - 1));
-}
-
 void sort_resources(std::vector<Resource>& rs, Method m) {
   // Files by byte order of the path; the shards of a file by start offset
   // (model_signing 1.1's order, its golden statements).
@@ -49,6 +43,14 @@ void sort_resources(std::vector<Resource>& rs, Method m) {
 }
 
 }  // namespace
+
+std::string resource_path(const std::string& name, Method method) {
+  if (method == Method::kFiles) return name;
+  const std::size_t c2 = name.rfind(':');
+  if (c2 == std::string::npos || c2 == 0) return name;
+  const std::size_t c1 = name.rfind(':', c2 - 1);
+  return c1 == std::string::npos ? name : name.substr(0, c1);
+}
 
 std::string_view file_status_name(FileStatus s) noexcept {
   switch (s) {
@@ -161,12 +163,12 @@ Result<VerifyReport> verify_model(const std::filesystem::path& model, const Bund
   // (the SPEC/Go form) is accepted as the same file.
   std::string single_alias;
   if (!is_dir && !st.resources.empty()) {
-    std::string p = path_of(st.resources[0].name, st.method);
+    std::string p = resource_path(st.resources[0].name, st.method);
     if (p != ".") single_alias = p;
   }
   if (options.ignore_unsigned_files) {
     std::set<std::string> paths;
-    for (const Resource& r : st.resources) paths.insert(path_of(r.name, st.method));
+    for (const Resource& r : st.resources) paths.insert(resource_path(r.name, st.method));
     std::vector<std::string> only(paths.begin(), paths.end());
     if (!single_alias.empty()) only.emplace_back(".");
     ho.only = std::move(only);
@@ -203,11 +205,11 @@ Result<std::function<Status(Bytes, const std::filesystem::path&)>> make_load_ver
   return std::function<Status(Bytes, const std::filesystem::path&)>(
       [st, resource_name, threads](Bytes data, const std::filesystem::path& path) -> Status {
         std::string name = resource_name;
-        const std::string first = path_of(st->resources[0].name, st->method);
+        const std::string first = resource_path(st->resources[0].name, st->method);
         if (name.empty()) name = first == "." ? "." : path.filename().string();
         std::vector<Resource> want;
         for (const Resource& r : st->resources)
-          if (path_of(r.name, st->method) == name) want.push_back(r);
+          if (resource_path(r.name, st->method) == name) want.push_back(r);
         if (want.empty())
           return make_error(ErrorCode::kIntegrity, "verify-then-load: \"" + name + "\" is not signed by the bundle");
         HashOptions ho;

@@ -51,6 +51,7 @@
 #include "safeckpt/error.hpp"
 #include "safeckpt/limits.hpp"
 #include "safeckpt/mapped_file.hpp"
+#include "safeckpt/sign.hpp"
 
 namespace safeckpt::scan {
 
@@ -90,6 +91,12 @@ enum class Rule : std::uint8_t {
   kPt2Op,        // op not allowlisted / custom namespace / higher-order (names op and node)
   kPt2Mutation,  // in-place update of an input or buffer, mutation output specs
   kPt2Refused,   // any other reason the engine refuses the program or archive
+  // OpenSSF Model Signing (scan with a signature bundle; add_signature_findings):
+  kSignatureNotVerified,  // bundle malformed, signature/key/chain/root digest fails, model not hashable
+  kSignedFileChanged,     // a signed file's bytes differ from the bundle's digest
+  kSignedFileMissing,     // a file the bundle signs is not in the model
+  kUnsignedFile,          // a file of the model the bundle does not sign
+  kSignatureVerified,     // info: the signature verifies / this file matches its signed digest
   kCount_
 };
 struct RuleInfo {
@@ -198,6 +205,45 @@ FileReport scan_file(const std::filesystem::path& path, const ScanOptions& optio
 // ignore file can never suppress them (issue 11 item 4).
 FileReport unscanned_report(std::string path, std::string reason);
 
+// ---- signatures (OpenSSF Model Signing, safeckpt/sign.hpp) -----------------
+// `safeckpt scan MODEL --signature BUNDLE (--public-key PEM | --certificate-chain PEM...)`:
+// the model is verified against the bundle with sign::verify_model (the same
+// code as `safeckpt verify`) and the outcome becomes findings beside the
+// per-file parse findings:
+//  - one report for the bundle itself (path = `bundle` as given, format
+//    "oms_bundle", size in bytes): SCK204 (info) "signature verified" naming
+//    the signer and the counts, or SCK200 (critical) when the bundle is
+//    malformed, its signature, key, certificate chain, certificate validity
+//    or root digest fails, or the model cannot be hashed (a symlink not
+//    allowed, a file changing while hashed, ...: the message says which);
+//    SCK202 (high) for each signed file missing from the model, `member` =
+//    the resource name. Verdict kClean when every file verified, else kUnsafe.
+//    A report the walk made for the same file (a model.sig inside the model)
+//    is replaced by it. An unreadable bundle is unscanned_report (exit 2);
+//  - on each file's own report (matched by path: `model` / resource path):
+//    SCK201 (critical) changed bytes (one finding per changed shard, `member`
+//    = the shard's resource name), SCK203 (medium) a file the bundle does not
+//    sign (not reported with VerifyOptions::ignore_unsigned_files), SCK204
+//    (info) verified. A clean or not_model file with SCK201/SCK203 becomes
+//    kUnsafe. A resource with no report of its own (excluded from the walk)
+//    is reported on the bundle's report with `member` = its name.
+// Fail closed: SCK200-SCK203 findings that are not suppressed make the exit
+// code at least 1 whatever ReportOptions::fail_on is, and SCK200 cannot be
+// ignored (parse_ignore refuses it, as SCK190).
+struct SignatureCheck {
+  std::filesystem::path model;   // the signed model: a directory or a single file
+  std::filesystem::path bundle;  // the signature file (model.sig)
+  sign::Trust trust;             // key or CA chain (sign::trust_from_*_file)
+  // ignore_paths (relative to the model root), ignore_unsigned_files,
+  // threads, limits; signature_path is set to `bundle`.
+  sign::VerifyOptions verify;
+};
+// Verifies and adds the findings above to `reports` (appends the bundle's
+// report, changes verdicts). Returns true when the model verified.
+bool add_signature_findings(std::vector<FileReport>& reports, const SignatureCheck& check);
+// True for the rules that fail a run whatever --fail-on says (SCK200-SCK203).
+bool is_signature_failure(Rule r) noexcept;
+
 // ---- many paths ------------------------------------------------------------
 struct WalkOptions {
   bool follow_symlinks = false;      // inside directories (named paths are always followed)
@@ -233,7 +279,8 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
 // against the report path as given/found (a leading "./" dropped) and against
 // the path relative to ReportOptions::base_dir. `#` starts a comment; blank
 // lines are ignored. SCK190 (io-error) is refused: a path or member that could
-// not be read is never accepted into a clean run.
+// not be read is never accepted into a clean run; so is SCK200
+// (signature-not-verified): a signature that does not verify never is.
 struct IgnoreRule {
   std::string path_glob;
   Rule rule = Rule::kMalformed;
@@ -296,16 +343,16 @@ struct Totals {
   std::uint64_t errors = 0;                        // reports with verdict kError: paths not scanned
   std::uint64_t findings = 0;                      // not suppressed, not info
   std::uint64_t suppressed = 0;                    // suppressed by an ignore rule (info excluded)
-  std::uint64_t failing = 0;                       // findings at or above ReportOptions::fail_on, not suppressed
+  std::uint64_t failing = 0;                       // >= ReportOptions::fail_on or a signature failure; not suppressed
   std::uint64_t skipped = 0;                       // ReportOptions::skipped
   std::uint64_t by_severity[5] = {0, 0, 0, 0, 0};  // not suppressed; index = Severity
 };
 Totals totals(const std::vector<FileReport>& reports, const ReportOptions& options = {});
 
 // 2: any path not scanned (a kError report) or no report at all (nothing to
-// scan); else 1: any finding not suppressed at or above options.fail_on;
-// else 0. The JSON summary's exit_code and SARIF's invocation exitCode are
-// this value, and the CLI exits with it (usage errors are 2 too).
+// scan); else 1: any finding not suppressed at or above options.fail_on, or
+// any signature failure (is_signature_failure) not suppressed; else 0. The JSON summary's exit_code and SARIF's
+// invocation exitCode are this value, and the CLI exits with it (usage errors are 2 too).
 int exit_code(const std::vector<FileReport>& reports, const ReportOptions& options = {});
 
 // Human summary: per file verdict, loader verdict and findings with
