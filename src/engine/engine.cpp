@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cstring>
 #include <list>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "engine/runtime.hpp"
 #include "graph/internal.hpp"
@@ -172,6 +175,16 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   out.arena_bytes = plan.arena_bytes;
   out.fused_kernels = plan.fused.size();
   out.source = fused_source(plan.fused);
+  // Sources NVRTC already accepted in this process, per architecture: the text
+  // carries op codes and dtypes only (sizes are kernel parameters), so every
+  // shape of a program shares one compile.
+  static std::mutex accepted_mu;
+  static std::set<std::string> accepted;
+  const std::string key = std::to_string(sm) + "\n" + out.source;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu);
+    if (accepted.count(key) != 0) return out;
+  }
   if (!plan.fused.empty()) {
     nvrtcProgram prog = nullptr;
     if (nvrtcCreateProgram(&prog, out.source.c_str(), "safeckpt_fused.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
@@ -186,6 +199,8 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
     nvrtcDestroyProgram(&prog);
     if (r != NVRTC_SUCCESS)
       return make_error(ErrorCode::kInternal, "NVRTC rejected a generated kernel: " + log.substr(0, 3000));
+    std::lock_guard<std::mutex> lock(accepted_mu);
+    accepted.insert(key);
   }
   return out;
 }

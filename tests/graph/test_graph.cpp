@@ -404,15 +404,19 @@ TEST_CASE("graph: the shape pass compares recorded strides (view formulas, dense
     json j = mlp;
     strides(j, "permute", {256, 1});  // permute([1,0]) of [128,1] gives [1,128]
     CHECK(program_code(j) == ErrorCode::kMalformed);
-    CHECK_MESSAGE(message(j).find("output 'permute' has strides [256,1] in its tensor_meta but aten::permute gives "
-                                  "[1,128]") != std::string::npos,
-                  message(j));
+    // The message is computed first: message() asserts, and an assertion
+    // inside CHECK_MESSAGE's message deadlocks doctest's --success reporter.
+    const std::string m = message(j);
+    CHECK_MESSAGE(m.find("output 'permute' has strides [256,1] in its tensor_meta but aten::permute gives "
+                         "[1,128]") != std::string::npos,
+                  m);
   }
   SUBCASE("a fresh result recorded as overlapping") {
     json j = mlp;
     strides(j, "gelu", {1, 1});
     CHECK(program_code(j) == ErrorCode::kMalformed);
-    CHECK_MESSAGE(message(j).find("output 'gelu' has strides [1,1]") != std::string::npos, message(j));
+    const std::string m = message(j);
+    CHECK_MESSAGE(m.find("output 'gelu' has strides [1,1]") != std::string::npos, m);
   }
   SUBCASE("a fresh result recorded as a dense permutation is what PyTorch may allocate") {
     json j = mlp;
