@@ -119,7 +119,7 @@ struct Holder {
 #endif
   void* cow = nullptr;
   std::size_t cow_size = 0;
-  bool released = false;  // `own` was handed to PyCheckpoint::to_device
+  bool released = false;            // `own` was handed to PyCheckpoint::to_device
   std::vector<std::uint8_t> bytes;  // a box load_dcp assembled (load_dcp_boxes)
   std::mutex mu;
   Holder() = default;

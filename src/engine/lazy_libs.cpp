@@ -144,16 +144,16 @@ extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceDestroy(cublasLtM
   return fn != nullptr ? fn(pref) : kLtUnavailable;
 }
 
-extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(
-    cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void* buf, size_t sizeInBytes) {
+extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                                            cublasLtMatmulPreferenceAttributes_t attr,
+                                                                            const void* buf, size_t sizeInBytes) {
   static const auto fn =
       resolve<decltype(&cublasLtMatmulPreferenceSetAttribute)>(cublaslt(), "cublasLtMatmulPreferenceSetAttribute");
   return fn != nullptr ? fn(pref, attr, buf, sizeInBytes) : kLtUnavailable;
 }
 
-extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* matLayout,
-                                                                  cudaDataType type, uint64_t rows, uint64_t cols,
-                                                                  int64_t ld) {
+extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* matLayout, cudaDataType type,
+                                                                  uint64_t rows, uint64_t cols, int64_t ld) {
   static const auto fn = resolve<decltype(&cublasLtMatrixLayoutCreate)>(cublaslt(), "cublasLtMatrixLayoutCreate");
   return fn != nullptr ? fn(matLayout, type, rows, cols, ld) : kLtUnavailable;
 }
