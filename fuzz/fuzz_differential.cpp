@@ -17,6 +17,12 @@
 //     or refused opcode/operation: the scanner flags what the policy allows;
 //  5. the scanner's embedded loader result differs from load_bytes;
 //  6. any kInternal.
+// A PT2 archive (format pt2_archive) is judged by the engine, not the loader
+// (scan.hpp: FileReport::loader then holds the engine's verdict): the loader
+// must refuse it without a policy code, the scanner's verdict must equal
+// graph::Pt2Archive::open + graph::refusals of every model (same code when
+// the reader fails), and "clean" must mean the engine accepts; (1)-(4)
+// compare with the loader and do not apply.
 // Option byte: bit 0 extended allowlist; bit 1 verify storage CRCs (loader
 // verify_storage_crc = scanner verify_data); bits 2-3 max_nesting.
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include "fuzz_allowlists.hpp"
 #include "fuzz_util.hpp"
 #include "safeckpt/checkpoint.hpp"
+#include "safeckpt/graph.hpp"
 #include "safeckpt/limits.hpp"
 #include "safeckpt/scan.hpp"
 
@@ -60,6 +67,35 @@ std::string describe(const scan::FileReport& r) {
   return s;
 }
 
+// What the engine says of a PT2 archive: nullopt = accepted, else the
+// reader's error code (kDisallowedOperation / kMalformed for a program the
+// validator refuses: only accepted-or-not is compared then).
+struct EngineVerdict {
+  bool ok = false;
+  bool reader_failed = false;
+  sc::ErrorCode code = sc::ErrorCode::kInternal;
+};
+
+EngineVerdict engine_verdict(sc::Bytes data, const sc::Limits& limits) {
+  safeckpt::graph::GraphLimits gl;
+  gl.container = limits;
+  EngineVerdict v;
+  auto a = safeckpt::graph::Pt2Archive::open(data, gl);
+  if (!a) {
+    v.reader_failed = true;
+    v.code = a.error().code();
+    return v;
+  }
+  v.ok = true;
+  for (const std::string& name : a->models()) {
+    auto prog = a->program(name);
+    FUZZ_REQUIRE(prog.has_value(), "Pt2Archive lists model '" + name + "' but has no program for it");
+    safeckpt::graph::Program p = **prog;
+    if (!safeckpt::graph::refusals(p, gl).empty()) v.ok = false;
+  }
+  return v;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -91,6 +127,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // As `safeckpt scan` runs.
   so.run_loader = true;
   const scan::FileReport full = scan::scan_bytes(in.data, "fuzz-input", so);
+  if (full.format == "pt2_archive") {
+    FUZZ_REQUIRE(!loaded, "the loader accepts what the scanner reads as a PT2 archive: scan " + describe(full));
+    FUZZ_REQUIRE(!sc::is_policy_error(loaded.error().code()),
+                 "the loader refuses a PT2 archive on policy: " + load_text);
+    FUZZ_REQUIRE(full.loader.ran, "PT2 archive without the engine's verdict: scan " + describe(full));
+    FUZZ_REQUIRE(full.loader.code != sc::ErrorCode::kInternal, "engine verdict kInternal " + full.loader.message);
+    const EngineVerdict ev = engine_verdict(in.data, limits);
+    FUZZ_REQUIRE(full.loader.ok == ev.ok,
+                 "the scanner's PT2 verdict differs from the engine's: scan " + describe(full));
+    if (ev.reader_failed)
+      FUZZ_REQUIRE(full.loader.code == ev.code,
+                   "the scanner's PT2 verdict has another code than the engine's reader: scan " + describe(full));
+    FUZZ_REQUIRE(full.verdict != scan::Verdict::kClean || ev.ok,
+                 "the scanner says a PT2 archive the engine refuses is clean: " + describe(full));
+    return 0;
+  }
   if (full.loader.ran) {
     FUZZ_REQUIRE(full.loader.code != sc::ErrorCode::kInternal, "scanner's loader: kInternal " + full.loader.message);
     FUZZ_REQUIRE(full.loader.ok == loaded.has_value(),

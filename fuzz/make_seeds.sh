@@ -98,6 +98,9 @@ for f in "$pt2"/*.pt2; do
     seed graph "$stem.json" "$tmp/model.json" 001 005
   fi
   case $stem in *mlp* | *cnn*) seed graph "$stem" "$f" 000 004 ;; esac
+  # differential: valid PT2 archives, judged by the engine (the scan is clean,
+  # the loader refuses with kUnsupported); replayed by ctest fuzz.differential.
+  case $stem in *mlp* | *cnn.core) seed differential "$stem" "$f" 000 ;; esac
   n=$((n + 1))
 done
 # dcp_metadata: the .metadata pickles of tests/data/dcp-2.11 (000 = default

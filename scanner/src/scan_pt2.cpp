@@ -63,8 +63,18 @@ void Scanner::scan_pt2(Bytes data, const ZipArchive& zip, const std::string& mem
     add(Rule::kExecutableCode, Severity::kCritical, prefix + root,
         std::to_string(code - 100) + " more code records not listed", "see the findings above");
   if (code > 0) {
-    Error e(ErrorCode::kUnsupported, "record '" + first_code + "' is compiled or source code", Location{first_code});
-    verdict(&e);
+    // The verdict is the engine's own (FileReport::loader): its reader refuses
+    // every archive with a code record, but it may stop earlier (a zip
+    // anomaly, a malformed layout) with another error; that one is reported.
+    graph::GraphLimits gl;
+    gl.container = opt_.limits;
+    auto engine = graph::Pt2Archive::open(data, gl);
+    if (!engine) {
+      verdict(&engine.error());
+    } else {  // not reached while the reader refuses code records; fail closed if it ever stops doing so
+      Error e(ErrorCode::kUnsupported, "record '" + first_code + "' is compiled or source code", Location{first_code});
+      verdict(&e);
+    }
     return;
   }
   // Raw tensor records named by the configs (use_pickle: false), read here

@@ -403,6 +403,9 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-bert-base", action="store_true")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="make only these models (e.g. llama_cuda_bf16_flash); env.json/gen.log are written "
+                         "as <outdir>/env.<first>.json / gen.<first>.log then")
     a = ap.parse_args()
     SEED = a.seed
     os.makedirs(a.outdir, exist_ok=True)
@@ -453,6 +456,21 @@ def main():
         emit(a.outdir, "llama_cuda_bf16", m, [("idx", idx)],
              "the llama model in bfloat16 exported on CUDA inputs", {"atol": 5e-2, "rtol": 2e-2},
              export_device="cuda", dtype=torch.bfloat16)
+
+    def llama_cuda_bf16_flash():
+        # The same bf16 model with SDPA restricted to the flash backend (2.11 on an H200 picks cuDNN for
+        # bf16 by default): the core IR then spells attention _scaled_dot_product_flash_attention.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        torch.manual_seed(SEED)
+        m = Llama()
+        perturb_norms(m, torch.Generator().manual_seed(SEED + 10))
+        idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(SEED + 2))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            emit(a.outdir, "llama_cuda_bf16_flash", m, [("idx", idx)],
+                 "the llama model in bfloat16 exported on CUDA inputs with SDPA restricted to the flash backend "
+                 "(torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]) around export and eager)",
+                 {"atol": 5e-2, "rtol": 2e-2}, export_device="cuda", dtype=torch.bfloat16)
 
     def bert():
         cfg = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -512,13 +530,22 @@ def main():
             json.dump(info, f, indent=1)
         log(f"bert_base: eager cpu {eager_s:.3f}s, nodes {info.get('n_nodes')}")
 
-    for fn in (llama, llama_cuda, bert, mlp_flat, llama_cuda_bf16):
-        job(fn)
-    if not a.skip_bert_base:
-        job(bert_base)
-    with open(os.path.join(a.outdir, "env.json"), "w") as f:
+    jobs = {"llama": llama, "llama_cuda": llama_cuda, "bert": bert, "mlp_flat": mlp_flat,
+            "llama_cuda_bf16": llama_cuda_bf16, "llama_cuda_bf16_flash": llama_cuda_bf16_flash,
+            "bert_base": bert_base}
+    if a.only:
+        for name in a.only:
+            job(jobs[name])
+        suffix = "." + a.only[0]
+    else:
+        for fn in (llama, llama_cuda, bert, mlp_flat, llama_cuda_bf16):
+            job(fn)
+        if not a.skip_bert_base:
+            job(bert_base)
+        suffix = ""
+    with open(os.path.join(a.outdir, f"env{suffix}.json"), "w") as f:
         json.dump(env, f, indent=1)
-    with open(os.path.join(a.outdir, "gen.log"), "w") as f:
+    with open(os.path.join(a.outdir, f"gen{suffix}.log"), "w") as f:
         f.write("\n".join(LOG))
 
 
