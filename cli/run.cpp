@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "safeckpt/detect.hpp"
 #include "safeckpt/graph.hpp"
+#include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
 #ifdef SAFECKPT_HAVE_ENGINE
 #include "safeckpt/engine.hpp"
@@ -61,15 +61,10 @@ int fail(const char* cmd, const std::string& what, const Error& e) {
   return is_policy_error(e.code()) ? 1 : 2;
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
+// --weights: any checkpoint format, by content, the file opened once
+// (safeckpt/open.hpp: .pt, legacy, .safetensors, sharded index, DCP directory).
 Result<Checkpoint> load_weights_file(const std::string& path) {
-  if (ends_with(path, ".index.json")) return load_safetensors_index(path);
-  SAFECKPT_TRY(MappedFile probe, MappedFile::open(path));
-  if (sniff_format(probe.bytes()) == FileFormat::kSafetensors) return load_safetensors(path);
-  return load(path);
+  return safeckpt::open(path);
 }
 
 std::string dim_text(const Program& p, const graph::SymInt& s) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +34,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/dcp.hpp"
 #include "safeckpt/error.hpp"
+#include "safeckpt/graph.hpp"
 #include "safeckpt/open.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
@@ -617,6 +619,54 @@ py::list load_dcp_boxes(
   return out;
 }
 
+// ---- the engine's CPU reference interpreter (safeckpt/graph.hpp; _run.py) ----
+
+// Runs model `model` of the PT2 archive `program` on the CPU interpreter,
+// exactly as `safeckpt run --device cpu`: the archive read as data, the
+// program validated against allowlist/ops.schema, weights from the archive
+// or, when `weights` is not empty, from a checkpoint safeckpt::open reads
+// (bound by FQN like load_state_dict(strict=True); the archive's constants
+// and non-persistent buffers fill what a state_dict lacks). `inputs`: (name,
+// dtype name, shape, little-endian bytes) per user input. Returns
+// (dtype name, shape, buffer) per user output, in signature order; each
+// buffer owns its bytes. Errors: as Pt2Archive::open, validate,
+// checkpoint_weights and run_cpu (graph.hpp); kInvalidArgument for an
+// unknown dtype name or a missing input.
+py::list run_program(const std::string& program, const std::string& model,
+                     const std::vector<std::tuple<std::string, std::string, std::vector<std::int64_t>, py::bytes>>& in,
+                     const std::string& weights, const std::vector<std::pair<std::string, std::string>>& allow) {
+  Allowlist a = make_allowlist(allow);
+  std::map<std::string, graph::HostTensor, std::less<>> inputs;
+  for (const auto& [name, dtype, shape, data] : in) {
+    const auto dt = dtype_from_name(dtype);
+    if (!dt) raise(Error(ErrorCode::kInvalidArgument, "input '" + name + "': unknown dtype " + dtype));
+    const std::string_view b = data;
+    inputs[name] =
+        take(graph::make_host_tensor(*dt, shape, Bytes(reinterpret_cast<const std::uint8_t*>(b.data()), b.size())));
+  }
+  Result<std::vector<graph::HostTensor>> r = [&]() -> Result<std::vector<graph::HostTensor>> {
+    py::gil_scoped_release nogil;
+    SAFECKPT_TRY(graph::Pt2Archive archive, graph::Pt2Archive::open_file(program));
+    SAFECKPT_TRY(const graph::Program* prog, archive.program(model));
+    graph::Program p = *prog;  // validate() binds arguments in place
+    SAFECKPT_CHECK(graph::validate(p));
+    SAFECKPT_TRY(graph::WeightMap own, graph::archive_weights(archive, model));
+    if (weights.empty()) return graph::run_cpu(p, own, inputs);
+    SAFECKPT_TRY(Checkpoint ck, open(weights, load_options(a)));
+    SAFECKPT_TRY(graph::WeightMap bound, graph::checkpoint_weights(p, ck, &own));
+    return graph::run_cpu(p, bound, inputs);
+  }();
+  std::vector<graph::HostTensor> outs = take(std::move(r));
+  py::list result;
+  for (graph::HostTensor& t : outs) {
+    auto h = std::make_shared<Holder>();
+    if (t.data) h->bytes = *t.data;
+    Buffer b{h, h->bytes.data(), h->bytes.size(), false};
+    result.append(py::make_tuple(std::string(dtype_name(t.dtype)), t.shape, py::cast(std::move(b))));
+  }
+  return result;
+}
+
 // ---- OpenSSF Model Signing (safeckpt/sign.hpp; python/safeckpt/_sign.py) ----
 
 std::vector<std::filesystem::path> paths_of(const std::vector<std::string>& v) {
@@ -737,6 +787,8 @@ PYBIND11_MODULE(_safeckpt, m) {
       ;
 
   m.def("load_path", &load_path, py::arg("path"), py::arg("allow"));
+  m.def("run_program", &run_program, py::arg("program"), py::arg("model"), py::arg("inputs"), py::arg("weights"),
+        py::arg("allow"));
   m.def("load_bytes", &load_bytes_copy, py::arg("data"), py::arg("allow"));
   m.def("scan_path", &scan_path, py::arg("path"), py::arg("allow"));
   m.def("load_dcp_boxes", &load_dcp_boxes, py::arg("path"), py::arg("rank"), py::arg("world_size"),
