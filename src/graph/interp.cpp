@@ -1102,14 +1102,23 @@ Status adaptive_avg_pool2d(Ctx& c, Outs& outs) {
   return {};
 }
 
+Result<std::vector<std::int64_t>> eval_ints(const Ctx& c, const std::vector<SymInt>& v);
+
+// scaled_dot_product_attention and its fused spellings in CUDA exports
+// (_efficient_attention, _cudnn_attention, _flash_attention): one math
+// (softmax(q k^T * scale + mask) v in double), output 0.
 Status sdpa(Ctx& c, Outs& outs) {
   SAFECKPT_TRY(const HostTensor* q, c.tensor("query"));
   SAFECKPT_TRY(const HostTensor* k, c.tensor("key"));
   SAFECKPT_TRY(const HostTensor* v, c.tensor("value"));
-  const bool efficient = c.node->schema->name == "aten::_scaled_dot_product_efficient_attention";
-  const HostTensor* mask = c.opt_tensor(efficient ? "attn_bias" : "attn_mask");
+  const std::string& op = c.node->schema->name;
+  const bool efficient = op == "aten::_scaled_dot_product_efficient_attention";
+  const bool cudnn = op == "aten::_scaled_dot_product_cudnn_attention";
+  const bool flash = op == "aten::_scaled_dot_product_flash_attention";
+  const HostTensor* mask = flash ? nullptr : c.opt_tensor(efficient || cudnn ? "attn_bias" : "attn_mask");
   bool causal = c.arg("is_causal").b;
-  if (efficient && c.arg("dropout_p").f != 0.0) return c.fail(ErrorCode::kUnsupported, "attention dropout");
+  if ((efficient || cudnn || flash) && c.arg("dropout_p").f != 0.0)
+    return c.fail(ErrorCode::kUnsupported, "attention dropout");
   if (c.arg("enable_gqa").b) return c.fail(ErrorCode::kUnsupported, "enable_gqa=True");
   std::size_t r = q->shape.size();
   if (r < 2 || k->shape.size() != r || v->shape.size() != r || !is_float(q->dtype) || k->dtype != q->dtype ||
@@ -1154,9 +1163,48 @@ Status sdpa(Ctx& c, Outs& outs) {
     outs.push_back(std::move(off));
     return {};
   };
+  // _cudnn_attention / _flash_attention: 9 outputs. max_q and max_k (the
+  // SymInt positions, 4 and 5) are the query and key sequence lengths (what
+  // PyTorch's meta kernels return), checked against the recorded value. The
+  // tensor positions after 0 (logsumexp, cum_seq_q/k, philox or rng state,
+  // debug mask; as_none where PyTorch returned an undefined tensor) are
+  // zeros of their recorded tensor_meta: validate() refuses a program that
+  // reads one, so they only satisfy the per-output meta and stride checks.
+  auto fused_extras = [&]() -> Status {
+    if (efficient) return efficient_extras();
+    if (!cudnn && !flash) return {};
+    const Node& n = *c.node;
+    const std::int64_t seq[2] = {L, S};
+    std::size_t si = 0;
+    for (std::size_t pos = 1; pos < n.outputs.size(); ++pos) {
+      const std::int32_t so = pos < n.output_syms.size() ? n.output_syms[pos] : -1;
+      if (so >= 0) {
+        if (si >= 2) return c.fail(ErrorCode::kInternal, "attention: more than two SymInt outputs");
+        const std::int64_t val = seq[si++];
+        const SymValue& sv = c.p.sym_values[static_cast<std::size_t>(so)];
+        SAFECKPT_TRY(std::int64_t want, detail::eval_srepr(sv.expr, c.symbols, c.lim));
+        if (want != val)
+          return c.fail(ErrorCode::kMalformed, "SymInt output '" + sv.name + "' is " + std::to_string(val) +
+                                                   " but its recorded value is " + std::to_string(want));
+        c.syms[static_cast<std::size_t>(so)] = val;
+        outs.emplace_back();
+        continue;
+      }
+      const std::int32_t id = n.outputs[pos];
+      if (id < 0) {
+        outs.emplace_back();
+        continue;
+      }
+      const TensorMeta& m = c.p.values[static_cast<std::size_t>(id)];
+      SAFECKPT_TRY(std::vector<std::int64_t> sizes, eval_ints(c, m.sizes));
+      SAFECKPT_TRY(HostTensor t, c.alloc(m.dtype, std::move(sizes)));
+      outs.push_back(std::move(t));
+    }
+    return {};
+  };
   if (c.meta) {
     outs.push_back(std::move(out));
-    return efficient_extras();
+    return fused_extras();
   }
   SAFECKPT_CHECK(c.scratch(q->numel() + k->numel() + v->numel() + out.numel() + static_cast<std::uint64_t>(S)));
   auto qd = to_double(*q), kd = to_double(*k), vd = to_double(*v);
@@ -1203,7 +1251,7 @@ Status sdpa(Ctx& c, Outs& outs) {
   }
   from_double(out, od);
   outs.push_back(std::move(out));
-  return efficient_extras();
+  return fused_extras();
 }
 
 // cat(tensors, dim): one dtype (PyTorch would promote; refused here), one
@@ -1761,7 +1809,9 @@ Status run_node(Ctx& c, Outs& outs) {
   if (op == "aten::to.device" || op == "aten::to.dtype_layout") return unary(c, outs, "to");
   if (op == "aten::slice.Tensor") return slice(c, outs);
   if (op == "aten::reshape") return view_ops(c, outs, "reshape");
-  if (op == "aten::_scaled_dot_product_efficient_attention") return sdpa(c, outs);
+  if (op == "aten::_scaled_dot_product_efficient_attention" || op == "aten::_scaled_dot_product_cudnn_attention" ||
+      op == "aten::_scaled_dot_product_flash_attention")
+    return sdpa(c, outs);
   if (op == "aten::eq.Scalar") return unary(c, outs, "eq");
   if (op == "aten::le.Scalar") return unary(c, outs, "le");
   if (op == "aten::logical_not") return unary(c, outs, "logical_not");
