@@ -6,7 +6,10 @@
 //    always wins; Python floats count as the default dtype float32);
 //  - floating results are computed in double and rounded once to the result
 //    dtype (bfloat16/float16 round-to-nearest-even), GEMMs/convolutions/
-//    norms accumulate in double: within PyTorch's own float32 error;
+//    norms accumulate in double: within PyTorch's own float32 error; except
+//    float32 linear/addmm/mm/bmm when built with OpenBLAS (SAFECKPT_BLAS):
+//    cblas_sgemm, float32 accumulation like PyTorch's CPU GEMMs (the
+//    convolution is a direct loop, not lowered to GEMM: unchanged);
 //  - GELU exact (erf) or tanh (Activation.cpp), layer_norm with biased
 //    variance and rsqrt(var + eps), eval batch_norm with running stats,
 //    softmax subtracting the row max (a row of -inf gives NaN, as PyTorch),
@@ -22,6 +25,10 @@
 #include <unordered_map>
 
 #include "graph/internal.hpp"
+
+#if defined(SAFECKPT_HAVE_BLAS)
+#include <cblas.h>  // OpenBLAS (libopenblas-dev); SAFECKPT_BLAS in CMakeLists.txt
+#endif
 
 namespace safeckpt::graph {
 namespace {
@@ -768,6 +775,35 @@ Status matmul_ops(Ctx& c, Outs& outs, const std::string& op) {
     outs.push_back(std::move(out));
     return {};
   }
+#if defined(SAFECKPT_HAVE_BLAS)
+  // float32 through cblas_sgemm: float32 accumulation, which is what
+  // PyTorch's CPU GEMMs do (at::native::cpublas::gemm -> sgemm). The bias is
+  // written into C first and sgemm computes alpha*A@B + beta*C, as
+  // addmm_out_cpu does (linear with a bias is addmm with beta = alpha = 1);
+  // beta = 0 ignores it. Sizes outside [1, INT_MAX] take the loop below.
+  constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+  if (x->dtype == DType::kFloat32 && M >= 1 && N >= 1 && K >= 1 && M <= kIntMax && N <= kIntMax && K <= kIntMax) {
+    const auto* xf = reinterpret_cast<const float*>(x->data->data());
+    const auto* wf = reinterpret_cast<const float*>(w->data->data());
+    auto* cf = reinterpret_cast<float*>(out.data->data());
+    float fbeta = 0;
+    if (bias != nullptr) {
+      auto st = broadcast_strides(bias->shape, mn);
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j)
+          cf[i * N + j] = static_cast<float>(get_d(*bias, static_cast<std::uint64_t>(i * st[0] + j * st[1])));
+      for (std::int64_t b = 1; b < batch; ++b) std::memcpy(cf + b * M * N, cf, static_cast<std::size_t>(M * N) * 4);
+      fbeta = static_cast<float>(beta);
+    }
+    const bool linear = op == "linear";
+    const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+    for (std::int64_t b = 0; b < batch; ++b)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, linear ? CblasTrans : CblasNoTrans, m, n, k, static_cast<float>(alpha),
+                  xf + b * M * K, k, linear ? wf : wf + b * K * N, linear ? k : n, fbeta, cf + b * M * N, n);
+    outs.push_back(std::move(out));
+    return {};
+  }
+#endif
   SAFECKPT_CHECK(c.scratch(x->numel() + w->numel() + static_cast<std::uint64_t>(batch * M * N)));
   auto xd = to_double(*x), wd = to_double(*w);
   std::vector<double> cd(static_cast<std::size_t>(batch * M * N));
