@@ -53,7 +53,12 @@
 //  - floats: numbers or "Infinity"/"-Infinity"/"NaN";
 //  - sizes/strides: {"as_int": n} or {"as_expr": {"expr_str": ...}} where
 //    expr_str is a SymPy srepr over Symbol/Integer/Mul/Add (evaluated with an
-//    explicit stack, never executed).
+//    explicit stack, never executed);
+//  - node outputs (serialize.py serialize_outputs): one as_tensor, or one
+//    as_tensors (Tensor[]), or one as_sym_int (-> SymInt), or one entry per
+//    position of a tuple return, each as_tensor, as_none (an undefined
+//    tensor) or as_sym_int naming a sym_int_values entry (a SymInt
+//    position); validate() checks each position against the schema's type.
 #pragma once
 
 #include <cstdint>
@@ -190,9 +195,15 @@ struct Node {
   std::vector<Arg> args;
   std::vector<std::string> arg_names;
   // Outputs: tensor value ids (-1 for an output the op has but the graph does
-  // not name) or a sym value id for ops returning SymInt.
+  // not name: `as_none`, and the SymInt positions below) or a sym value id
+  // for ops returning SymInt.
   std::vector<std::int32_t> outputs;
   std::int32_t sym_output = -1;
+  // Tuple returns that mix tensors and SymInts (serialize.py writes each
+  // position as as_tensor / as_none / as_sym_int, e.g. max_q, max_k of
+  // _scaled_dot_product_cudnn_attention): per output position the sym value
+  // id of an `as_sym_int`, -1 elsewhere; empty when the node has none.
+  std::vector<std::int32_t> output_syms;
   bool outputs_as_list = false;  // `as_tensors` (split)
 };
 
@@ -312,8 +323,11 @@ struct OpSchema {
   std::uint32_t num_outputs = 1;  // fixed outputs; 0 for `-> ()`
   bool returns_list = false;      // `Tensor[]`
   bool returns_symint = false;    // `-> SymInt`
-  bool inplace = false;           // mutates its first argument (`Tensor(a!)`)
-  std::string note;               // restriction text from the allowlist
+  // Tuple returns: true at the positions typed SymInt (`SymInt max_q`);
+  // empty when every position is a Tensor.
+  std::vector<bool> symint_returns;
+  bool inplace = false;  // mutates its first argument (`Tensor(a!)`)
+  std::string note;      // restriction text from the allowlist
 };
 
 // The embedded allowlist (allowlist/ops.schema), parsed once.

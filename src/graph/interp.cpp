@@ -6,7 +6,10 @@
 //    always wins; Python floats count as the default dtype float32);
 //  - floating results are computed in double and rounded once to the result
 //    dtype (bfloat16/float16 round-to-nearest-even), GEMMs/convolutions/
-//    norms accumulate in double: within PyTorch's own float32 error;
+//    norms accumulate in double: within PyTorch's own float32 error; except
+//    float32 linear/addmm/mm/bmm when built with OpenBLAS (SAFECKPT_BLAS):
+//    cblas_sgemm, float32 accumulation like PyTorch's CPU GEMMs (the
+//    convolution is a direct loop, not lowered to GEMM: unchanged);
 //  - GELU exact (erf) or tanh (Activation.cpp), layer_norm with biased
 //    variance and rsqrt(var + eps), eval batch_norm with running stats,
 //    softmax subtracting the row max (a row of -inf gives NaN, as PyTorch),
@@ -22,6 +25,10 @@
 #include <unordered_map>
 
 #include "graph/internal.hpp"
+
+#if defined(SAFECKPT_HAVE_BLAS)
+#include <cblas.h>  // OpenBLAS (libopenblas-dev); SAFECKPT_BLAS in CMakeLists.txt
+#endif
 
 namespace safeckpt::graph {
 namespace {
@@ -768,6 +775,35 @@ Status matmul_ops(Ctx& c, Outs& outs, const std::string& op) {
     outs.push_back(std::move(out));
     return {};
   }
+#if defined(SAFECKPT_HAVE_BLAS)
+  // float32 through cblas_sgemm: float32 accumulation, which is what
+  // PyTorch's CPU GEMMs do (at::native::cpublas::gemm -> sgemm). The bias is
+  // written into C first and sgemm computes alpha*A@B + beta*C, as
+  // addmm_out_cpu does (linear with a bias is addmm with beta = alpha = 1);
+  // beta = 0 ignores it. Sizes outside [1, INT_MAX] take the loop below.
+  constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+  if (x->dtype == DType::kFloat32 && M >= 1 && N >= 1 && K >= 1 && M <= kIntMax && N <= kIntMax && K <= kIntMax) {
+    const auto* xf = reinterpret_cast<const float*>(x->data->data());
+    const auto* wf = reinterpret_cast<const float*>(w->data->data());
+    auto* cf = reinterpret_cast<float*>(out.data->data());
+    float fbeta = 0;
+    if (bias != nullptr) {
+      auto st = broadcast_strides(bias->shape, mn);
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j)
+          cf[i * N + j] = static_cast<float>(get_d(*bias, static_cast<std::uint64_t>(i * st[0] + j * st[1])));
+      for (std::int64_t b = 1; b < batch; ++b) std::memcpy(cf + b * M * N, cf, static_cast<std::size_t>(M * N) * 4);
+      fbeta = static_cast<float>(beta);
+    }
+    const bool linear = op == "linear";
+    const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+    for (std::int64_t b = 0; b < batch; ++b)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, linear ? CblasTrans : CblasNoTrans, m, n, k, static_cast<float>(alpha),
+                  xf + b * M * K, k, linear ? wf : wf + b * K * N, linear ? k : n, fbeta, cf + b * M * N, n);
+    outs.push_back(std::move(out));
+    return {};
+  }
+#endif
   SAFECKPT_CHECK(c.scratch(x->numel() + w->numel() + static_cast<std::uint64_t>(batch * M * N)));
   auto xd = to_double(*x), wd = to_double(*w);
   std::vector<double> cd(static_cast<std::size_t>(batch * M * N));
@@ -1102,14 +1138,23 @@ Status adaptive_avg_pool2d(Ctx& c, Outs& outs) {
   return {};
 }
 
+Result<std::vector<std::int64_t>> eval_ints(const Ctx& c, const std::vector<SymInt>& v);
+
+// scaled_dot_product_attention and its fused spellings in CUDA exports
+// (_efficient_attention, _cudnn_attention, _flash_attention): one math
+// (softmax(q k^T * scale + mask) v in double), output 0.
 Status sdpa(Ctx& c, Outs& outs) {
   SAFECKPT_TRY(const HostTensor* q, c.tensor("query"));
   SAFECKPT_TRY(const HostTensor* k, c.tensor("key"));
   SAFECKPT_TRY(const HostTensor* v, c.tensor("value"));
-  const bool efficient = c.node->schema->name == "aten::_scaled_dot_product_efficient_attention";
-  const HostTensor* mask = c.opt_tensor(efficient ? "attn_bias" : "attn_mask");
+  const std::string& op = c.node->schema->name;
+  const bool efficient = op == "aten::_scaled_dot_product_efficient_attention";
+  const bool cudnn = op == "aten::_scaled_dot_product_cudnn_attention";
+  const bool flash = op == "aten::_scaled_dot_product_flash_attention";
+  const HostTensor* mask = flash ? nullptr : c.opt_tensor(efficient || cudnn ? "attn_bias" : "attn_mask");
   bool causal = c.arg("is_causal").b;
-  if (efficient && c.arg("dropout_p").f != 0.0) return c.fail(ErrorCode::kUnsupported, "attention dropout");
+  if ((efficient || cudnn || flash) && c.arg("dropout_p").f != 0.0)
+    return c.fail(ErrorCode::kUnsupported, "attention dropout");
   if (c.arg("enable_gqa").b) return c.fail(ErrorCode::kUnsupported, "enable_gqa=True");
   std::size_t r = q->shape.size();
   if (r < 2 || k->shape.size() != r || v->shape.size() != r || !is_float(q->dtype) || k->dtype != q->dtype ||
@@ -1154,9 +1199,48 @@ Status sdpa(Ctx& c, Outs& outs) {
     outs.push_back(std::move(off));
     return {};
   };
+  // _cudnn_attention / _flash_attention: 9 outputs. max_q and max_k (the
+  // SymInt positions, 4 and 5) are the query and key sequence lengths (what
+  // PyTorch's meta kernels return), checked against the recorded value. The
+  // tensor positions after 0 (logsumexp, cum_seq_q/k, philox or rng state,
+  // debug mask; as_none where PyTorch returned an undefined tensor) are
+  // zeros of their recorded tensor_meta: validate() refuses a program that
+  // reads one, so they only satisfy the per-output meta and stride checks.
+  auto fused_extras = [&]() -> Status {
+    if (efficient) return efficient_extras();
+    if (!cudnn && !flash) return {};
+    const Node& n = *c.node;
+    const std::int64_t seq[2] = {L, S};
+    std::size_t si = 0;
+    for (std::size_t pos = 1; pos < n.outputs.size(); ++pos) {
+      const std::int32_t so = pos < n.output_syms.size() ? n.output_syms[pos] : -1;
+      if (so >= 0) {
+        if (si >= 2) return c.fail(ErrorCode::kInternal, "attention: more than two SymInt outputs");
+        const std::int64_t val = seq[si++];
+        const SymValue& sv = c.p.sym_values[static_cast<std::size_t>(so)];
+        SAFECKPT_TRY(std::int64_t want, detail::eval_srepr(sv.expr, c.symbols, c.lim));
+        if (want != val)
+          return c.fail(ErrorCode::kMalformed, "SymInt output '" + sv.name + "' is " + std::to_string(val) +
+                                                   " but its recorded value is " + std::to_string(want));
+        c.syms[static_cast<std::size_t>(so)] = val;
+        outs.emplace_back();
+        continue;
+      }
+      const std::int32_t id = n.outputs[pos];
+      if (id < 0) {
+        outs.emplace_back();
+        continue;
+      }
+      const TensorMeta& m = c.p.values[static_cast<std::size_t>(id)];
+      SAFECKPT_TRY(std::vector<std::int64_t> sizes, eval_ints(c, m.sizes));
+      SAFECKPT_TRY(HostTensor t, c.alloc(m.dtype, std::move(sizes)));
+      outs.push_back(std::move(t));
+    }
+    return {};
+  };
   if (c.meta) {
     outs.push_back(std::move(out));
-    return efficient_extras();
+    return fused_extras();
   }
   SAFECKPT_CHECK(c.scratch(q->numel() + k->numel() + v->numel() + out.numel() + static_cast<std::uint64_t>(S)));
   auto qd = to_double(*q), kd = to_double(*k), vd = to_double(*v);
@@ -1203,7 +1287,7 @@ Status sdpa(Ctx& c, Outs& outs) {
   }
   from_double(out, od);
   outs.push_back(std::move(out));
-  return efficient_extras();
+  return fused_extras();
 }
 
 // cat(tensors, dim): one dtype (PyTorch would promote; refused here), one
@@ -1761,7 +1845,9 @@ Status run_node(Ctx& c, Outs& outs) {
   if (op == "aten::to.device" || op == "aten::to.dtype_layout") return unary(c, outs, "to");
   if (op == "aten::slice.Tensor") return slice(c, outs);
   if (op == "aten::reshape") return view_ops(c, outs, "reshape");
-  if (op == "aten::_scaled_dot_product_efficient_attention") return sdpa(c, outs);
+  if (op == "aten::_scaled_dot_product_efficient_attention" || op == "aten::_scaled_dot_product_cudnn_attention" ||
+      op == "aten::_scaled_dot_product_flash_attention")
+    return sdpa(c, outs);
   if (op == "aten::eq.Scalar") return unary(c, outs, "eq");
   if (op == "aten::le.Scalar") return unary(c, outs, "le");
   if (op == "aten::logical_not") return unary(c, outs, "logical_not");

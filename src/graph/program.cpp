@@ -615,10 +615,18 @@ class Parser {
             n.outputs.push_back(id);
           }
         } else if (um.first == "as_sym_int") {
-          if (out->size() != 1) return malformed(ow, "a SymInt output must be the only output");
           SAFECKPT_TRY(SymInt s, sym_arg(*um.second, ow));
           if (!s.is_symbolic()) return malformed(ow, "a SymInt output must name a value");
-          n.sym_output = s.sym;
+          if (out->size() == 1) {
+            n.sym_output = s.sym;
+          } else {
+            // One position of a tuple return (serialize.py serialize_outputs:
+            // an int/SymInt meta value becomes as_sym_int naming a
+            // sym_int_values entry, between the tensor and None positions).
+            n.output_syms.resize(out->size(), -1);
+            n.output_syms[i] = s.sym;
+            n.outputs.push_back(-1);
+          }
         } else if (um.first == "as_none") {
           n.outputs.push_back(-1);
         } else {

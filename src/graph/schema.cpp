@@ -7,9 +7,11 @@
 //   ARG     = '*' | TYPE ' ' IDENT ['=' DEFAULT]
 //   TYPE    = BASE [ '(' alias ')' ] [ '[' digits? ']' ] [ '?' ]   (also BASE '?' '[]')
 //   DEFAULT = None | True | False | number | '[' numbers ']' | "string"
-//   RETURNS = Tensor[(alias)] | Tensor[] | SymInt | '(' ')' | '(' Tensor (',' Tensor)* ')'
+//   RETURNS = Tensor[(alias)] | Tensor[] | SymInt | '(' ')' | '(' RET (',' RET)* ')'
+//   RET     = (Tensor | SymInt) [name]
 // The file is ours (embedded at build time), but it is still parsed without
 // trusting it: every malformed line is an error naming the line.
+#include <algorithm>
 #include <charconv>
 #include <mutex>
 
@@ -235,14 +237,26 @@ Result<std::vector<OpSchema>> parse_op_allowlist(std::string_view text) {
     } else if (rets.size() > 2 && rets.front() == '(' && rets.back() == ')') {
       std::uint32_t n = 0;
       std::string_view rv = std::string_view(rets).substr(1, rets.size() - 2);
+      // Each position: `Type` or `Type name` (native_functions.yaml names
+      // them: `Tensor output, ..., SymInt max_q`); Type is Tensor or SymInt.
+      std::vector<bool> sym;
       while (!trim(rv).empty()) {
         auto c = rv.find(',');
-        if (trim(rv.substr(0, c)) != "Tensor") return bad("unsupported return type");
+        std::string_view one = trim(rv.substr(0, c));
+        std::string_view type = one.substr(0, one.find(' '));
+        if (type != "Tensor" && type != "SymInt") return bad("unsupported return type");
+        if (type.size() < one.size()) {
+          std::string_view name = trim(one.substr(type.size()));
+          if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_0123456789") != std::string_view::npos)
+            return bad("bad return name");
+        }
+        sym.push_back(type == "SymInt");
         ++n;
         if (c == std::string_view::npos) break;
         rv.remove_prefix(c + 1);
       }
       s.num_outputs = n;
+      if (std::find(sym.begin(), sym.end(), true) != sym.end()) s.symint_returns = std::move(sym);
     } else {
       return bad("unsupported return type '" + rets + "'");
     }

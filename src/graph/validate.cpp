@@ -128,6 +128,18 @@ struct Checker {
     } else if (n.outputs.size() != s->num_outputs || n.sym_output >= 0 || n.outputs_as_list) {
       brk(&n, w + ": has " + std::to_string(n.outputs.size()) + " outputs; " + s->name + " returns " +
                   std::to_string(s->num_outputs));
+    } else {
+      // Tuple positions: a SymInt position is as_sym_int, a Tensor position
+      // as_tensor or as_none.
+      for (std::size_t k = 0; k < n.outputs.size(); ++k) {
+        const bool want_sym = k < s->symint_returns.size() && s->symint_returns[k];
+        const bool is_sym = k < n.output_syms.size() && n.output_syms[k] >= 0;
+        if (want_sym != is_sym) {
+          brk(&n, w + ": output " + std::to_string(k) + " is " + (is_sym ? "a SymInt" : "a tensor or None") + "; " +
+                      s->name + " returns " + (want_sym ? "a SymInt" : "a Tensor") + " there");
+          break;
+        }
+      }
     }
     n.schema = s;
     n.args = std::move(bound);
@@ -146,7 +158,9 @@ struct Checker {
         (arg("running_mean").kind == Arg::Kind::kNone || arg("running_var").kind == Arg::Kind::kNone))
       pol(RK::kPolicy, &n, w + ": batch_norm without running statistics (batch statistics) is not supported");
     if ((s->name == "aten::scaled_dot_product_attention" ||
-         s->name == "aten::_scaled_dot_product_efficient_attention") &&
+         s->name == "aten::_scaled_dot_product_efficient_attention" ||
+         s->name == "aten::_scaled_dot_product_cudnn_attention" ||
+         s->name == "aten::_scaled_dot_product_flash_attention") &&
         arg("dropout_p").f != 0.0)
       pol(RK::kPolicy, &n, w + ": attention dropout_p != 0 is random: export in eval() mode");
     if (s->name == "aten::dropout" && arg("train").b)
@@ -197,10 +211,13 @@ void collect(Program& p, Checker& c) {
       produced[static_cast<std::size_t>(o)] = 1;
       producer[static_cast<std::size_t>(o)] = static_cast<std::int32_t>(i);
     }
-    if (n.sym_output >= 0) {
-      if (sym_produced[static_cast<std::size_t>(n.sym_output)]) c.brk(&n, w + ": produces a SymInt a second time");
-      sym_produced[static_cast<std::size_t>(n.sym_output)] = 1;
-      const std::string& nm = p.sym_values[static_cast<std::size_t>(n.sym_output)].name;
+    std::vector<std::int32_t> syms_out = n.output_syms;
+    syms_out.push_back(n.sym_output);
+    for (auto so : syms_out) {
+      if (so < 0) continue;
+      if (sym_produced[static_cast<std::size_t>(so)]) c.brk(&n, w + ": produces a SymInt a second time");
+      sym_produced[static_cast<std::size_t>(so)] = 1;
+      const std::string& nm = p.sym_values[static_cast<std::size_t>(so)].name;
       if (!nm.empty() && nm[0] == 'u')
         c.pol(RK::kPolicy, &n, w + ": unbacked symbol '" + nm + "' (a data-dependent size) is not supported");
     }
@@ -255,6 +272,29 @@ void collect(Program& p, Checker& c) {
       const Node& pn = p.nodes[static_cast<std::size_t>(prod)];
       if (!is_view_op(pn.op) || pn.args.empty() || pn.args[0].kind != Arg::Kind::kTensor) break;
       t = pn.args[0].tensor;
+    }
+  }
+  // The fused attention ops' auxiliary outputs (logsumexp, cum_seq_*,
+  // philox seed/offset, debug mask) are placeholders of their recorded
+  // tensor_meta in the interpreter (zeros; the RNG state of a dropout that
+  // never runs): a program that reads one is refused rather than fed them.
+  // Output 0 and the SymInt positions (max_q/max_k = the sequence lengths)
+  // are computed.
+  std::vector<char> is_user_output(p.values.size(), 0);
+  for (auto o : p.outputs)
+    if (o >= 0) is_user_output[static_cast<std::size_t>(o)] = 1;
+  for (const auto& n : p.nodes) {
+    if (n.schema == nullptr || (n.schema->name != "aten::_scaled_dot_product_efficient_attention" &&
+                                n.schema->name != "aten::_scaled_dot_product_cudnn_attention" &&
+                                n.schema->name != "aten::_scaled_dot_product_flash_attention"))
+      continue;
+    for (std::size_t k = 1; k < n.outputs.size(); ++k) {
+      auto o = n.outputs[k];
+      if (o < 0 || (uses[static_cast<std::size_t>(o)] == 0 && !is_user_output[static_cast<std::size_t>(o)])) continue;
+      c.pol(RK::kPolicy, &n,
+            "node '" + n.name + "' (" + n.target + "): output " + std::to_string(k) + " ('" +
+                p.value_names[static_cast<std::size_t>(o)] +
+                "') is read, but the CPU reference computes only the attention output (0) and max_q/max_k");
     }
   }
 }

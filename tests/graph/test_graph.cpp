@@ -220,11 +220,94 @@ TEST_CASE("graph: a Hugging Face BertModel (attention_mask plumbing) matches eag
   run_corpus_program("bert", "core", "pt2-2.11-extra");
 }
 
-TEST_CASE("graph: a bfloat16 program exported on CUDA inputs (training IR) runs on the CPU interpreter") {
+TEST_CASE("graph: a bfloat16 program exported on CUDA inputs runs on the CPU interpreter (cudnn attention)") {
   // Tolerance from its JSON (atol 0.05, rtol 0.02). Its core IR keeps
-  // _scaled_dot_product_cudnn_attention, whose SymInt outputs the reader does
-  // not parse yet (a documented gap).
+  // _scaled_dot_product_cudnn_attention: 9 outputs mixing as_tensor, as_none
+  // and as_sym_int (max_q, max_k) as serialize.py writes them.
   run_corpus_program("llama_cuda_bf16", "train", "pt2-2.11-extra");
+  run_corpus_program("llama_cuda_bf16", "core", "pt2-2.11-extra");
+  Loaded l = load_program("llama_cuda_bf16.core.pt2", "pt2-2.11-extra");
+  int seen = 0;
+  for (const auto& n : l.program.nodes) {
+    if (n.op != "aten::_scaled_dot_product_cudnn_attention") continue;
+    ++seen;
+    REQUIRE(n.outputs.size() == 9);
+    REQUIRE(n.output_syms.size() == 9);
+    CHECK(n.outputs[0] >= 0);
+    for (std::size_t k : {2, 3, 4, 5, 8}) CHECK(n.outputs[k] == -1);
+    for (std::size_t k : {0, 1, 2, 3, 6, 7, 8}) CHECK(n.output_syms[k] == -1);
+    CHECK(n.output_syms[4] >= 0);
+    CHECK(n.output_syms[5] >= 0);
+  }
+  CHECK(seen == 2);
+}
+
+namespace {
+// llama_cuda_bf16.core's JSON with every cudnn attention node edited.
+json bf16_core_edited(const std::function<void(json&)>& edit) {
+  json j = json::parse(
+      test_support::archive_record(data_dir("pt2-2.11-extra") + "llama_cuda_bf16.core.pt2", "models/model.json"));
+  for (auto& n : j["graph_module"]["graph"]["nodes"])
+    if (n["target"] == "torch.ops.aten._scaled_dot_product_cudnn_attention.default") edit(n);
+  return j;
+}
+}  // namespace
+
+TEST_CASE("graph: _scaled_dot_product_flash_attention runs with the same math (cudnn nodes respelled)") {
+  // No real program with the flash spelling has been tested yet
+  // (tests/data/pt2-2.11-extra/README.md): this is llama_cuda_bf16.core with
+  // its cudnn nodes rewritten to the flash schema (no attn_bias /
+  // compute_log_sumexp; the same 9 output positions), compared with the same
+  // model's eager CPU output.
+  json j = bf16_core_edited([](json& n) {
+    n["target"] = "torch.ops.aten._scaled_dot_product_flash_attention.default";
+    json in = json::array();
+    for (auto& a : n["inputs"])
+      if (a["name"] != "attn_bias" && a["name"] != "compute_log_sumexp") in.push_back(a);
+    n["inputs"] = in;
+  });
+  auto p = parse_program_json(j.dump(), "model");
+  REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
+  auto st = validate(*p);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  CHECK(p->op_histogram().count("torch.ops.aten._scaled_dot_product_flash_attention.default") == 1);
+  Loaded l = load_program("llama_cuda_bf16.core.pt2", "pt2-2.11-extra");
+  auto w = archive_weights(l.archive);
+  REQUIRE(w.has_value());
+  auto io = SafetensorsFile::open(data_dir("pt2-2.11-extra") + "llama_cuda_bf16.io.safetensors");
+  REQUIRE(io.has_value());
+  json meta = json::parse(read_text(data_dir("pt2-2.11-extra") + "llama_cuda_bf16.json"));
+  auto out = run_cpu(*p, *w, Inputs{{"idx", tensor_of(*io, "input.idx")}});
+  REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+  REQUIRE(out->size() == 1);
+  check_close((*out)[0], tensor_of(*io, "output.0.cpu"),
+              meta["tolerance"]["program_vs_eager_cpu"]["atol"].get<double>(),
+              meta["tolerance"]["program_vs_eager_cpu"]["rtol"].get<double>(), "llama_cuda_bf16.core as flash");
+}
+
+TEST_CASE("graph: fused attention refusals (dropout, reading an auxiliary output, SymInt positions)") {
+  // dropout_p != 0 is random: policy, like training-mode dropout.
+  CHECK(program_code(bf16_core_edited([](json& n) {
+          for (auto& a : n["inputs"])
+            if (a["name"] == "dropout_p") a["arg"] = json{{"as_float", 0.1}};
+        })) == ErrorCode::kDisallowedOperation);
+  // A node reading logsumexp (output 1), which the CPU reference does not compute.
+  {
+    json j = bf16_core_edited([](json&) {});
+    node_named(j, "permute_6")["inputs"][0]["arg"]["as_tensor"]["name"] =
+        "_scaled_dot_product_cudnn_attention_unused_1";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  // A SymInt where the schema returns a Tensor (and the reverse): malformed.
+  CHECK(program_code(bf16_core_edited([](json& n) { std::swap(n["outputs"][1], n["outputs"][4]); })) ==
+        ErrorCode::kMalformed);
+  // A SymInt output naming no sym_int_values entry: malformed.
+  CHECK(program_code(bf16_core_edited([](json& n) { n["outputs"][4]["as_sym_int"]["as_name"] = "nowhere"; })) ==
+        ErrorCode::kMalformed);
+  // A constant SymInt output (as_int) names no value: malformed.
+  CHECK(program_code(bf16_core_edited([](json& n) {
+          n["outputs"][4]["as_sym_int"] = json{{"as_int", 16}};
+        })) == ErrorCode::kMalformed);
 }
 
 TEST_CASE("graph: the torch 2.6/2.7 flat layout (2.11 JSON in 2.6's container) reads and runs") {

@@ -120,6 +120,20 @@ TEST_CASE("scan/pt2: clean exactly when the engine accepts the program (extra co
   CHECK(n == 10);
 }
 
+TEST_CASE("scan/pt2: the bf16 CUDA export (cudnn attention, SymInt outputs) is clean") {
+  // _scaled_dot_product_cudnn_attention lists as_sym_int and as_none among
+  // its outputs; the reader and validator accept it, so the scan does.
+  const std::string path = data_dir("pt2-2.11-extra") + "llama_cuda_bf16.core.pt2";
+  auto r = scan_file(path);
+  INFO(dump_findings(r));
+  CHECK(engine_accepts(path));
+  CHECK(r.format == "pt2_archive");
+  CHECK(r.verdict == Verdict::kClean);
+  CHECK(r.loader.ok);
+  CHECK(r.findings.empty());
+  CHECK(code_of(r) == 0);
+}
+
 TEST_CASE("scan/pt2: AOTInductor code records are critical SCK130 findings, one per record") {
   auto r = scan_str(crafted({}, {{"data/aotinductor/model/model.so",
                                   "\x7f"
