@@ -324,7 +324,9 @@ TEST_CASE("dcp write: world size N = 1..4 lays every tensor out Shard(0), one fi
   auto inputs = world_inputs(tmp.path);
   std::map<std::string, std::string> ws1_tree;
   for (std::uint32_t world = 1; world <= 4; ++world) {
-    for (const auto& [name, ck] : inputs) {
+    for (const auto& input : inputs) {
+      const std::string& name = input.first;
+      const Checkpoint& ck = input.second;
       CAPTURE(name);
       CAPTURE(world);
       const fs::path out = tmp.path / (name + "-ws" + std::to_string(world));
