@@ -13,9 +13,11 @@
 //    i.e. scrubbed to weights.
 //  --legacy writes PyTorch outputs in the pre-1.6 sequential-pickle format.
 //  --to-dcp OUTDIR (instead of OUT): a torch.distributed.checkpoint directory
-//    of world size 1 (safeckpt::save_dcp: one __0_0.distcp + .metadata) that
+//    (safeckpt::save_dcp: __<rank>_0.distcp + .metadata) that
 //    torch.distributed.checkpoint.load reads; never replaces OUTDIR (--force
 //    does not apply: a directory cannot be replaced atomically).
+//    --world-size N (default 1): laid out as N writers save it, every tensor
+//    Shard(0) over N ranks (safeckpt/dcp.hpp "Writing a DCP directory").
 // The output is written atomically and never replaces a file unless --force.
 // Exit codes: 0 converted, 1 input refused by policy, 2 anything else.
 #include <cstdio>
@@ -44,6 +46,7 @@ struct ConvertArgs {
   bool legacy = false;
   bool no_fsync = false;
   std::uint64_t max_memory_mib = 0;
+  std::int64_t world_size = -1;  // -1: not given (1)
 };
 
 bool ends_with(const std::string& s, std::string_view suffix) {
@@ -80,6 +83,10 @@ int run_to_dcp(const ConvertArgs& a) {
   if (!in) return fail(a.in + ": " + failure_word(in.error().code()), in.error());
   DcpWriteOptions o;
   o.fsync = !a.no_fsync;
+  if (a.world_size >= 0) {
+    // Larger than any uint32 is over DcpLimits::max_files anyway: save_dcp says so.
+    o.world_size = a.world_size > 0xFFFFFFFFll ? 0xFFFFFFFFu : static_cast<std::uint32_t>(a.world_size);
+  }
   auto r = save_dcp(*in, a.to_dcp, o);
   if (!r) {
     if (r.error().code() == ErrorCode::kExists) {
@@ -88,14 +95,20 @@ int run_to_dcp(const ConvertArgs& a) {
     }
     return fail("cannot write " + a.to_dcp, r.error());
   }
-  std::fprintf(stderr, "wrote %s (%llu tensors, %llu non-tensor items, %llu data bytes)\n", a.to_dcp.c_str(),
-               static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes_items),
+  std::fprintf(stderr,
+               "wrote %s (world size %u: %llu tensors in %llu chunks, %llu non-tensor items, %llu data bytes)\n",
+               a.to_dcp.c_str(), r->files, static_cast<unsigned long long>(r->tensors),
+               static_cast<unsigned long long>(r->chunks), static_cast<unsigned long long>(r->bytes_items),
                static_cast<unsigned long long>(r->data_bytes));
   return 0;
 }
 
 int run_convert(const ConvertArgs& a) {
   if (!a.to_dcp.empty()) return run_to_dcp(a);
+  if (a.world_size >= 0) {
+    std::fprintf(stderr, "safeckpt convert: --world-size applies to --to-dcp OUTDIR only\n");
+    return 2;
+  }
   if (a.out.empty()) {
     std::fprintf(stderr, "safeckpt convert: OUT (or --to-dcp OUTDIR) is required\n");
     return 2;
@@ -159,8 +172,12 @@ void register_convert(CLI::App& app, int& exit_code) {
       ->required();
   cmd->add_option("OUT", args->out, "output; its extension picks the format");
   cmd->add_option("--to-dcp", args->to_dcp,
-                  "write a torch.distributed.checkpoint directory OUTDIR (world size 1) instead of OUT; "
+                  "write a torch.distributed.checkpoint directory OUTDIR instead of OUT; "
                   "OUTDIR must not exist");
+  cmd->add_option("--world-size", args->world_size,
+                  "with --to-dcp: lay OUTDIR out as N ranks save it (one __<rank>_0.distcp each, every tensor "
+                  "Shard(0) over them); default 1")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
   cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");

@@ -150,6 +150,13 @@ class DcpCheckpoint {
   const std::string& checkpoint_id() const noexcept { return checkpoint_id_; }  // StorageMeta, as text
   const DcpTensor* find_tensor(std::string_view fqn) const;                     // nullptr if absent
   const DcpOptions& options() const noexcept { return options_; }
+  // The opened data file `file` (index into files()), mapped once by open()
+  // and read by every later stage (load_chunk, the GPU loader's file ranges:
+  // its fd(), never a reopen of the name); nullptr out of range and after
+  // parse_metadata. Valid while *this lives.
+  const MappedFile* data_file(std::uint32_t file) const noexcept {
+    return file < mapped_.size() ? mapped_[file].get() : nullptr;
+  }
 
   // The chunk's payload, loaded with the weights-only loader and checked
   // against the metadata (one tensor, dtype, shape = chunk sizes). The
@@ -252,11 +259,13 @@ Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path
 
 // ---- Writing a DCP directory (the reverse: one checkpoint -> DCP) ----
 //
-// save_dcp writes what torch.distributed.checkpoint.save writes from a single
-// process (world size 1, FileSystemWriter defaults, PyTorch 2.11), so that
-// torch.distributed.checkpoint.load / FileSystemReader read it back (checked
-// on PyTorch 2.11: tests/data/dcp-2.11/README.md, "Written by safeckpt") and DcpCheckpoint::open
-// accepts it:
+// save_dcp writes what torch.distributed.checkpoint.save writes from
+// `world_size` processes (FileSystemWriter defaults, one thread per rank,
+// PyTorch 2.11) holding the state dict as DTensors Shard(0) over a 1-D mesh,
+// so that torch.distributed.checkpoint.load / FileSystemReader read it back
+// (world size 1 checked on PyTorch 2.11: tests/data/dcp-2.11/README.md,
+// "Written by safeckpt"; N > 1: tests/gen/check_to_dcp.py, see that README)
+// and DcpCheckpoint::open accepts it:
 //  1. The state dict is `ckpt`'s root, a dict (kDict / kOrderedDict), flattened
 //     as torch/distributed/checkpoint/_traverse.py traverse_state_dict and
 //     _nested_dict.py flatten_state_dict do: dict keys become str (str or int
@@ -265,40 +274,61 @@ Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path
 //     plain values, scalars, str, bytes, ...) is one non-tensor item; the FQN
 //     is the path joined with '.'; empty dicts vanish. OrderedDict
 //     `_metadata` is not kept (DCP drops it too).
-//  2. `__0_0.distcp`: per item, in flattening order, back to back: a tensor
-//     as ONE chunk (offsets 0, sizes = its shape) holding a complete
-//     torch.save zip of a C-contiguous copy of it (safeckpt::save_to_writer,
-//     zip root "archive", storage on "cpu"; like DCP, which clones views);
-//     a non-tensor item as the torch.save bytes of its value (weights-only
-//     compatible, as safeckpt::save writes it).
+//  2. `__<rank>_0.distcp` for rank 0 .. world_size - 1 (every file exists,
+//     possibly empty, as every FileSystemWriter rank creates its file): each
+//     tensor is split along dim 0 as DTensor's Shard(0) does (torch.chunk
+//     semantics, placement_types.py Shard._local_shard_size_and_offset: rank
+//     r holds rows [r c, min((r + 1) c, n)) with c = ceil(n / world_size);
+//     ranks past the end hold an empty shard at offset n). Each chunk is a
+//     complete torch.save zip of a C-contiguous copy of its rows
+//     (safeckpt::save_to_writer, zip root "archive", storage on "cpu"; like
+//     DCP, which clones views), in its rank's file, back to back in
+//     flattening order. What several ranks would write identically is
+//     written ONCE, by the lowest of them, as dedup_save_plans keeps one
+//     writer per MetadataIndex: the empty shards of a tensor (one empty
+//     chunk, by the first rank past the end), a 0-dim tensor and a tensor
+//     whose dim 0 is 0 (one whole chunk on rank 0: replicated), and every
+//     non-tensor item (the torch.save bytes of its value, weights-only
+//     compatible, on rank 0). PyTorch's default planner picks the rank whose
+//     plan is smallest so far instead of the lowest (DefaultSavePlanner
+//     dedup_save_to_lowest_rank=False; uneven-ws4 has them on ranks 1 and 2);
+//     readers look each item up in storage_data, so both layouts read alike.
 //  3. `.metadata`: the pickle (protocol 2, the save layer's pickler) of
-//     Metadata(state_dict_metadata, planner_data = FQN -> path tuple,
-//     storage_data = MetadataIndex(fqn, offset, index) -> _StorageInfo(
-//     "__0_0.distcp", offset, length), version = "1.0.0" as 2.11 writes it),
+//     Metadata(state_dict_metadata (a tensor's chunks in rank order),
+//     planner_data = FQN -> path tuple, storage_data = MetadataIndex(fqn,
+//     chunk offsets, chunk position) -> _StorageInfo("__<rank>_0.distcp",
+//     offset, length), version = "1.0.0" as 2.11 writes it),
 //     the dataclasses made by NEWOBJ + BUILD as Python pickles them.
 //  4. Atomic: everything is written into a new temporary directory beside
 //     `out_dir`, each file fsync'ed, then the directory is renamed to
 //     `out_dir` with RENAME_NOREPLACE and the parent fsync'ed. An existing
 //     `out_dir` (file, directory or symlink) is refused; on any error the
 //     temporary directory is removed and nothing is left behind.
-// Memory: one tensor's contiguous copy at a time (plus the metadata tree).
+// Memory: one chunk at a time (a tensor that is not row-major: its whole
+// contiguous copy), plus the metadata tree. Files are written one rank after
+// the other.
 // Errors: kExists (out_dir exists), kIo (parent missing, create / write /
 // fsync / rename, errno text), kUnsupported (root not a dict, a dict key
 // that is not str/int, a container reached twice or a cycle, a tensor that
 // is not a plain strided one — sparse, quantized, meta, conj/neg bits, a
 // subclass —, a tensor inside a non-tensor item, a value the weights-only
 // save refuses), kInvalidArgument (two items with one FQN, e.g. keys "a.b"
-// and "a" -> "b"), kLimitExceeded (a path deeper than 4096 keys or an FQN
-// longer than kMaxTensorNameBytes, or more items / metadata than DcpLimits
-// lets DcpCheckpoint::open read back).
+// and "a" -> "b"; world_size 0), kLimitExceeded (a path deeper than 4096
+// keys or an FQN longer than kMaxTensorNameBytes, a world size above
+// limits.max_files, or more items / chunks / metadata than DcpLimits lets
+// DcpCheckpoint::open read back).
 struct DcpWriteOptions {
   bool fsync = true;  // fsync files and directories (off: faster, not crash-safe)
   DcpLimits limits;   // refuse what DcpCheckpoint::open would refuse with these
+  // Writers to lay the directory out for (rule 2): 1 .. limits.max_files.
+  std::uint32_t world_size = 1;
 };
 // What save_dcp wrote.
 struct DcpWriteSummary {
   std::uint64_t tensors = 0, bytes_items = 0;
-  std::uint64_t data_bytes = 0;  // size of __0_0.distcp
+  std::uint64_t chunks = 0;      // tensor chunks over all ranks (empty ones included)
+  std::uint32_t files = 0;       // data files = world_size
+  std::uint64_t data_bytes = 0;  // all .distcp files together
 };
 Result<DcpWriteSummary> save_dcp(const Checkpoint& ckpt, const std::filesystem::path& out_dir,
                                  const DcpWriteOptions& options = {});

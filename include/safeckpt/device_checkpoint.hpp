@@ -16,11 +16,14 @@
 
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/cuda.hpp"
+#include "safeckpt/dcp.hpp"
 
 namespace safeckpt::cuda {
 
@@ -109,5 +112,100 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
 // caller's); transfer.verify_crc / the engine's verify_crc still apply.
 Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions& options = {},
                                         TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
+
+// ---------------------------------------------------------------------------
+// A DCP plan on the device (torch.distributed.checkpoint directories, issue 17)
+//
+// load_dcp_to_device places every box of a DcpPlan (safeckpt/dcp.hpp) in
+// device memory, row-major, reading only the chunks each box intersects:
+//  - DIRECT: a box equal to one saved chunk whose torch.save storage record
+//    is stored (not deflated), little-endian and whose tensor is row-major
+//    goes from the .distcp file straight through the transfer engine (a
+//    StorageSource file range of the DcpCheckpoint's own open descriptor,
+//    DcpCheckpoint::data_file(), never a reopen of the name). The record's
+//    CRC-32 is checked on the reader threads (engine verify_crc) when the
+//    tensor covers the whole record. This is the case of a process loading
+//    with the plan of the world that saved (DcpPlan::uniform with the saving
+//    world size and placement), and of world size 1 directories.
+//  - HOST: any other box (resharded, several chunks, a deflated or
+//    non-row-major record) is assembled on the host by load_dcp_box
+//    (chunk checks as load_chunk: ckpt.options(), CRC per
+//    verify_storage_crc) and uploaded as StorageSource::host_bytes, in
+//    batches of at most kDcpHostBatchBytes (one box larger than that is a
+//    batch of its own), so host memory holds one batch at a time.
+// CRC: finding a direct box's record runs load_chunk, which checks the
+// record's CRC-32 on the host when ckpt.options().verify_storage_crc (a host
+// pass over the bytes); open the DcpCheckpoint with it false to leave the
+// check of direct boxes to the reader threads (host-assembled boxes are then
+// not checked: their chunks are read without it).
+// One TransferEngine::load per data file with direct boxes and one per host
+// batch, each its own DeviceArena; the result holds them all. Nothing is
+// handed out on failure (arenas freed, the error returned).
+// Multi-GPU: one process per GPU, each with its own plan (its rank's boxes)
+// and its own engine on its own device; collective loading (read once,
+// NCCL broadcast / scatter) is issue 18 and not done here.
+inline constexpr std::uint64_t kDcpHostBatchBytes = 1ull << 30;
+
+// One box on the device.
+struct DcpDeviceTensor {
+  std::string fqn;
+  DType dtype = DType::kFloat32;
+  DcpBox box;  // what the plan asked for
+  std::vector<std::int64_t> global_shape;
+  void* data = nullptr;      // device pointer, row-major box (null when numel == 0)
+  std::uint64_t nbytes = 0;  // numel(box) x element size
+  int device = 0;
+  bool direct = false;  // read straight from the file (else assembled on the host)
+};
+
+namespace detail {
+struct DcpDeviceMaker;
+}
+
+// Made by load_dcp_to_device. It does not borrow the DcpCheckpoint (every
+// byte was read during the call). Copies share the device arenas (freed with
+// the last copy and the last DLPack capsule). Tensors in plan order.
+class DcpDeviceCheckpoint {
+ public:
+  const std::vector<DcpDeviceTensor>& tensors() const noexcept { return tensors_; }
+  const DcpDeviceTensor* find(std::string_view fqn) const noexcept;  // nullptr if absent
+  int device() const noexcept { return device_; }
+  std::uint64_t direct_bytes() const noexcept { return direct_bytes_; }  // bytes read from files directly
+  std::uint64_t host_bytes() const noexcept { return host_bytes_; }      // bytes assembled on the host
+  // Synchronous copy of tensor i (tensors() order) to host memory;
+  // out.size() must equal its nbytes. Errors: kInvalidArgument, kDevice.
+  Status copy_to_host(std::size_t i, std::span<std::uint8_t> out) const;
+  // DLPack export of tensor i (shape = box sizes, contiguous strides); the
+  // capsule keeps its arena alive. Errors: kInvalidArgument (index),
+  // kUnsupported (dtype without a DLPack code).
+  Result<DLManagedTensorVersioned*> to_dlpack(std::size_t i, bool read_only = true) const;
+
+ private:
+  friend struct detail::DcpDeviceMaker;
+  std::vector<DcpDeviceTensor> tensors_;
+  std::vector<std::shared_ptr<DeviceArena>> arenas_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> where_;  // per tensor: arena, storage (arena ~0u: empty)
+  int device_ = 0;
+  std::uint64_t direct_bytes_ = 0, host_bytes_ = 0;
+};
+
+// Loads `plan` from `ckpt` (DcpCheckpoint::open'ed: data files mapped) onto
+// options.map_location's device. options.load is not used (ckpt's
+// DcpOptions applied when it was opened and apply to host-assembled
+// boxes); options.transfer / `engine` as load_to_device. `stats`, if given:
+// bytes, arena_bytes and chunks summed over the engine loads, seconds the
+// whole call's wall time, the rest from the first engine load.
+// Errors: as load_dcp (kInvalidArgument: unknown FQN, box outside the
+// tensor, FQN twice; kLimitExceeded: a box over max_box_bytes; chunk
+// errors of load_chunk), kInvalidArgument (map_location, a DcpCheckpoint
+// from parse_metadata), and the transfer engine's (kDevice, kIo,
+// kMalformed on a CRC mismatch or a range past the end of the file).
+Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const DcpPlan& plan,
+                                               const DeviceLoadOptions& options = {}, TransferEngine* engine = nullptr,
+                                               LoadStats* stats = nullptr);
+// Same, opening `dir` first with `dcp_options`.
+Result<DcpDeviceCheckpoint> load_dcp_to_device(const std::filesystem::path& dir, const DcpPlan& plan,
+                                               const DcpOptions& dcp_options, const DeviceLoadOptions& options = {},
+                                               TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
 
 }  // namespace safeckpt::cuda

@@ -120,5 +120,14 @@ std::uint64_t zip_record_data_offset(std::uint64_t cursor, std::uint64_t full_na
 // writer too): `produce` streams the content to the given writer.
 Status write_file_atomically(const std::filesystem::path& path, const SaveOptions& options,
                              const std::function<Status(const std::function<Status(Bytes)>& write)>& produce);
+// The same, with a second writer for bytes already in an open file:
+// `copy(fd, offset, length)` appends [offset, offset + length) of `fd`
+// (borrowed) to the output with copy_file_range (the copy stays in the
+// kernel), or pread + write where the kernel refuses that (EXDEV, EINVAL,
+// ENOSYS, EOPNOTSUPP). Errors of copy: kIo (errno text; the source ended early).
+using FileRangeCopy = std::function<Status(int fd, std::uint64_t offset, std::uint64_t length)>;
+Status write_file_atomically_ranges(
+    const std::filesystem::path& path, const SaveOptions& options,
+    const std::function<Status(const std::function<Status(Bytes)>& write, const FileRangeCopy& copy)>& produce);
 
 }  // namespace safeckpt

@@ -4,8 +4,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <map>
 #include <optional>
+#include <span>
 
 #include "safeckpt/open.hpp"
 
@@ -176,6 +180,249 @@ Result<DLManagedTensorVersioned*> DeviceCheckpoint::to_dlpack(std::uint32_t inde
 Result<DLManagedTensor*> DeviceCheckpoint::to_dlpack_legacy(std::uint32_t index) const {
   SAFECKPT_TRY(TensorView v, view(index));
   return safeckpt::cuda::to_dlpack_legacy(v, arena_);
+}
+
+// ---- DCP plans on the device (safeckpt/device_checkpoint.hpp) ----
+
+struct detail::DcpDeviceMaker {
+  static auto& tensors(DcpDeviceCheckpoint& d) { return d.tensors_; }
+  static auto& arenas(DcpDeviceCheckpoint& d) { return d.arenas_; }
+  static auto& where(DcpDeviceCheckpoint& d) { return d.where_; }
+  static void set(DcpDeviceCheckpoint& d, int device, std::uint64_t direct, std::uint64_t host) {
+    d.device_ = device;
+    d.direct_bytes_ = direct;
+    d.host_bytes_ = host;
+  }
+};
+
+namespace {
+
+// A box that can go straight from the file: it equals one chunk whose
+// payload holds a row-major tensor over a stored, little-endian record.
+struct DirectRange {
+  std::uint32_t file = 0;
+  std::uint64_t file_offset = 0, nbytes = 0;
+  std::uint32_t crc32 = 0;  // of the whole record; 0 when the tensor covers only part of it
+};
+
+Result<std::optional<DirectRange>> direct_range(const DcpCheckpoint& ckpt, const DcpTensor& t, const DcpBox& box) {
+  const DcpChunk* match = nullptr;
+  for (const DcpChunk& c : t.chunks)
+    if (c.offsets == box.offsets && c.sizes == box.sizes) match = &c;
+  if (match == nullptr) return std::optional<DirectRange>{};
+  const MappedFile* f = ckpt.data_file(match->file);
+  if (f == nullptr || f->fd() < 0) return std::optional<DirectRange>{};
+  SAFECKPT_TRY(Checkpoint ck, ckpt.load_chunk(t, *match));  // checks dtype and shape
+  const TensorInfo& ti = ck.tensors()[static_cast<std::size_t>(ck.values()[ck.root()].i)];
+  const StorageInfo& s = ck.storages()[ti.storage];
+  std::int64_t expect = 1;
+  for (std::size_t d = ti.shape.size(); d-- > 0;) {
+    if (ti.shape[d] != 1 && ti.stride[d] != expect) return std::optional<DirectRange>{};
+    expect *= ti.shape[d];
+  }
+  if (s.file_offset == Location::kNoOffset || s.swap_unit != 1) return std::optional<DirectRange>{};
+  const std::uint64_t es = dtype_size(ti.dtype);
+  const std::uint64_t nbytes = ti.numel() * es;
+  const std::uint64_t skip = static_cast<std::uint64_t>(ti.storage_offset) * es;
+  // The record's bytes are a view into the mapped data file: their position
+  // there is the file offset (load_bytes ran on a subspan of that mapping).
+  const Bytes all = f->bytes();
+  if (s.bytes.data() < all.data() || s.bytes.data() > all.data() + all.size() || skip > s.bytes.size() ||
+      nbytes > s.bytes.size() - skip)
+    return std::optional<DirectRange>{};
+  DirectRange r;
+  r.file = match->file;
+  r.file_offset = static_cast<std::uint64_t>(s.bytes.data() - all.data()) + skip;
+  r.nbytes = nbytes;
+  r.crc32 = skip == 0 && nbytes == s.bytes.size() ? s.crc32 : 0;
+  if (r.file_offset > all.size() || r.nbytes > all.size() - r.file_offset) return std::optional<DirectRange>{};
+  return std::optional<DirectRange>{r};
+}
+
+void add_stats(LoadStats& total, const LoadStats& one, bool first) {
+  if (first)
+    total = one;
+  else {
+    total.bytes += one.bytes;
+    total.arena_bytes += one.arena_bytes;
+    total.chunks += one.chunks;
+  }
+}
+
+}  // namespace
+
+const DcpDeviceTensor* DcpDeviceCheckpoint::find(std::string_view fqn) const noexcept {
+  for (const auto& t : tensors_)
+    if (t.fqn == fqn) return &t;
+  return nullptr;
+}
+
+Status DcpDeviceCheckpoint::copy_to_host(std::size_t i, std::span<std::uint8_t> out) const {
+  if (i >= tensors_.size() || out.size() != tensors_[i].nbytes)
+    return make_error(ErrorCode::kInvalidArgument, "DcpDeviceCheckpoint::copy_to_host: bad index or size");
+  if (out.empty()) return {};
+  const auto [a, st] = where_[i];
+  return arenas_[a]->copy_to_host(st, out);
+}
+
+Result<DLManagedTensorVersioned*> DcpDeviceCheckpoint::to_dlpack(std::size_t i, bool read_only) const {
+  if (i >= tensors_.size()) return make_error(ErrorCode::kInvalidArgument, "DcpDeviceCheckpoint: index out of range");
+  const DcpDeviceTensor& t = tensors_[i];
+  std::vector<std::int64_t> strides(t.box.sizes.size(), 1);
+  for (std::size_t d = strides.size(); d-- > 1;)
+    strides[d - 1] = strides[d] * std::max<std::int64_t>(t.box.sizes[d], 1);
+  TensorView v;
+  std::shared_ptr<const void> owner;
+  const auto [a, st] = where_[i];
+  if (a < arenas_.size()) {
+    v = arena_view(*arenas_[a], st);
+    owner = arenas_[a];
+  } else {
+    v.device = device_;
+    owner = std::make_shared<int>(0);  // nothing to keep alive: no elements
+  }
+  v.dtype = t.dtype;
+  v.shape = t.box.sizes;
+  v.strides = strides;
+  return to_dlpack_versioned(v, std::move(owner), read_only);
+}
+
+Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const DcpPlan& plan,
+                                               const DeviceLoadOptions& options, TransferEngine* engine,
+                                               LoadStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SAFECKPT_TRY(int device, engine_device(options, engine));
+  if (!ckpt.tensors().empty() && ckpt.data_file(0) == nullptr)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "load_dcp_to_device: the DCP data files are not opened "
+                      "(DcpCheckpoint::parse_metadata)");
+  std::optional<Result<TransferEngine>> own = one_shot_engine(options, engine, device);
+  const bool verify_crc = engine != nullptr ? engine->options().verify_crc : options.transfer.verify_crc;
+
+  DcpDeviceCheckpoint out;
+  std::vector<DcpDeviceTensor>* tensors = &detail::DcpDeviceMaker::tensors(out);
+  auto& arenas = detail::DcpDeviceMaker::arenas(out);
+  auto& where = detail::DcpDeviceMaker::where(out);
+  constexpr std::uint32_t kNone = ~0u;
+
+  // Plan: direct ranges per file, host boxes in batches.
+  std::map<std::string, bool> seen;
+  std::vector<std::vector<std::pair<std::size_t, StorageSource>>> per_file(ckpt.files().size());
+  std::vector<std::size_t> host_boxes;
+  std::uint64_t direct_bytes = 0, host_bytes = 0;
+  for (const DcpPlanItem& item : plan.items) {
+    if (!seen.emplace(item.fqn, true).second)
+      return make_error(ErrorCode::kInvalidArgument, "load_dcp_to_device: '" + item.fqn + "' twice in the plan");
+    const DcpTensor* t = ckpt.find_tensor(item.fqn);
+    if (t == nullptr)
+      return make_error(ErrorCode::kInvalidArgument, "load_dcp_to_device: no tensor '" + item.fqn + "'");
+    if (item.box.offsets.size() != t->shape.size() || item.box.sizes.size() != t->shape.size())
+      return make_error(ErrorCode::kInvalidArgument,
+                        "load_dcp_to_device: box for '" + item.fqn + "' has the wrong number of dims");
+    std::uint64_t n = 1;
+    for (std::size_t d = 0; d < t->shape.size(); ++d) {
+      if (item.box.offsets[d] < 0 || item.box.sizes[d] < 0 || item.box.offsets[d] > t->shape[d] ||
+          item.box.sizes[d] > t->shape[d] - item.box.offsets[d])
+        return make_error(ErrorCode::kInvalidArgument,
+                          "load_dcp_to_device: box of '" + item.fqn + "' lies outside the tensor");
+      n *= static_cast<std::uint64_t>(item.box.sizes[d]);  // <= numel of the checked global shape
+    }
+    const std::uint64_t bytes = n * dtype_size(t->dtype);
+    if (bytes > ckpt.options().dcp.max_box_bytes)
+      return make_error(ErrorCode::kLimitExceeded,
+                        "load_dcp_to_device: box of '" + item.fqn + "' larger than max_box_bytes");
+    DcpDeviceTensor dt;
+    dt.fqn = item.fqn;
+    dt.dtype = t->dtype;
+    dt.box = item.box;
+    dt.global_shape = t->shape;
+    dt.nbytes = bytes;
+    dt.device = device;
+    const std::size_t index = tensors->size();
+    where.emplace_back(kNone, 0);
+    if (bytes > 0) {
+      SAFECKPT_TRY(std::optional<DirectRange> r, direct_range(ckpt, *t, item.box));
+      if (r) {
+        StorageSource src;
+        src.file_offset = r->file_offset;
+        src.nbytes = r->nbytes;
+        src.expected_crc32 = verify_crc ? r->crc32 : 0;
+        per_file[r->file].emplace_back(index, src);
+        dt.direct = true;
+        direct_bytes += bytes;
+      } else {
+        host_boxes.push_back(index);
+        host_bytes += bytes;
+      }
+    }
+    tensors->push_back(std::move(dt));
+  }
+  if (engine == nullptr) {
+    if (!*own) return unexpected(std::move(*own).error());
+    engine = &own->value();
+  }
+  LoadStats total;
+  bool first = true;
+  const auto run = [&](const MappedFile* file, const std::vector<std::pair<std::size_t, StorageSource>>& group,
+                       const std::string& what) -> Status {
+    std::vector<StorageSource> sources;
+    sources.reserve(group.size());
+    for (const auto& g : group) sources.push_back(g.second);
+    LoadStats one;
+    Result<DeviceArena> arena =
+        file != nullptr ? engine->load(*file, sources, &one) : engine->load(std::filesystem::path(), sources, &one);
+    if (!arena) {
+      Error e = std::move(arena).error();
+      e.at_record(what);
+      return unexpected(std::move(e));
+    }
+    add_stats(total, one, first);
+    first = false;
+    const auto a = static_cast<std::uint32_t>(arenas.size());
+    arenas.push_back(std::make_shared<DeviceArena>(std::move(arena).value()));
+    for (std::size_t k = 0; k < group.size(); ++k) where[group[k].first] = {a, static_cast<std::uint32_t>(k)};
+    return {};
+  };
+  for (std::uint32_t f = 0; f < per_file.size(); ++f) {
+    if (per_file[f].empty()) continue;
+    SAFECKPT_CHECK(run(ckpt.data_file(f), per_file[f], ckpt.files()[f].name));
+  }
+  // Host boxes, one batch of at most kDcpHostBatchBytes at a time.
+  for (std::size_t k = 0; k < host_boxes.size();) {
+    std::vector<std::vector<std::uint8_t>> buffers;
+    std::vector<std::pair<std::size_t, StorageSource>> group;
+    std::uint64_t batch = 0;
+    while (k < host_boxes.size() && (group.empty() || batch + (*tensors)[host_boxes[k]].nbytes <= kDcpHostBatchBytes)) {
+      const std::size_t index = host_boxes[k++];
+      const DcpDeviceTensor& dt = (*tensors)[index];
+      const DcpTensor* t = ckpt.find_tensor(dt.fqn);
+      buffers.emplace_back(dt.nbytes);
+      SAFECKPT_CHECK(load_dcp_box(ckpt, *t, dt.box, buffers.back().data(), dt.nbytes));
+      StorageSource src;
+      src.nbytes = dt.nbytes;
+      src.host_bytes = buffers.back().data();
+      group.emplace_back(index, src);
+      batch += dt.nbytes;
+    }
+    SAFECKPT_CHECK(run(nullptr, group, "DCP boxes assembled on the host"));
+  }
+  for (std::size_t i = 0; i < tensors->size(); ++i) {
+    const auto [a, st] = where[i];
+    if (a != kNone) (*tensors)[i].data = arenas[a]->storage_data(st);
+  }
+  detail::DcpDeviceMaker::set(out, device, direct_bytes, host_bytes);
+  if (stats != nullptr) {
+    *stats = total;
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return out;
+}
+
+Result<DcpDeviceCheckpoint> load_dcp_to_device(const std::filesystem::path& dir, const DcpPlan& plan,
+                                               const DcpOptions& dcp_options, const DeviceLoadOptions& options,
+                                               TransferEngine* engine, LoadStats* stats) {
+  SAFECKPT_TRY(DcpCheckpoint ckpt, DcpCheckpoint::open(dir, dcp_options));
+  return load_dcp_to_device(ckpt, plan, options, engine, stats);
 }
 
 }  // namespace safeckpt::cuda

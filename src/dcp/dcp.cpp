@@ -545,19 +545,73 @@ Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path
   SaveOptions so;
   so.overwrite = options.overwrite;
   so.fsync = options.fsync;
-  return write_file_atomically(out, so, [&](const std::function<Status(Bytes)>& write) -> Status {
-    auto header = safetensors_header(entries, {}, false);
-    if (!header) return make_error(header.error().code(), "dcp_to_safetensors: " + header.error().message());
-    SAFECKPT_CHECK(write(Bytes(header->data(), header->size())));
-    for (const auto& e : entries) {  // the header's order
-      const DcpTensor* t = ckpt.find_tensor(e.name);
-      if (e.data.empty()) continue;
-      SAFECKPT_CHECK(load_dcp_box(ckpt, *t, DcpBox{std::vector<std::int64_t>(t->shape.size(), 0), t->shape}, buf.data(),
-                                  e.data.size()));
-      SAFECKPT_CHECK(write(Bytes(buf.data(), e.data.size())));
-    }
-    return {};
-  });
+  return write_file_atomically_ranges(
+      out, so, [&](const std::function<Status(Bytes)>& write, const FileRangeCopy& copy) -> Status {
+        auto header = safetensors_header(entries, {}, false);
+        if (!header) return make_error(header.error().code(), "dcp_to_safetensors: " + header.error().message());
+        SAFECKPT_CHECK(write(Bytes(header->data(), header->size())));
+        for (const auto& e : entries) {  // the header's order
+          const DcpTensor* t = ckpt.find_tensor(e.name);
+          if (e.data.empty()) continue;
+          // Chunks of whole rows (Shard(0), world size 1, replicated): the
+          // tensor is their bytes in dim-0 order, written straight from the
+          // mapped chunks (no copy into buf).
+          std::vector<const DcpChunk*> rows;
+          for (const auto& c : t->chunks) {
+            std::uint64_t cn = 0;
+            if (!numel_of(c.sizes, cn) || cn == 0) continue;
+            bool whole_rows = true;
+            for (std::size_t d = 1; d < c.sizes.size(); ++d)
+              if (c.offsets[d] != 0 || c.sizes[d] != t->shape[d]) whole_rows = false;
+            if (!whole_rows) {
+              rows.clear();
+              break;
+            }
+            rows.push_back(&c);
+          }
+          if (!rows.empty()) {
+            std::sort(rows.begin(), rows.end(), [](const DcpChunk* a, const DcpChunk* b) {
+              return !a->offsets.empty() && a->offsets[0] < b->offsets[0];
+            });
+            for (const DcpChunk* c : rows) {
+              SAFECKPT_TRY(Checkpoint ck, ckpt.load_chunk(*t, *c));
+              const auto ti_index = static_cast<std::uint32_t>(ck.values()[ck.root()].i);
+              const TensorInfo& ti = ck.tensors()[ti_index];
+              const std::uint64_t nbytes = ti.numel() * dtype_size(ti.dtype);
+              bool row_major = true;
+              std::int64_t expect = 1;
+              for (std::size_t d = ti.shape.size(); d-- > 0;) {
+                if (ti.shape[d] != 1 && ti.stride[d] != expect) row_major = false;
+                expect *= ti.shape[d];
+              }
+              if (row_major) {
+                const StorageInfo& st = ck.storages()[ti.storage];
+                const std::uint8_t* src =
+                    st.bytes.data() + static_cast<std::uint64_t>(ti.storage_offset) * dtype_size(ti.dtype);
+                // A stored record is a range of the data file: copied in the
+                // kernel from the descriptor the mapping came from (as cp does).
+                const MappedFile* f = ckpt.data_file(c->file);
+                const Bytes all = f != nullptr ? f->bytes() : Bytes();
+                if (f != nullptr && f->fd() >= 0 && st.file_offset != Location::kNoOffset && src >= all.data() &&
+                    src <= all.data() + all.size() &&
+                    nbytes <= static_cast<std::uint64_t>(all.data() + all.size() - src)) {
+                  SAFECKPT_CHECK(copy(f->fd(), static_cast<std::uint64_t>(src - all.data()), nbytes));
+                } else {
+                  SAFECKPT_CHECK(write(Bytes(src, nbytes)));
+                }
+              } else {
+                SAFECKPT_TRY(std::vector<std::uint8_t> owned, ck.contiguous_bytes(ti_index));
+                SAFECKPT_CHECK(write(Bytes(owned.data(), owned.size())));
+              }
+            }
+            continue;
+          }
+          SAFECKPT_CHECK(load_dcp_box(ckpt, *t, DcpBox{std::vector<std::int64_t>(t->shape.size(), 0), t->shape},
+                                      buf.data(), e.data.size()));
+          SAFECKPT_CHECK(write(Bytes(buf.data(), e.data.size())));
+        }
+        return {};
+      });
 }
 
 // ---- the nested state dict (dcp_to_torch_save's layout) ----

@@ -1,5 +1,6 @@
-// save_dcp: one checkpoint -> a torch.distributed.checkpoint directory
-// (world size 1), the rules in safeckpt/dcp.hpp "Writing a DCP directory".
+// save_dcp: one checkpoint -> a torch.distributed.checkpoint directory as
+// DcpWriteOptions::world_size writers would save it, the rules in
+// safeckpt/dcp.hpp "Writing a DCP directory".
 //
 // Sources (PyTorch 2.11): torch/distributed/checkpoint/_traverse.py
 // (traverse_state_dict, _is_terminal, _keep_visiting_tensors), _nested_dict.py
@@ -7,7 +8,11 @@
 // (create_default_local_save_plan: one WriteItem per tensor / non-tensor),
 // filesystem.py (_write_item: torch.save of each tensor, raw bytes of each
 // BytesIO item; _StorageInfo; the .metadata pickle), metadata.py (the
-// dataclasses and TensorProperties' __getstate__ 5-tuple).
+// dataclasses and TensorProperties' __getstate__ 5-tuple),
+// _dedup_save_plans.py (an item several ranks plan is written by one of them),
+// tensor/placement_types.py Shard._local_shard_size_and_offset (torch.chunk
+// split of a dimension; empty shards sit at the end of the dimension, as
+// tests/data/dcp-2.11/uneven-ws4/metadata_repr.txt shows).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,7 +41,10 @@ namespace safeckpt {
 namespace {
 
 constexpr std::size_t kMaxPathKeys = 4096;  // the reader's planner_data cap (metadata.cpp Reader::path)
-constexpr const char* kDataFile = "__0_0.distcp";
+
+std::string data_file(std::uint32_t rank) {
+  return "__" + std::to_string(rank) + "_0.distcp";
+}
 constexpr std::string_view kMd = "torch.distributed.checkpoint.metadata.";
 
 Unexpected unsupported(std::string msg) {
@@ -341,17 +349,84 @@ class OutFile {
   std::uint64_t size_ = 0;
 };
 
-// A tensor as DCP stores it: a plain strided tensor, copied C-contiguous.
-Result<Checkpoint> tensor_checkpoint(const Checkpoint& ckpt, std::uint32_t index, const std::string& fqn) {
+Unexpected bad_tensor(const std::string& fqn) {
+  return unsupported("'" + fqn +
+                     "' is not a plain strided tensor (sparse, quantized, meta, conj/neg bit or a subclass)");
+}
+
+// Where a tensor's chunks go: Shard(0) over the world as DTensor splits dim 0
+// (torch.chunk: ceil(n / N) rows per rank, the last non-empty rank fewer,
+// ranks past the end an empty shard at offset n). Identical chunks of
+// several ranks (every empty shard; a 0-dim tensor or one whose dim 0 is 0,
+// which every rank would hold whole) are planned once, by the lowest such
+// rank: dedup_save_plans keeps one writer per MetadataIndex.
+struct ChunkPlan {
+  std::uint32_t rank = 0;
+  std::int64_t row0 = 0, rows = 0;      // along dim 0 (0-dim: row0 0, rows 1)
+  std::uint64_t begin = 0, length = 0;  // in the rank's file, once written
+};
+
+std::vector<ChunkPlan> shard_rows(const std::vector<std::int64_t>& shape, std::uint32_t world) {
+  if (shape.empty()) return {ChunkPlan{0, 0, 1, 0, 0}};
+  const std::int64_t n = shape[0];
+  if (n == 0 || world == 1) return {ChunkPlan{0, 0, n, 0, 0}};
+  const std::int64_t per = n / world + (n % world != 0 ? 1 : 0);
+  std::vector<ChunkPlan> out;
+  for (std::uint32_t r = 0; r < world; ++r) {
+    const std::int64_t off = static_cast<std::int64_t>(r) * per;
+    if (off >= n) {
+      out.push_back(ChunkPlan{r, n, 0, 0, 0});  // the one empty shard
+      break;
+    }
+    out.push_back(ChunkPlan{r, off, std::min(per, n - off), 0, 0});
+  }
+  return out;
+}
+
+// Rows [row0, row0 + rows) of a plain strided tensor, C-contiguous: sliced
+// straight from the storage when the tensor is row-major (size-1 dims'
+// strides ignored, as is_contiguous does), else from a contiguous copy of
+// the whole tensor (once per chunk: non-row-major tensors are rare in state
+// dicts; DCP itself clones views).
+Result<std::vector<std::uint8_t>> row_slice(const Checkpoint& ckpt, std::uint32_t index, std::int64_t row0,
+                                            std::int64_t rows) {
   const TensorInfo& t = ckpt.tensors()[index];
-  if (t.layout != Layout::kStrided || t.is_meta || dtype_is_quantized(t.dtype) || t.conj || t.neg ||
-      !t.subclass.empty() || t.storage == kNoStorage)
-    return unsupported("'" + fqn +
-                       "' is not a plain strided tensor (sparse, quantized, meta, conj/neg bit or a subclass)");
-  SAFECKPT_TRY(std::vector<std::uint8_t> bytes, ckpt.contiguous_bytes(index));
+  const std::uint64_t esize = dtype_size(t.dtype);
+  std::uint64_t row_elems = 1;
+  for (std::size_t d = 1; d < t.shape.size(); ++d) row_elems *= static_cast<std::uint64_t>(t.shape[d]);
+  const std::uint64_t row_bytes = row_elems * esize;  // numel() was validated not to overflow
+  const std::uint64_t first = static_cast<std::uint64_t>(row0) * row_bytes;
+  const std::uint64_t len = static_cast<std::uint64_t>(rows) * row_bytes;
+  if (len == 0) return std::vector<std::uint8_t>{};
+  bool row_major = true;
+  std::int64_t expect = 1;
+  for (std::size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] != 1 && t.stride[d] != expect) row_major = false;
+    expect *= t.shape[d];
+  }
+  if (row_major && t.storage < ckpt.storages().size()) {
+    const Bytes s = ckpt.storages()[t.storage].bytes;
+    const std::uint64_t start = static_cast<std::uint64_t>(t.storage_offset) * esize + first;
+    if (t.storage_offset >= 0 && start <= s.size() && len <= s.size() - start)
+      return std::vector<std::uint8_t>(s.begin() + static_cast<std::ptrdiff_t>(start),
+                                       s.begin() + static_cast<std::ptrdiff_t>(start + len));
+  }
+  SAFECKPT_TRY(std::vector<std::uint8_t> all, ckpt.contiguous_bytes(index));
+  if (first > all.size() || len > all.size() - first)
+    return make_error(ErrorCode::kInternal, "DCP write: chunk outside the tensor's contiguous copy");
+  return std::vector<std::uint8_t>(all.begin() + static_cast<std::ptrdiff_t>(first),
+                                   all.begin() + static_cast<std::ptrdiff_t>(first + len));
+}
+
+// One chunk as DCP stores it: a torch.save of a C-contiguous tensor.
+Result<Checkpoint> chunk_checkpoint(const Checkpoint& ckpt, std::uint32_t index, const ChunkPlan& c) {
+  const TensorInfo& t = ckpt.tensors()[index];
+  SAFECKPT_TRY(std::vector<std::uint8_t> bytes, row_slice(ckpt, index, c.row0, c.rows));
+  std::vector<std::int64_t> sizes = t.shape;
+  if (!sizes.empty()) sizes[0] = c.rows;
   CheckpointBuilder b;
   SAFECKPT_TRY(std::uint32_t s, b.add_storage(t.dtype, std::move(bytes), "cpu"));
-  SAFECKPT_TRY(NodeId n, b.add_tensor(t.dtype, t.shape, s));
+  SAFECKPT_TRY(NodeId n, b.add_tensor(t.dtype, sizes, s));
   b.set_root(n);
   b.set_format(FileFormat::kTorchZip);
   return std::move(b).finish();
@@ -404,6 +479,12 @@ class MetadataTree {
 Result<DcpWriteSummary> save_dcp(const Checkpoint& ckpt, const std::filesystem::path& out_dir,
                                  const DcpWriteOptions& options) {
   if (out_dir.empty()) return make_error(ErrorCode::kInvalidArgument, "DCP write: empty output path");
+  const std::uint32_t world = options.world_size;
+  if (world == 0) return make_error(ErrorCode::kInvalidArgument, "DCP write: world size 0 (at least one writer)");
+  if (world > options.limits.max_files)
+    return make_error(ErrorCode::kLimitExceeded, "DCP write: world size " + std::to_string(world) +
+                                                     " is more data files than DcpLimits::max_files (" +
+                                                     std::to_string(options.limits.max_files) + ")");
   std::filesystem::path target = out_dir;
   if (!target.has_filename()) target = target.parent_path();  // "out/" -> "out"
   struct stat st {};
@@ -411,70 +492,125 @@ Result<DcpWriteSummary> save_dcp(const Checkpoint& ckpt, const std::filesystem::
     return make_error(ErrorCode::kExists, "DCP write: output exists: " + target.string());
   SAFECKPT_TRY(std::vector<FlatItem> items, flatten(ckpt, options));
 
+  // Plan every item before writing: tensors' chunks (checked here, so a
+  // refusal comes before any file), byte items on rank 0.
+  std::vector<std::uint32_t> tensor_index(items.size(), 0);
+  std::vector<std::vector<ChunkPlan>> chunks(items.size());
+  std::vector<std::uint64_t> item_begin(items.size(), 0), item_length(items.size(), 0);  // byte items
+  std::uint64_t n_chunks = 0, metadata_estimate = 0;
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    const FlatItem& it = items[k];
+    if (!it.is_tensor) continue;
+    const Node& n = ckpt.values()[it.node];
+    if (n.i < 0 || static_cast<std::size_t>(n.i) >= ckpt.tensors().size())
+      return make_error(ErrorCode::kInternal, "DCP write: tensor node out of range");
+    tensor_index[k] = static_cast<std::uint32_t>(n.i);
+    const TensorInfo& t = ckpt.tensors()[tensor_index[k]];
+    if (t.layout != Layout::kStrided || t.is_meta || dtype_is_quantized(t.dtype) || t.conj || t.neg ||
+        !t.subclass.empty() || t.storage == kNoStorage || t.stride.size() != t.shape.size())
+      return bad_tensor(it.fqn);
+    chunks[k] = shard_rows(t.shape, world);
+    n_chunks += chunks[k].size();
+    // Per chunk: ChunkStorageMetadata, MetadataIndex and _StorageInfo with the FQN again.
+    metadata_estimate += chunks[k].size() * (it.fqn.size() + 160 + 24 * t.shape.size());
+    if (n_chunks > options.limits.max_chunks || metadata_estimate > options.limits.max_metadata_bytes)
+      return make_error(ErrorCode::kLimitExceeded, "DCP write: world size " + std::to_string(world) +
+                                                       " makes more chunks or metadata than DcpLimits lets "
+                                                       "DcpCheckpoint::open read back");
+  }
+
   TempDir tmp;
   SAFECKPT_CHECK(tmp.create(target));
-  OutFile data;
-  SAFECKPT_CHECK(data.create(tmp.path() / kDataFile));
+  DcpWriteSummary sum;
+  sum.files = world;
+  // Rank by rank, as each writer would: its chunks in flattening order, and
+  // on rank 0 the byte items between them (one file open at a time).
+  for (std::uint32_t rank = 0; rank < world; ++rank) {
+    OutFile data;
+    SAFECKPT_CHECK(data.create(tmp.path() / data_file(rank)));
+    const auto writer = [&data](Bytes b) { return data.write(b); };
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      const FlatItem& it = items[k];
+      if (!it.is_tensor) {
+        if (rank != 0) continue;
+        const std::uint64_t begin = data.size();
+        CheckpointBuilder vb;
+        SAFECKPT_TRY(NodeId root, dcp_copy_value(ckpt.values(), it.node, vb, it.fqn));
+        vb.set_root(root);
+        SAFECKPT_TRY(Checkpoint one, std::move(vb).finish());
+        SAFECKPT_CHECK(save_to_writer(writer, one));
+        item_begin[k] = begin;
+        item_length[k] = data.size() - begin;
+        continue;
+      }
+      for (ChunkPlan& c : chunks[k]) {
+        if (c.rank != rank) continue;
+        const std::uint64_t begin = data.size();
+        SAFECKPT_TRY(Checkpoint one, chunk_checkpoint(ckpt, tensor_index[k], c));
+        SAFECKPT_CHECK(save_to_writer(writer, one));
+        c.begin = begin;
+        c.length = data.size() - begin;
+      }
+    }
+    sum.data_bytes += data.size();
+    SAFECKPT_CHECK(data.close(options.fsync));
+  }
 
   MetadataTree md;
   std::vector<NodeId> sdm, planner, storage;
-  DcpWriteSummary sum;
-  const auto writer = [&data](Bytes b) { return data.write(b); };
-  for (const FlatItem& it : items) {
-    const std::uint64_t begin = data.size();
-    NodeId value_md;
-    NodeId index_offset;
-    if (it.is_tensor) {
-      const Node& n = ckpt.values()[it.node];
-      if (n.i < 0 || static_cast<std::size_t>(n.i) >= ckpt.tensors().size())
-        return make_error(ErrorCode::kInternal, "DCP write: tensor node out of range");
-      const auto ti = static_cast<std::uint32_t>(n.i);
-      SAFECKPT_TRY(Checkpoint one, tensor_checkpoint(ckpt, ti, it.fqn));
-      SAFECKPT_CHECK(save_to_writer(writer, one));
-      const TensorInfo& t = ckpt.tensors()[ti];
-      const std::vector<std::int64_t> zeros(t.shape.size(), 0);
-      const NodeId chunk = md.object("ChunkStorageMetadata",
-                                     md.dict({md.str("offsets"), md.size(zeros), md.str("sizes"), md.size(t.shape)}));
-      value_md = md.object("TensorStorageMetadata",
-                           md.dict({md.str("properties"), md.properties(t.dtype), md.str("size"), md.size(t.shape),
-                                    md.str("chunks"), md.builder().container(Kind::kList, {chunk})}));
-      index_offset = md.size(zeros);
-      ++sum.tensors;
-    } else {
-      CheckpointBuilder vb;
-      SAFECKPT_TRY(NodeId root, dcp_copy_value(ckpt.values(), it.node, vb, it.fqn));
-      vb.set_root(root);
-      SAFECKPT_TRY(Checkpoint one, std::move(vb).finish());
-      SAFECKPT_CHECK(save_to_writer(writer, one));
-      value_md = md.object("BytesStorageMetadata", kNoNode);
-      index_offset = md.builder().none();
-      ++sum.bytes_items;
-    }
-    const std::uint64_t length = data.size() - begin;
-    sdm.push_back(md.str(it.fqn));
-    sdm.push_back(value_md);
-    std::vector<NodeId> keys;
-    keys.reserve(it.path.size());
-    for (const DcpPathKey& k : it.path) keys.push_back(k.is_index ? md.builder().integer(k.index) : md.str(k.key));
-    planner.push_back(md.str(it.fqn));
-    planner.push_back(md.builder().container(Kind::kTuple, std::move(keys)));
-    // MetadataIndex(fqn, offset, index): tensors (fqn, chunk offsets, 0), a
-    // non-tensor item (fqn, None, None), as create_default_local_save_plan.
-    const NodeId index = md.object(
-        "MetadataIndex", md.dict({md.str("fqn"), md.str(it.fqn), md.str("offset"), index_offset, md.str("index"),
-                                  it.is_tensor ? md.builder().integer(0) : md.builder().none()}));
+  const auto storage_entry = [&](const std::string& fqn, NodeId offset, NodeId index, std::uint32_t rank,
+                                 std::uint64_t begin, std::uint64_t length) {
+    // MetadataIndex(fqn, offset, index): tensors (fqn, chunk offsets, chunk
+    // position), a non-tensor item (fqn, None, None), as
+    // create_default_global_save_plan leaves them.
+    storage.push_back(md.object(
+        "MetadataIndex", md.dict({md.str("fqn"), md.str(fqn), md.str("offset"), offset, md.str("index"), index})));
     Node info;
     info.kind = Kind::kObject;
     info.text = "torch.distributed.checkpoint.filesystem._StorageInfo";
     info.flag = true;
-    info.items = {kNoNode, md.dict({md.str("relative_path"), md.str(kDataFile), md.str("offset"),
+    info.items = {kNoNode, md.dict({md.str("relative_path"), md.str(data_file(rank)), md.str("offset"),
                                     md.builder().integer(static_cast<std::int64_t>(begin)), md.str("length"),
                                     md.builder().integer(static_cast<std::int64_t>(length))})};
-    storage.push_back(index);
     storage.push_back(md.builder().add(std::move(info)));
+  };
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    const FlatItem& it = items[k];
+    NodeId value_md;
+    if (it.is_tensor) {
+      const TensorInfo& t = ckpt.tensors()[tensor_index[k]];
+      std::vector<NodeId> chunk_md;
+      for (std::size_t ci = 0; ci < chunks[k].size(); ++ci) {
+        const ChunkPlan& c = chunks[k][ci];
+        std::vector<std::int64_t> offsets(t.shape.size(), 0), sizes = t.shape;
+        if (!t.shape.empty()) {
+          offsets[0] = c.row0;
+          sizes[0] = c.rows;
+        }
+        chunk_md.push_back(md.object("ChunkStorageMetadata",
+                                     md.dict({md.str("offsets"), md.size(offsets), md.str("sizes"), md.size(sizes)})));
+        storage_entry(it.fqn, md.size(offsets), md.builder().integer(static_cast<std::int64_t>(ci)), c.rank, c.begin,
+                      c.length);
+      }
+      value_md = md.object("TensorStorageMetadata",
+                           md.dict({md.str("properties"), md.properties(t.dtype), md.str("size"), md.size(t.shape),
+                                    md.str("chunks"), md.builder().container(Kind::kList, std::move(chunk_md))}));
+      ++sum.tensors;
+      sum.chunks += chunks[k].size();
+    } else {
+      value_md = md.object("BytesStorageMetadata", kNoNode);
+      storage_entry(it.fqn, md.builder().none(), md.builder().none(), 0, item_begin[k], item_length[k]);
+      ++sum.bytes_items;
+    }
+    sdm.push_back(md.str(it.fqn));
+    sdm.push_back(value_md);
+    std::vector<NodeId> keys;
+    keys.reserve(it.path.size());
+    for (const DcpPathKey& key : it.path)
+      keys.push_back(key.is_index ? md.builder().integer(key.index) : md.str(key.key));
+    planner.push_back(md.str(it.fqn));
+    planner.push_back(md.builder().container(Kind::kTuple, std::move(keys)));
   }
-  sum.data_bytes = data.size();
-  SAFECKPT_CHECK(data.close(options.fsync));
 
   // Metadata.version: "1.0.0" is what PyTorch 2.11 wrote (tests/data/dcp-2.11/*/metadata_repr.txt).
   const NodeId root =

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +66,39 @@ class TempFile {
     }
     if (buf_.size() + data.size() > kBuf) SAFECKPT_CHECK(flush());
     buf_.insert(buf_.end(), data.begin(), data.end());
+    return {};
+  }
+
+  Status copy_range(int src, std::uint64_t offset, std::uint64_t length) {
+    SAFECKPT_CHECK(flush());
+    auto in = static_cast<off_t>(offset);
+    bool kernel = true;
+    std::vector<std::uint8_t> tmp;
+    while (length > 0) {
+      const std::size_t want = length < (1u << 30) ? static_cast<std::size_t>(length) : (1u << 30);
+      if (kernel) {
+        const ssize_t n = ::copy_file_range(src, &in, fd_, nullptr, want, 0);
+        if (n > 0) {
+          length -= static_cast<std::uint64_t>(n);
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+          kernel = false;  // not on these files: copy through user space
+          continue;
+        }
+        if (n < 0) return io_error("copy_file_range to", path_, errno);
+        return make_error(ErrorCode::kIo, "copy_file_range to " + path_.string() + ": the source file ended early");
+      }
+      tmp.resize(std::min<std::size_t>(want, kBuf));
+      const ssize_t n = ::pread(src, tmp.data(), tmp.size(), in);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return io_error("pread for", path_, errno);
+      if (n == 0) return make_error(ErrorCode::kIo, "copy to " + path_.string() + ": the source file ended early");
+      SAFECKPT_CHECK(write_all(Bytes(tmp.data(), static_cast<std::size_t>(n))));
+      in += n;
+      length -= static_cast<std::uint64_t>(n);
+    }
     return {};
   }
 
@@ -140,8 +174,10 @@ class TempFile {
 
 }  // namespace
 
-Status write_file_atomically(const std::filesystem::path& path, const SaveOptions& options,
-                             const std::function<Status(const std::function<Status(Bytes)>& write)>& produce) {
+namespace {
+
+Status run_atomically(const std::filesystem::path& path, const SaveOptions& options,
+                      const std::function<Status(TempFile&)>& produce) {
   if (path.empty() || !path.has_filename()) return make_error(ErrorCode::kInvalidArgument, "save: empty output path");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
@@ -151,8 +187,26 @@ Status write_file_atomically(const std::filesystem::path& path, const SaveOption
   }
   TempFile tmp;
   SAFECKPT_CHECK(tmp.create(path));
-  SAFECKPT_CHECK(produce([&tmp](Bytes b) { return tmp.write(b); }));
+  SAFECKPT_CHECK(produce(tmp));
   return tmp.commit(path, options.overwrite, options.fsync);
+}
+
+}  // namespace
+
+Status write_file_atomically(const std::filesystem::path& path, const SaveOptions& options,
+                             const std::function<Status(const std::function<Status(Bytes)>& write)>& produce) {
+  return run_atomically(path, options,
+                        [&](TempFile& tmp) { return produce([&tmp](Bytes b) { return tmp.write(b); }); });
+}
+
+Status write_file_atomically_ranges(
+    const std::filesystem::path& path, const SaveOptions& options,
+    const std::function<Status(const std::function<Status(Bytes)>& write, const FileRangeCopy& copy)>& produce) {
+  return run_atomically(path, options, [&](TempFile& tmp) {
+    return produce(
+        [&tmp](Bytes b) { return tmp.write(b); },
+        [&tmp](int fd, std::uint64_t offset, std::uint64_t length) { return tmp.copy_range(fd, offset, length); });
+  });
 }
 
 }  // namespace safeckpt

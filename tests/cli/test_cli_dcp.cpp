@@ -124,3 +124,52 @@ TEST_CASE("cli dcp: convert FILE --to-dcp OUTDIR, then inspect, scan and consoli
   CHECK(!fs::exists(base / "other"));
   fs::remove_all(base);
 }
+
+TEST_CASE("cli dcp: convert FILE --to-dcp OUTDIR --world-size 3 writes one file per rank; 0 and misuse refused") {
+  const fs::path base = fs::temp_directory_path() / "safeckpt_cli_to_dcp_ws";
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const fs::path src = fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11" / "mlp_state_dict.pt";
+  const fs::path out = base / "dcp3";
+  auto r = test_support::run_cli("convert " + src.string() + " --to-dcp " + out.string() + " --world-size 3", true);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("world size 3") != std::string::npos);
+  for (const char* f : {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", ".metadata"}) CHECK(fs::exists(out / f));
+  auto shown = test_support::run_cli("inspect " + out.string());
+  REQUIRE(shown.code == 0);
+  CHECK(shown.out.find("3 data files") != std::string::npos);
+  auto scanned = test_support::run_cli("scan " + out.string());
+  CHECK(scanned.code == 0);
+  // Consolidated: the same tensors as the file converted directly.
+  REQUIRE(test_support::run_cli("convert " + out.string() + " " + (base / "a.safetensors").string()).code == 0);
+  REQUIRE(test_support::run_cli("convert " + src.string() + " " + (base / "b.safetensors").string()).code == 0);
+  auto a = SafetensorsFile::open(base / "a.safetensors");
+  auto b = SafetensorsFile::open(base / "b.safetensors");
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  REQUIRE(a->tensors().size() == b->tensors().size());
+  for (const auto& t : b->tensors()) {
+    CAPTURE(t.name);
+    const auto* g = a->find(t.name);
+    REQUIRE(g != nullptr);
+    const bool same = std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
+                      std::vector<std::uint8_t>(t.data.begin(), t.data.end());
+    CHECK(same);
+  }
+  auto zero =
+      test_support::run_cli("convert " + src.string() + " --to-dcp " + (base / "z").string() + " --world-size 0", true);
+  CHECK(zero.code == 2);
+  CHECK(zero.out.find("world size 0") != std::string::npos);
+  auto huge = test_support::run_cli(
+      "convert " + src.string() + " --to-dcp " + (base / "h").string() + " --world-size 100000", true);
+  CHECK(huge.code == 2);
+  CHECK(huge.out.find("max_files") != std::string::npos);
+  auto misuse = test_support::run_cli(
+      "convert " + src.string() + " " + (base / "c.safetensors").string() + " --world-size 2", true);
+  CHECK(misuse.code == 2);
+  CHECK(misuse.out.find("--to-dcp") != std::string::npos);
+  CHECK(!fs::exists(base / "z"));
+  CHECK(!fs::exists(base / "h"));
+  CHECK(!fs::exists(base / "c.safetensors"));
+  fs::remove_all(base);
+}

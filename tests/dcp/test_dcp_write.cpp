@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -285,4 +286,175 @@ TEST_CASE("dcp write: hostile trees (a million lists deep, a memo-shared DAG) st
   auto item = got.load_bytes_item(got.bytes_items()[0]);
   REQUIRE_MESSAGE(item.has_value(), (item ? "" : item.error().to_string()));
   CHECK(item->values().size() < 100);
+}
+
+namespace {
+
+// Shard(0) rows of rank r of `world` for a dim of n (torch.chunk, as
+// DTensor splits it): [r c, min((r + 1) c, n)), c = ceil(n / world).
+std::pair<std::int64_t, std::int64_t> shard0(std::int64_t n, std::int64_t world, std::int64_t r) {
+  const std::int64_t c = (n + world - 1) / world;
+  const std::int64_t b = std::min(r * c, n);
+  return {b, std::min(b + c, n) - b};
+}
+
+// Every input of the world-size round trips: the PyTorch 2.11 DCP cases
+// consolidated, and corpus checkpoints (views, 0-dim, empty tensors).
+std::vector<std::pair<std::string, Checkpoint>> world_inputs(const fs::path& scratch) {
+  std::vector<std::pair<std::string, Checkpoint>> out;
+  for (const char* name : kCases) {
+    DcpCheckpoint src = open_dcp(case_dir(name) / "dcp");
+    auto ck = dcp_to_checkpoint(src, scratch);
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    out.emplace_back(name, std::move(*ck));
+  }
+  const fs::path corpus = fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11";
+  for (const char* name : {"views_shared_storage", "scalars_and_empty", "training_checkpoint"}) {
+    auto ck = load(corpus / (std::string(name) + ".pt"));
+    REQUIRE_MESSAGE(ck.has_value(), (ck ? "" : ck.error().to_string()));
+    out.emplace_back(name, std::move(*ck));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dcp write: world size N = 1..4 lays every tensor out Shard(0), one file per rank, and reads back") {
+  TempDir tmp;
+  auto inputs = world_inputs(tmp.path);
+  std::map<std::string, std::string> ws1_tree;
+  for (std::uint32_t world = 1; world <= 4; ++world) {
+    for (const auto& input : inputs) {
+      const std::string& name = input.first;
+      const Checkpoint& ck = input.second;
+      CAPTURE(name);
+      CAPTURE(world);
+      const fs::path out = tmp.path / (name + "-ws" + std::to_string(world));
+      DcpWriteOptions o = fast();
+      o.world_size = world;
+      auto w = save_dcp(ck, out, o);
+      REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+      CHECK(w->files == world);
+      // Every rank's file exists (possibly empty), nothing else but .metadata.
+      std::vector<std::string> names;
+      std::uint64_t on_disk = 0;
+      for (const auto& e : fs::directory_iterator(out)) {
+        names.push_back(e.path().filename().string());
+        if (names.back() != ".metadata") on_disk += fs::file_size(e.path());
+      }
+      std::sort(names.begin(), names.end());
+      std::vector<std::string> want{".metadata"};
+      for (std::uint32_t r = 0; r < world; ++r) want.push_back("__" + std::to_string(r) + "_0.distcp");
+      std::sort(want.begin(), want.end());
+      CHECK(names == want);
+      CHECK(on_disk == w->data_bytes);
+      DcpCheckpoint got = open_dcp(out);
+      // The layout: chunk i of a tensor with dim 0 = n is rank i's Shard(0)
+      // rows, in rank i's file; one empty chunk for the ranks past the end;
+      // 0-dim tensors, dim 0 of 0 and non-tensor items once, on rank 0.
+      std::uint64_t chunks = 0;
+      for (const DcpTensor& t : got.tensors()) {
+        CAPTURE(t.fqn);
+        chunks += t.chunks.size();
+        if (t.shape.empty() || t.shape[0] == 0) {
+          REQUIRE(t.chunks.size() == 1);
+          CHECK(got.files()[t.chunks[0].file].name == "__0_0.distcp");
+          CHECK(t.chunks[0].sizes == t.shape);
+          continue;
+        }
+        const std::int64_t n = t.shape[0];
+        std::int64_t ranks_with_rows = 0;
+        for (std::int64_t r = 0; r < world; ++r) ranks_with_rows += shard0(n, world, r).second > 0 ? 1 : 0;
+        const std::size_t want_chunks = static_cast<std::size_t>(ranks_with_rows) + (ranks_with_rows < world ? 1 : 0);
+        REQUIRE(t.chunks.size() == want_chunks);
+        for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+          CAPTURE(i);
+          const DcpChunk& c = t.chunks[i];
+          const auto [row0, rows] = shard0(n, world, static_cast<std::int64_t>(i));
+          CHECK(c.offsets[0] == row0);
+          CHECK(c.sizes[0] == rows);
+          for (std::size_t d = 1; d < t.shape.size(); ++d) {
+            CHECK(c.offsets[d] == 0);
+            CHECK(c.sizes[d] == t.shape[d]);
+          }
+          CHECK(got.files()[c.file].name == "__" + std::to_string(i) + "_0.distcp");
+          CHECK(c.offset + c.length <= got.files()[c.file].size);
+          // The chunk is its own torch.save zip holding exactly its rows.
+          auto one = got.load_chunk(t, c);
+          CHECK_MESSAGE(one.has_value(), (one ? "" : one.error().to_string()));
+        }
+      }
+      CHECK(chunks == w->chunks);
+      for (const DcpBytesItem& b : got.bytes_items()) CHECK(got.files()[b.file].name == "__0_0.distcp");
+      // Consolidated: byte for byte the input (tensors) and equal values (the rest).
+      for (const DcpTensor& t : got.tensors()) {
+        CAPTURE(t.fqn);
+        bool found = false;
+        auto named = ck.named_tensors();
+        REQUIRE(named.has_value());
+        for (const NamedTensor& nt : *named) {
+          if (nt.name != t.fqn) continue;
+          found = true;
+          auto ref = ck.contiguous_bytes(nt.tensor);
+          REQUIRE(ref.has_value());
+          const bool same = whole(got, t) == *ref;
+          CHECK(same);
+        }
+        CHECK(found);
+      }
+      // The consolidated tree: for the DCP cases PyTorch's own (the input);
+      // for corpus files (views become separate tensors, tuples stay items)
+      // the one world size 1 gives, which the tests above compare with the source.
+      auto back = dcp_to_checkpoint(got, tmp.path);
+      REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.error().to_string()));
+      auto j2 = to_json(*back);
+      REQUIRE(j2.has_value());
+      const bool from_dcp = std::find(std::begin(kCases), std::end(kCases), name) != std::end(kCases);
+      if (from_dcp) {
+        auto j1 = to_json(ck);
+        REQUIRE(j1.has_value());
+        const bool same_tree = *j1 == *j2;
+        CHECK(same_tree);
+      } else if (world == 1) {
+        ws1_tree[name] = *j2;
+      } else {
+        const bool same_tree = ws1_tree[name] == *j2;
+        CHECK(same_tree);
+      }
+      // A plan of another world size reads the same rows (load_dcp, Shard(0) boxes).
+      auto plan = DcpPlan::uniform(got, DcpPlacement{0}, 1, 3);
+      auto part = load_dcp(got, plan);
+      REQUIRE_MESSAGE(part.has_value(), (part ? "" : part.error().to_string()));
+      fs::remove_all(out);
+    }
+  }
+}
+
+TEST_CASE("dcp write: world size 0 and above DcpLimits::max_files are refused, nothing is written") {
+  auto ck = load(fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11" / "mlp_state_dict.pt");
+  REQUIRE(ck.has_value());
+  TempDir tmp;
+  DcpWriteOptions o = fast();
+  o.world_size = 0;
+  auto w0 = save_dcp(*ck, tmp.path / "out", o);
+  REQUIRE(!w0.has_value());
+  CHECK(w0.error().code() == ErrorCode::kInvalidArgument);
+  o.world_size = static_cast<std::uint32_t>(o.limits.max_files + 1);
+  auto w1 = save_dcp(*ck, tmp.path / "out", o);
+  REQUIRE(!w1.has_value());
+  CHECK(w1.error().code() == ErrorCode::kLimitExceeded);
+  // More chunks than the reader's cap: refused before any file.
+  o.world_size = 8;
+  o.limits.max_chunks = 3;
+  auto w2 = save_dcp(*ck, tmp.path / "out", o);
+  REQUIRE(!w2.has_value());
+  CHECK(w2.error().code() == ErrorCode::kLimitExceeded);
+  CHECK(tmp.entries().empty());
+  // A wide world (most ranks hold nothing: empty files) is written and read back.
+  o = fast();
+  o.world_size = 300;
+  auto big = save_dcp(*ck, tmp.path / "wide", o);
+  REQUIRE_MESSAGE(big.has_value(), (big ? "" : big.error().to_string()));
+  CHECK(big->files == 300);
+  CHECK(open_dcp(tmp.path / "wide").tensors().size() == big->tensors);
 }

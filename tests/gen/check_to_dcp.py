@@ -14,9 +14,14 @@ Per case, three readers:
      reference (tensors zero-filled), then every tensor compared bit for bit (as bytes) and
      every non-tensor value compared with ==;
   2. `format_utils.dcp_to_torch_save` then `torch.load(weights_only=False)`, compared the same way;
-  3. `dcp.load` with 2 gloo ranks into DTensors (Shard(0) on a 1-D mesh of 2, Replicate for
-     0-dim tensors): another world size than the one we wrote (1); full_tensor() compared.
-Prints one JSON object (the result recorded in tests/data/dcp-2.11/README.md).
+  3. `dcp.load` with gloo ranks into DTensors (Shard(0) on a 1-D mesh, Replicate for
+     0-dim tensors) of another world size than the one we wrote: 2 ranks for the
+     world-size-1 directories, 2 and 4 ranks for the `*-ws3` ones (written by
+     `--world-size 3`, a .metadata naming __0_0 .. __2_0.distcp); full_tensor() compared.
+Prints one JSON object on stdout (the result recorded in tests/data/dcp-2.11/README.md),
+then one line `SUMMARY: ...` on stderr; exits 1 when any reader failed or any item differs
+(a resharded target PyTorch itself cannot build — gloo's "Invalid scalar type" for dtypes it
+does not carry — is counted as skipped, not as a mismatch), 0 otherwise.
 """
 import json
 import os
@@ -183,6 +188,8 @@ def free_port():
 
 def resharded(case_dir, ws=2):
     result_path = os.path.join(case_dir, "resharded.json")
+    if os.path.exists(result_path):
+        os.remove(result_path)  # a previous world size's result must not be read as this one's
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", case_dir, str(r), str(ws), str(port), result_path],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(ws)]
@@ -203,21 +210,51 @@ def resharded(case_dir, ws=2):
     return {"error": [o for rc, o in outs if rc != 0][:1]}
 
 
+def written_world_size(case_dir):
+    return len([n for n in os.listdir(os.path.join(case_dir, "dcp")) if n.endswith(".distcp")])
+
+
+def verdict(r):
+    """'ok', 'skipped' (PyTorch cannot build the target) or 'bad' for one reader's result."""
+    if "error" in r:
+        text = json.dumps(r["error"])
+        return "skipped" if "Invalid scalar type" in text else "bad"
+    return "ok" if not r.get("bad") and r.get("equal") == r.get("items") else "bad"
+
+
 def main(work):
     import torch
     res = {"torch": torch.__version__, "cases": {}}
+    counts = {"ok": 0, "skipped": 0, "bad": 0}
+    bad = []
     for name in sorted(os.listdir(work)):
         case_dir = os.path.join(work, name)
         if not os.path.isdir(os.path.join(case_dir, "dcp")):
             continue
         try:
             r = single(case_dir)
-            r["dcp.load resharded"] = resharded(case_dir)
+            r["written_world_size"] = written_world_size(case_dir)
+            if r["written_world_size"] == 1:
+                r["dcp.load resharded"] = resharded(case_dir, 2)
+            else:
+                for ws in (2, 4):
+                    r["dcp.load resharded ws%d" % ws] = resharded(case_dir, ws)
         except Exception:  # noqa: BLE001
             r = {"error": traceback.format_exc()[-1500:]}
         res["cases"][name] = r
+        readers = {k: v for k, v in r.items() if k.startswith("dcp")} if "error" not in r else {"case": r}
+        for reader, v in readers.items():
+            c = verdict(v)
+            counts[c] += 1
+            if c == "bad":
+                bad.append(name + "/" + reader)
         print(name, json.dumps(r), file=sys.stderr, flush=True)
     print(json.dumps(res, indent=1, sort_keys=True))
+    print("SUMMARY: torch %s, %d directories, reader checks: %d equal, %d skipped (PyTorch cannot build the "
+          "target), %d failed%s" % (torch.__version__, len(res["cases"]), counts["ok"], counts["skipped"],
+                                    counts["bad"], (": " + ", ".join(bad[:8])) if bad else ""),
+          file=sys.stderr, flush=True)
+    return 1 if counts["bad"] or not res["cases"] else 0
 
 
 if __name__ == "__main__":
@@ -229,4 +266,4 @@ if __name__ == "__main__":
             traceback.print_exc()
             sys.exit(1)
     else:
-        main(sys.argv[1])
+        sys.exit(main(sys.argv[1]))
