@@ -24,6 +24,27 @@ fs::path copy_dir(const fs::path& src, const std::string& tag) {
   return dir;
 }
 
+// `safeckpt convert DCP_DIR base/a.safetensors` gives the same tensors, byte
+// for byte, as `safeckpt convert SRC base/b.safetensors` (the checkpoint the
+// directory was written from).
+void check_consolidates_like_direct(const fs::path& dcp_dir, const fs::path& src, const fs::path& base) {
+  REQUIRE(test_support::run_cli("convert " + dcp_dir.string() + " " + (base / "a.safetensors").string()).code == 0);
+  REQUIRE(test_support::run_cli("convert " + src.string() + " " + (base / "b.safetensors").string()).code == 0);
+  auto a = SafetensorsFile::open(base / "a.safetensors");
+  auto b = SafetensorsFile::open(base / "b.safetensors");
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  REQUIRE(a->tensors().size() == b->tensors().size());
+  for (const auto& t : b->tensors()) {
+    CAPTURE(t.name);
+    const auto* g = a->find(t.name);
+    REQUIRE(g != nullptr);
+    const bool same = std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
+                      std::vector<std::uint8_t>(t.data.begin(), t.data.end());
+    CHECK(same);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cli dcp: inspect lists tensors, chunks and non-tensor values") {
@@ -101,20 +122,7 @@ TEST_CASE("cli dcp: convert FILE --to-dcp OUTDIR, then inspect, scan and consoli
   CHECK(scanned.code == 0);
   CHECK(scanned.out.find("clean") != std::string::npos);
   // Consolidated back to safetensors: the same tensors as the file converted directly.
-  REQUIRE(test_support::run_cli("convert " + out.string() + " " + (base / "a.safetensors").string()).code == 0);
-  REQUIRE(test_support::run_cli("convert " + src.string() + " " + (base / "b.safetensors").string()).code == 0);
-  auto a = SafetensorsFile::open(base / "a.safetensors");
-  auto b = SafetensorsFile::open(base / "b.safetensors");
-  REQUIRE(a.has_value());
-  REQUIRE(b.has_value());
-  REQUIRE(a->tensors().size() == b->tensors().size());
-  for (const auto& t : b->tensors()) {
-    CAPTURE(t.name);
-    const auto* g = a->find(t.name);
-    REQUIRE(g != nullptr);
-    CHECK(std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
-          std::vector<std::uint8_t>(t.data.begin(), t.data.end()));
-  }
+  check_consolidates_like_direct(out, src, base);
   // An existing OUTDIR is never replaced, not even with --force.
   auto again = test_support::run_cli("convert " + src.string() + " --to-dcp " + out.string(), true);
   CHECK(again.code == 2);
@@ -141,21 +149,7 @@ TEST_CASE("cli dcp: convert FILE --to-dcp OUTDIR --world-size 3 writes one file 
   auto scanned = test_support::run_cli("scan " + out.string());
   CHECK(scanned.code == 0);
   // Consolidated: the same tensors as the file converted directly.
-  REQUIRE(test_support::run_cli("convert " + out.string() + " " + (base / "a.safetensors").string()).code == 0);
-  REQUIRE(test_support::run_cli("convert " + src.string() + " " + (base / "b.safetensors").string()).code == 0);
-  auto a = SafetensorsFile::open(base / "a.safetensors");
-  auto b = SafetensorsFile::open(base / "b.safetensors");
-  REQUIRE(a.has_value());
-  REQUIRE(b.has_value());
-  REQUIRE(a->tensors().size() == b->tensors().size());
-  for (const auto& t : b->tensors()) {
-    CAPTURE(t.name);
-    const auto* g = a->find(t.name);
-    REQUIRE(g != nullptr);
-    const bool same = std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
-                      std::vector<std::uint8_t>(t.data.begin(), t.data.end());
-    CHECK(same);
-  }
+  check_consolidates_like_direct(out, src, base);
   auto zero =
       test_support::run_cli("convert " + src.string() + " --to-dcp " + (base / "z").string() + " --world-size 0", true);
   CHECK(zero.code == 2);

@@ -32,6 +32,7 @@ TEST_CASE("cuda: not built") {
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_test_support.hpp"
 #include "safeckpt/cuda.hpp"
 #include "safeckpt/device_checkpoint.hpp"
 #include "safeckpt/open.hpp"
@@ -623,15 +624,8 @@ TEST_CASE("cuda: a file renamed over the path between parse and upload never rea
   const fs::path data = env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
   // On the working directory's file system (not /tmp, often tmpfs, where
   // O_DIRECT is refused).
-  const fs::path dir = fs::current_path() / ("safeckpt_swap_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  safeckpt::cuda_test::ScratchDir scratch("safeckpt_swap_test", fs::current_path());
+  const fs::path& dir = scratch.path;
   auto read_all = [](const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     return std::vector<std::uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

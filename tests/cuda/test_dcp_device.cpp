@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_test_support.hpp"
 #include "safeckpt/device_checkpoint.hpp"
 
 namespace fs = std::filesystem;
@@ -20,32 +21,9 @@ using namespace safeckpt;
 
 namespace {
 
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return true;
-  MESSAGE("SKIP: no CUDA device");
-  return false;
-}
-// A scratch directory removed at scope exit.
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    std::string t = (fs::temp_directory_path() / "safeckpt-dcp-device-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-};
-
-fs::path data_dir() {
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  return env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
-}
+using cuda_test::data_dir;
+using cuda_test::have_device;
+using cuda_test::ScratchDir;
 
 // Device bytes of every box equal the host load of the same plan.
 void check_plan(const DcpCheckpoint& ckpt, const DcpPlan& plan, cuda::TransferEngine& engine, bool expect_direct) {
@@ -118,7 +96,7 @@ TEST_CASE("dcp device: each rank's own plan of a save_dcp world-size-3 directory
   REQUIRE_MESSAGE(engine.has_value(), (engine ? "" : engine.error().to_string()));
   auto src = load(data_dir() / "corpus" / "torch-2.11" / "training_checkpoint.pt");
   REQUIRE_MESSAGE(src.has_value(), (src ? "" : src.error().to_string()));
-  ScratchDir tmp;
+  ScratchDir tmp("safeckpt-dcp-device");
   DcpWriteOptions w;
   w.fsync = false;
   w.world_size = 3;

@@ -10,24 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_test_support.hpp"
 #include "safeckpt/device_checkpoint.hpp"
 #include "safeckpt/safetensors.hpp"
 
 namespace fs = std::filesystem;
 
-namespace {
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return true;
-  MESSAGE("SKIP: no CUDA device");
-  return false;
-}
-// The GPU machine runs binaries built elsewhere: let it point at its copy.
-fs::path data_dir() {
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  return env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
-}
-}  // namespace
+using safeckpt::cuda_test::data_dir;
+using safeckpt::cuda_test::have_device;
 
 TEST_CASE("device checkpoint: corpus storages on the GPU equal the host load") {
   if (!have_device()) return;

@@ -6,7 +6,6 @@
 // before anything is uploaded. Skips where there is no CUDA device.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_test_support.hpp"
 #include "safeckpt/device_checkpoint.hpp"
 #include "safeckpt/open.hpp"
 #include "safeckpt/sign.hpp"
@@ -24,17 +24,8 @@ namespace sg = safeckpt::sign;
 
 namespace {
 
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return true;
-  MESSAGE("SKIP: no CUDA device");
-  return false;
-}
-
-fs::path data_dir() {
-  const char* env = std::getenv("SAFECKPT_TEST_DATA_DIR");
-  return env ? fs::path(env) : fs::path(SAFECKPT_TEST_DATA);
-}
+using safeckpt::cuda_test::data_dir;
+using safeckpt::cuda_test::have_device;
 
 std::vector<std::vector<std::uint8_t>> device_storages(const sc::DeviceCheckpoint& d) {
   std::vector<std::vector<std::uint8_t>> out;
@@ -58,15 +49,8 @@ TEST_CASE("cuda: verify-then-load puts the signed bytes on the GPU; a file swapp
   if (!have_device()) return;
   const fs::path data = data_dir();
   const fs::path keys = data / "oms" / "model-transparency" / "scripts" / "tests" / "keys" / "certificate";
-  const fs::path dir = fs::current_path() / ("safeckpt_verify_gpu_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  safeckpt::cuda_test::ScratchDir scratch("safeckpt_verify_gpu", fs::current_path());
+  const fs::path& dir = scratch.path;
   auto signer = sg::signer_from_files(keys / "signing-key.pem", {}, {});
   REQUIRE_MESSAGE(signer.has_value(), (signer ? "" : signer.error().to_string()));
   auto trust = sg::trust_from_public_key_file(keys / "signing-key-pub.pem");
