@@ -24,25 +24,31 @@ fs::path copy_dir(const fs::path& src, const std::string& tag) {
   return dir;
 }
 
+// Every tensor of the safetensors file `ref` is in `got` with the same bytes,
+// and `got` has no others.
+void check_same_tensors(const fs::path& got_path, const fs::path& ref_path) {
+  auto got = SafetensorsFile::open(got_path);
+  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.error().to_string()));
+  auto ref = SafetensorsFile::open(ref_path);
+  REQUIRE_MESSAGE(ref.has_value(), (ref ? "" : ref.error().to_string()));
+  REQUIRE(got->tensors().size() == ref->tensors().size());
+  for (const auto& t : ref->tensors()) {
+    CAPTURE(t.name);
+    const auto* g = got->find(t.name);
+    REQUIRE(g != nullptr);
+    const bool same = std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
+                      std::vector<std::uint8_t>(t.data.begin(), t.data.end());
+    CHECK(same);
+  }
+}
+
 // `safeckpt convert DCP_DIR base/a.safetensors` gives the same tensors, byte
 // for byte, as `safeckpt convert SRC base/b.safetensors` (the checkpoint the
 // directory was written from).
 void check_consolidates_like_direct(const fs::path& dcp_dir, const fs::path& src, const fs::path& base) {
   REQUIRE(test_support::run_cli("convert " + dcp_dir.string() + " " + (base / "a.safetensors").string()).code == 0);
   REQUIRE(test_support::run_cli("convert " + src.string() + " " + (base / "b.safetensors").string()).code == 0);
-  auto a = SafetensorsFile::open(base / "a.safetensors");
-  auto b = SafetensorsFile::open(base / "b.safetensors");
-  REQUIRE(a.has_value());
-  REQUIRE(b.has_value());
-  REQUIRE(a->tensors().size() == b->tensors().size());
-  for (const auto& t : b->tensors()) {
-    CAPTURE(t.name);
-    const auto* g = a->find(t.name);
-    REQUIRE(g != nullptr);
-    const bool same = std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
-                      std::vector<std::uint8_t>(t.data.begin(), t.data.end());
-    CHECK(same);
-  }
+  check_same_tensors(base / "a.safetensors", base / "b.safetensors");
 }
 
 }  // namespace
@@ -77,18 +83,7 @@ TEST_CASE("cli dcp: convert DIR OUT.safetensors equals PyTorch's full tensors") 
   fs::remove(out);
   auto r = test_support::run_cli("convert " + (kDcp / "fsdp2-adamw-ws2" / "dcp").string() + " " + out.string());
   REQUIRE(r.code == 0);
-  auto got = SafetensorsFile::open(out);
-  REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.error().to_string()));
-  auto ref = SafetensorsFile::open(kDcp / "fsdp2-adamw-ws2" / "full.safetensors");
-  REQUIRE(ref.has_value());
-  REQUIRE(got->tensors().size() == ref->tensors().size());
-  for (const auto& t : ref->tensors()) {
-    CAPTURE(t.name);
-    const auto* g = got->find(t.name);
-    REQUIRE(g != nullptr);
-    CHECK(std::vector<std::uint8_t>(g->data.begin(), g->data.end()) ==
-          std::vector<std::uint8_t>(t.data.begin(), t.data.end()));
-  }
+  check_same_tensors(out, kDcp / "fsdp2-adamw-ws2" / "full.safetensors");
   // Exists: refused without --force.
   CHECK(test_support::run_cli("convert " + (kDcp / "fsdp2-adamw-ws2" / "dcp").string() + " " + out.string()).code == 2);
   fs::remove(out);
