@@ -18,6 +18,11 @@
 //    does not apply: a directory cannot be replaced atomically).
 //    --world-size N (default 1): laid out as N writers save it, every tensor
 //    Shard(0) over N ranks (safeckpt/dcp.hpp "Writing a DCP directory").
+//  --rank FILE (once per rank file; then the one positional is OUT): the
+//    per-rank torch.save files of a DTensor state_dict (FSDP2's
+//    model.state_dict() on each rank), loaded with the bundled
+//    allowlist/dtensor.allow and gathered into full tensors
+//    (gather_dtensor_ranks): OUT holds what DTensor.full_tensor() gives.
 // The output is written atomically and never replaces a file unless --force.
 // Exit codes: 0 converted, 1 input refused by policy, 2 anything else.
 #include <cstdio>
@@ -40,6 +45,7 @@ namespace {
 struct ConvertArgs {
   std::string in, out, to_dcp;
   std::vector<std::string> allow_files;
+  std::vector<std::string> ranks;  // --rank FILE ...
   bool force = false;
   bool drop_non_tensors = false;
   bool cpu = false;
@@ -103,7 +109,42 @@ int run_to_dcp(const ConvertArgs& a) {
   return 0;
 }
 
-int run_convert(const ConvertArgs& a) {
+// --rank FILE...: every file through the loader with allowlist/dtensor.allow
+// (and any --allow), then gather_dtensor_ranks.
+Result<Checkpoint> gather_ranks(const ConvertArgs& a, std::vector<std::string>& notes) {
+  Allowlist allow = Allowlist::default_policy();
+  std::vector<std::string> allow_args{"dtensor"};
+  allow_args.insert(allow_args.end(), a.allow_files.begin(), a.allow_files.end());
+  SAFECKPT_CHECK(add_allow_args(allow, allow_args));
+  std::vector<Checkpoint> loaded;
+  loaded.reserve(a.ranks.size());
+  for (const auto& f : a.ranks) {
+    LoadOptions opt;
+    opt.allowlist = &allow;
+    apply_max_memory(a.max_memory_mib, opt.limits);
+    auto ck = safeckpt::open(f, opt);
+    if (!ck) return make_error(ck.error().code(), f + ": " + ck.error().message());
+    loaded.push_back(std::move(*ck));
+  }
+  std::vector<const Checkpoint*> ptrs;
+  for (const auto& c : loaded) ptrs.push_back(&c);
+  DTensorGatherOptions go;
+  go.drop_non_tensors = a.drop_non_tensors;
+  return gather_dtensor_ranks(ptrs, go, &notes);
+}
+
+int run_convert(ConvertArgs a) {
+  if (!a.ranks.empty()) {
+    // `convert --rank R0 --rank R1 OUT`: the one positional is OUT.
+    if (!a.out.empty() || !a.to_dcp.empty()) {
+      std::fprintf(stderr, "safeckpt convert: with --rank FILE..., give only OUT (no IN, no --to-dcp)\n");
+      return 2;
+    }
+    a.out = a.in;
+  } else if (a.in.empty()) {
+    std::fprintf(stderr, "safeckpt convert: IN is required (or --rank FILE... for per-rank DTensor files)\n");
+    return 2;
+  }
   if (!a.to_dcp.empty()) return run_to_dcp(a);
   if (a.world_size >= 0) {
     std::fprintf(stderr, "safeckpt convert: --world-size applies to --to-dcp OUTDIR only\n");
@@ -130,17 +171,23 @@ int run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "safeckpt convert: --legacy applies to PyTorch outputs only\n");
     return 2;
   }
-  if (is_dcp_dir(a.in)) return convert_dcp(a.in, a.out, a.force, !a.no_fsync);
-  Allowlist allow = Allowlist::default_policy();
-  if (auto st = add_allow_args(allow, a.allow_files); !st) return fail("bad --allow", st.error());
-  auto in = read_input(a, allow);
-  if (!in) return fail(a.in + ": " + failure_word(in.error().code()), in.error());
+  std::vector<std::string> notes;
+  Result<Checkpoint> in = make_error(ErrorCode::kInternal, "no input");
+  if (!a.ranks.empty()) {
+    in = gather_ranks(a, notes);
+    if (!in) return fail("cannot gather the rank files", in.error());
+  } else {
+    if (is_dcp_dir(a.in)) return convert_dcp(a.in, a.out, a.force, !a.no_fsync);
+    Allowlist allow = Allowlist::default_policy();
+    if (auto st = add_allow_args(allow, a.allow_files); !st) return fail("bad --allow", st.error());
+    in = read_input(a, allow);
+    if (!in) return fail(a.in + ": " + failure_word(in.error().code()), in.error());
+  }
   SaveOptions so;
   so.overwrite = a.force;
   so.fsync = !a.no_fsync;
   if (a.cpu) so.force_location = "cpu";
   so.legacy_format = a.legacy;
-  std::vector<std::string> notes;
   Status st;
   if (out == Out::kSafetensors) {
     ToSafetensorsOptions to;
@@ -157,7 +204,8 @@ int run_convert(const ConvertArgs& a) {
     }
     return fail("cannot write " + a.out, st.error());
   }
-  std::fprintf(stderr, "wrote %s (%zu tensors)\n", a.out.c_str(), in->state_dict().size());
+  std::fprintf(stderr, "wrote %s (%zu tensors%s)\n", a.out.c_str(), in->state_dict().size(),
+               a.ranks.empty() ? "" : (", gathered from " + std::to_string(a.ranks.size()) + " rank files").c_str());
   return 0;
 }
 
@@ -168,8 +216,9 @@ void register_convert(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "convert",
       "Convert between PyTorch checkpoints (.pt/.pth/.bin/.ckpt), safetensors (.safetensors) and DCP directories");
-  cmd->add_option("IN", args->in, "input: a PyTorch checkpoint, a .safetensors file or a *.safetensors.index.json")
-      ->required();
+  cmd->add_option("IN", args->in,
+                  "input: a PyTorch checkpoint, a .safetensors file, a *.safetensors.index.json or a DCP directory "
+                  "(with --rank: OUT)");
   cmd->add_option("OUT", args->out, "output; its extension picks the format");
   cmd->add_option("--to-dcp", args->to_dcp,
                   "write a torch.distributed.checkpoint directory OUTDIR instead of OUT; "
@@ -178,6 +227,10 @@ void register_convert(CLI::App& app, int& exit_code) {
                   "with --to-dcp: lay OUTDIR out as N ranks save it (one __<rank>_0.distcp each, every tensor "
                   "Shard(0) over them); default 1")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rank", args->ranks,
+                  "a per-rank torch.save file of DTensors (FSDP2 model.state_dict() on one rank), once per rank: "
+                  "gathers them into full tensors in OUT (loaded with the bundled allowlist/dtensor.allow)")
+      ->allow_extra_args(false);
   cmd->add_flag("-f,--force", args->force, "replace OUT if it exists");
   cmd->add_flag("--drop-non-tensors", args->drop_non_tensors,
                 "to safetensors: leave out non-tensor values instead of refusing ones JSON metadata cannot hold");

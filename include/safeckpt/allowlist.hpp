@@ -90,6 +90,7 @@ enum class Builtin : std::uint16_t {
   kNumpyDtype,
   kNumpyScalar,
   kNumpyDTypeClass,
+  kDTensor,  // torch.distributed.tensor.DTensor (allowlist/dtensor.allow; src/torch/dtensor.cpp)
 };
 
 struct AllowEntry {

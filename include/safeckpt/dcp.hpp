@@ -257,6 +257,36 @@ Status dcp_to_torch_save(const DcpCheckpoint& ckpt, const std::filesystem::path&
 Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path& out,
                           const DcpConvertOptions& options = {}, std::vector<std::string>* skipped = nullptr);
 
+// ---- DTensors in per-rank torch.save files ----
+// `torch.save(model.state_dict())` on every rank of an FSDP2 / DTensor job
+// writes one file per rank whose tensors are DTensors (each file loaded with
+// the bundled allowlist/dtensor.allow: TensorInfo::dtensor, safeckpt/
+// tensor.hpp). gather_dtensor_ranks puts the ranks' local shards together
+// into the full tensors DTensor.full_tensor() returns: a flat state_dict
+// (OrderedDict FQN -> tensor, FQNs as named_tensors() spells them, in rank
+// 0's order) that save() / save_checkpoint_as_safetensors write. `ranks`:
+// one loaded checkpoint per rank file, any order (each file says its mesh
+// coordinate); borrowed for the call. Memory: the gathered tensors are held
+// in the result (the whole model), plus one local shard at a time.
+// Rules: every file has the same tensor FQNs; a DTensor has the same dtype,
+// global shape, mesh shape and placements in every file; the files hold
+// each coordinate of its mesh exactly once (as many files as mesh ranks);
+// boxes held by several ranks (Replicate) must be byte-equal; the distinct
+// boxes cover the tensor. Plain tensors (not DTensors) are taken from rank
+// file 0 (a note says so).
+// Errors: kInvalidArgument (no files, an FQN missing from a file, a
+// coordinate twice, a mesh of another size than the file count),
+// kMalformed (files that disagree: dtype, shape, mesh, placements, replica
+// values; shards not covering the tensor), kUnsupported (a Partial placement:
+// the full tensor is a reduction, not done; non-tensor values in rank 0's
+// file unless drop_non_tensors), kLimitExceeded (CheckpointBuilder limits).
+struct DTensorGatherOptions {
+  bool drop_non_tensors = false;  // leave non-tensor values out (a note names each) instead of refusing
+};
+Result<Checkpoint> gather_dtensor_ranks(const std::vector<const Checkpoint*>& ranks,
+                                        const DTensorGatherOptions& options = {},
+                                        std::vector<std::string>* notes = nullptr);
+
 // ---- Writing a DCP directory (the reverse: one checkpoint -> DCP) ----
 //
 // save_dcp writes what torch.distributed.checkpoint.save writes from

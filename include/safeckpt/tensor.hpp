@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,50 @@ enum class QScheme : std::uint8_t {
 };
 std::string_view qscheme_name(QScheme q) noexcept;  // "per_tensor_affine", ...
 
+// One placement of a DTensor on one mesh dimension
+// (torch/distributed/tensor/placement_types.py, PyTorch 2.11).
+struct DTensorPlacement {
+  enum class Kind : std::uint8_t {
+    kShard,      // Shard(dim): the tensor dimension `dim` split over the mesh dimension, torch.chunk's rule
+    kReplicate,  // Replicate(): every rank of the mesh dimension holds the same values
+    kPartial,    // Partial(reduce_op): the global tensor is the reduction of the ranks' values
+  };
+  Kind kind = Kind::kReplicate;
+  std::int64_t dim = 0;   // kShard: the tensor dimension, 0 <= dim < rank of the global tensor
+  std::string reduce_op;  // kPartial: "sum", "avg", ... as saved
+};
+
+// A DTensor as torch.save stores one (torch.distributed.tensor.DTensor:
+// _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (DTensor, dtype,
+// size, stride, offset, layout, device, requires_grad), (None, {"_local_tensor":
+// T, "_spec": DTensorSpec})); torch/distributed/tensor/_api.py,
+// _dtensor_spec.py, device_mesh.py in 2.11). The TensorInfo that holds it IS
+// the local shard (its data, dtype, shape); these fields say where the shard
+// sits in the global tensor. Loaded only with the opt-in allowlist
+// allowlist/dtensor.allow (`--allow dtensor`), PyTorch's
+// `import torch.distributed.tensor`. No process group, no mesh is built.
+struct DTensorInfo {
+  std::vector<std::int64_t> global_shape;    // DTensor.shape (the wrapper's size; = spec.tensor_meta.shape)
+  std::vector<std::int64_t> global_stride;   // the wrapper's stride (= spec.tensor_meta.stride)
+  std::vector<std::int64_t> mesh_shape;      // DeviceMesh shape (its _MeshLayout), one entry per mesh dimension
+  std::vector<std::string> mesh_dim_names;   // empty when the mesh has none
+  std::string mesh_device_type;              // "cpu", "cuda", ...
+  std::int64_t rank = 0;                     // global rank of the writer (DeviceMesh._rank)
+  std::vector<std::int64_t> coordinate;      // the writer's coordinate on each mesh dimension
+  std::vector<DTensorPlacement> placements;  // one per mesh dimension
+  // The local shard's box in the global tensor, computed from the fields above
+  // as PyTorch's compute_local_shape_and_global_offset does (mesh dimensions
+  // in order; Shard(d): ceil(n / size) rows per coordinate, the last ones
+  // short or empty). The loader checks that the local tensor has local_shape.
+  std::vector<std::int64_t> local_shape;
+  std::vector<std::int64_t> global_offset;
+};
+
+// Fills info.local_shape / info.global_offset from the other fields. Errors:
+// kMalformed (a placement dim out of range, coordinate outside mesh_shape,
+// sizes disagreeing).
+Status compute_dtensor_box(DTensorInfo& info);
+
 struct TensorInfo {
   Layout layout = Layout::kStrided;
   DType dtype = DType::kFloat32;
@@ -74,6 +119,8 @@ struct TensorInfo {
   // A user-allowlisted torch.Tensor subclass ("module.Class", from
   // _rebuild_from_type_v2's new_type), "" for torch.Tensor / nn.Parameter.
   std::string subclass;
+  // A DTensor's distribution (this tensor is its local shard), or null.
+  std::shared_ptr<const DTensorInfo> dtensor;
   std::uint64_t numel() const noexcept;  // product of shape (validated not to overflow)
 };
 

@@ -309,6 +309,25 @@ class Writer {
     d["requires_grad"] = t.requires_grad;
     d["parameter"] = t.is_parameter;
     if (!t.subclass.empty()) d["subclass"] = t.subclass;
+    if (t.dtensor) {
+      // The DTensor this tensor is the local shard of (safeckpt/tensor.hpp DTensorInfo).
+      const DTensorInfo& x = *t.dtensor;
+      json dt = json::object();
+      dt["global_shape"] = x.global_shape;
+      dt["mesh_shape"] = x.mesh_shape;
+      if (!x.mesh_dim_names.empty()) dt["mesh_dim_names"] = x.mesh_dim_names;
+      dt["mesh_device_type"] = x.mesh_device_type;
+      dt["rank"] = x.rank;
+      dt["coordinate"] = x.coordinate;
+      json pl = json::array();
+      for (const auto& p : x.placements)
+        pl.push_back(p.kind == DTensorPlacement::Kind::kShard       ? "Shard(dim=" + std::to_string(p.dim) + ")"
+                     : p.kind == DTensorPlacement::Kind::kReplicate ? std::string("Replicate()")
+                                                                    : "Partial(" + p.reduce_op + ")");
+      dt["placements"] = pl;
+      dt["global_offset"] = x.global_offset;
+      d["dtensor"] = dt;
+    }
     d["layout"] = std::string(layout_name(t.layout));
     if (t.layout == Layout::kStrided) {
       d["stride"] = t.stride;
@@ -623,6 +642,17 @@ Result<std::string> to_text(const Checkpoint& c, const TextOptions& o) {
       } else if (t.layout != Layout::kStrided) {
         st = std::string(layout_name(t.layout));
       }
+      if (t.dtensor) {
+        // The local shard of a DTensor: where it sits in the global tensor.
+        std::string pl;
+        for (const auto& p : t.dtensor->placements)
+          pl += (pl.empty() ? "" : ", ") +
+                (p.kind == DTensorPlacement::Kind::kShard       ? "Shard(" + std::to_string(p.dim) + ")"
+                 : p.kind == DTensorPlacement::Kind::kReplicate ? std::string("Replicate")
+                                                                : "Partial(" + p.reduce_op + ")");
+        st += "  DTensor " + shape_text(t.dtensor->global_shape, 64) + " (" + pl + ") on mesh " +
+              shape_text(t.dtensor->mesh_shape, 16) + " at " + shape_text(t.dtensor->global_offset, 64);
+      }
       out += pad(r.name, w) + "  " + pad(std::string(dtype_name(t.dtype)) + (t.is_parameter ? "*" : ""), 14) + " " +
              pad(shape_text(t.shape, 64), 22) + " " + pad(std::to_string(bytes), 10, true) + "  " + st + "\n";
     }
@@ -633,7 +663,7 @@ Result<std::string> to_text(const Checkpoint& c, const TextOptions& o) {
            " storages (* = nn.Parameter)";
     if (rows.size() < c.tensors().size())
       out += "; " + std::to_string(c.tensors().size() - rows.size()) +
-             " more tensor objects without a path (sparse parts, quantization parameters)";
+             " more tensor objects without a path (sparse parts, quantization parameters, DTensor internals)";
     out += "\n";
 
     // Non-tensor values by path, containers expanded once and at most max_depth deep.

@@ -347,25 +347,24 @@ Result<DcpBox> dtensor_box(const std::vector<std::int64_t>& global_shape, const 
                            const std::vector<std::int64_t>& coord, const std::vector<DcpPlacement>& placements) {
   if (mesh.size() != coord.size() || mesh.size() != placements.size())
     return make_error(ErrorCode::kInvalidArgument, "dtensor_box: mesh, coord and placements differ in length");
-  DcpBox b;
-  b.offsets.assign(global_shape.size(), 0);
-  b.sizes = global_shape;
+  // The loader's rule for DTensors in torch.save files (safeckpt/tensor.hpp
+  // compute_dtensor_box): one implementation of torch.chunk's split.
+  DTensorInfo d;
+  d.global_shape = global_shape;
+  d.mesh_shape = mesh;
+  d.coordinate = coord;
   for (std::size_t m = 0; m < mesh.size(); ++m) {
-    if (mesh[m] <= 0 || coord[m] < 0 || coord[m] >= mesh[m])
-      return make_error(ErrorCode::kInvalidArgument, "dtensor_box: coordinate outside the mesh");
-    const int d = placements[m].shard_dim;
-    if (d < 0) continue;  // Replicate
-    if (static_cast<std::size_t>(d) >= global_shape.size())
-      return make_error(ErrorCode::kInvalidArgument, "dtensor_box: Shard(" + std::to_string(d) + ") of a " +
-                                                         std::to_string(global_shape.size()) + "-dim tensor");
-    // torch.chunk: pieces of ceil(len / n); trailing pieces shorter or empty.
-    const std::int64_t len = b.sizes[d];
-    const std::int64_t cs = (len + mesh[m] - 1) / mesh[m];
-    const std::int64_t start = std::min(coord[m] * cs, len);
-    b.offsets[d] += start;
-    b.sizes[d] = std::max<std::int64_t>(0, std::min(cs, len - start));
+    if (mesh[m] <= 0) return make_error(ErrorCode::kInvalidArgument, "dtensor_box: coordinate outside the mesh");
+    DTensorPlacement p;
+    if (placements[m].shard_dim >= 0) {
+      p.kind = DTensorPlacement::Kind::kShard;
+      p.dim = placements[m].shard_dim;
+    }
+    d.placements.push_back(p);
   }
-  return b;
+  if (auto st = compute_dtensor_box(d); !st)
+    return make_error(ErrorCode::kInvalidArgument, "dtensor_box: " + st.error().message());
+  return DcpBox{std::move(d.global_offset), std::move(d.local_shape)};
 }
 
 DcpPlan DcpPlan::full(const DcpCheckpoint& ckpt) {
@@ -388,12 +387,10 @@ DcpPlan DcpPlan::uniform(const DcpCheckpoint& ckpt, DcpPlacement pl, std::int64_
 
 // ---- loading ----
 
-namespace {
-
 // Row-major copy of the intersection of `box` and `chunk` from the chunk's
 // contiguous bytes `src` into the box's buffer `dst`.
-void copy_intersection(const DcpBox& box, const DcpChunk& chunk, const std::uint8_t* src, std::uint8_t* dst,
-                       std::uint32_t es) {
+void dcp_copy_intersection(const DcpBox& box, const DcpChunk& chunk, const std::uint8_t* src, std::uint8_t* dst,
+                           std::uint32_t es) {
   const std::size_t nd = box.sizes.size();
   if (nd == 0) {
     std::memcpy(dst, src, es);
@@ -430,6 +427,8 @@ void copy_intersection(const DcpBox& box, const DcpChunk& chunk, const std::uint
     if (nd == 1) return;
   }
 }
+
+namespace {
 
 bool intersects(const DcpBox& box, const DcpChunk& c) {
   for (std::size_t d = 0; d < box.sizes.size(); ++d)
@@ -476,7 +475,7 @@ Status load_dcp_box(const DcpCheckpoint& ckpt, const DcpTensor& t, const DcpBox&
       SAFECKPT_TRY(owned, ck.contiguous_bytes(static_cast<std::uint32_t>(ck.values()[ck.root()].i)));
       src = owned.data();
     }
-    copy_intersection(box, c, src, out, es);
+    dcp_copy_intersection(box, c, src, out, es);
   }
   return {};
 }

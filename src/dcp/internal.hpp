@@ -35,4 +35,10 @@ Status parse_dcp_metadata(Bytes data, const DcpOptions& options, DcpParsed& out)
 // kUnsupported naming `fqn` (a non-tensor item holds no tensors).
 Result<NodeId> dcp_copy_value(const ValueArena& src, NodeId root, CheckpointBuilder& b, const std::string& fqn);
 
+// src/dcp/dcp.cpp: row-major copy of the intersection of `box` and `chunk`
+// from the chunk's contiguous bytes `src` into the box's buffer `dst`
+// (element size `es`). Both must have the tensor's rank.
+void dcp_copy_intersection(const DcpBox& box, const DcpChunk& chunk, const std::uint8_t* src, std::uint8_t* dst,
+                           std::uint32_t es);
+
 }  // namespace safeckpt

@@ -259,6 +259,10 @@ Result<Plan> plan(const Checkpoint& ckpt, const ToSafetensorsOptions& opt, std::
     if (t.layout != Layout::kStrided)
       return unsupported("\"" + name + "\" is a sparse tensor; safetensors holds dense tensors only");
     if (t.is_meta) return unsupported("\"" + name + "\" is a meta tensor (no data)");
+    if (t.dtensor)
+      return unsupported("\"" + name +
+                         "\" is a DTensor's local shard (one rank's piece): gather the rank files "
+                         "first (gather_dtensor_ranks, `safeckpt convert --rank R0.pt --rank R1.pt ... OUT`)");
     if (dtype_is_quantized(t.dtype))
       return unsupported("\"" + name + "\" is a quantized tensor; safetensors has no quantized dtypes");
     if (t.conj || t.neg) return unsupported("\"" + name + "\" has a lazy conj/neg bit; resolve it before converting");

@@ -675,6 +675,13 @@ class Pickler {
     if (active_tensors_.count(t))
       return unsupported("save: tensor " + std::to_string(t) + " contains itself (through its Python state)");
     const TensorInfo& ti = c_.tensors()[t];
+    // A DTensor's local shard written as a plain tensor would pass one rank's
+    // piece off as the whole tensor.
+    if (ti.dtensor)
+      return unsupported(
+          "save: a DTensor's local shard (one rank's piece of a sharded tensor) cannot be saved as "
+          "a plain tensor: gather the rank files first (gather_dtensor_ranks, `safeckpt convert "
+          "--rank R0.pt --rank R1.pt ... OUT`)");
     Seq seq;
     active_tensors_.insert(t);
     if (ti.is_parameter) {

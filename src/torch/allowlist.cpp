@@ -55,6 +55,7 @@ constexpr Known kKnown[] = {
     {"numpy._core.multiarray.scalar", Builtin::kNumpyScalar},
     {"numpy.ndarray", Builtin::kNumpyNdarray},
     {"numpy.dtype", Builtin::kNumpyDtype},
+    {"torch.distributed.tensor.DTensor", Builtin::kDTensor},
 };
 
 // Exact names first (more specific), then module wildcards; the first match

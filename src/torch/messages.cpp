@@ -33,19 +33,20 @@ std::string allow_hint(std::string_view g) {
   // DTensors in a torch.save file (torch.save(model.state_dict()) of an FSDP2
   // / DTensor model; tests/data/dcp-2.11/*/ranks/, README there): PyTorch
   // 2.11 loads them only after `import torch.distributed.tensor` registers
-  // DTensor, DeviceMesh, _MeshLayout, DTensorSpec, TensorMeta, Shard,
-  // Replicate, Partial as safe globals, and the result is one rank's local
-  // shard inside a DTensor over a DeviceMesh. safeckpt does not rebuild
-  // DTensors (decision, issue 17): say what the file is and what to do.
+  // DTensor, DeviceMesh, DTensorSpec, TensorMeta, ShardOrderEntry, Shard,
+  // Replicate, Partial as safe globals; our equivalent is the bundled
+  // allowlist/dtensor.allow (src/torch/dtensor.cpp models those classes).
   for (std::string_view prefix :
        {"torch.distributed.tensor.", "torch.distributed.device_mesh.", "torch.distributed._mesh_layout."})
     if (g.rfind(prefix, 0) == 0)
       return "Unsupported global: GLOBAL " + name +
              " is part of a DTensor (torch.distributed.tensor). This file is a torch.save of a sharded "
              "(FSDP2 / DTensor) state_dict: each tensor is one rank's local shard plus its device mesh and "
-             "placements, which safeckpt does not rebuild. Save sharded models with "
-             "torch.distributed.checkpoint instead (safeckpt reads those directories: inspect, scan, convert "
-             "DIR, load_dcp), or save {name: t.full_tensor()} (whole tensors) with torch.save.";
+             "placements. PyTorch loads it only after `import torch.distributed.tensor`; safeckpt with "
+             "`--allow dtensor` (the bundled allowlist/dtensor.allow: each DTensor as its local shard with "
+             "its mesh and placements, nothing of the classes is run). `safeckpt convert --rank R0.pt --rank "
+             "R1.pt ... OUT` gathers every rank's file into full tensors; a torch.distributed.checkpoint "
+             "directory (inspect, scan, convert DIR, load_dcp) is the better way to save sharded models.";
   // Bundled allowlists that cover a global: name them (`--allow NAME`).
   std::string bundled;
   if (g == "builtins.frozenset" || g == "builtins.slice")

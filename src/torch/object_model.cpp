@@ -251,6 +251,7 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
     case Builtin::kRebuildFromTypeV2: return rebuild_from_type_v2(v, ctx);
     case Builtin::kRebuildWrapperSubclass:
     case Builtin::kRebuildDeviceTensorFromNumpy:
+    case Builtin::kDTensor:
       return make_error(ErrorCode::kUnsupported, e->name + " (tensor without a storage layout we can read)");
     case Builtin::kNumpyReconstruct:
     case Builtin::kNumpyScalar:

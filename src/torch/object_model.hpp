@@ -88,6 +88,7 @@ class TorchHooks final : public PickleHooks {
   Result<NodeId> rebuild_sparse(const std::vector<NodeId>& a);
   Result<NodeId> rebuild_meta(const std::vector<NodeId>& a);
   Result<NodeId> rebuild_from_type_v2(const std::vector<NodeId>& a, const OpContext& ctx);
+  Result<NodeId> rebuild_dtensor(const std::vector<NodeId>& a);  // src/torch/dtensor.cpp
   Result<NodeId> rebuild_device_from_cpu(const std::vector<NodeId>& a);
   Result<NodeId> make_set(Kind kind, const std::vector<NodeId>& a);
   Result<NodeId> make_device(const std::vector<NodeId>& a);

@@ -246,6 +246,7 @@ Result<NodeId> TorchHooks::rebuild_from_type_v2(const std::vector<NodeId>& v, co
   const AllowEntry* type = entry_of(v[1]);
   if (arena_[v[0]].kind != Kind::kGlobal) return bad_args(fn, "func must be a global");
   if (arena_[v[2]].kind != Kind::kTuple) return bad_args(fn, "args must be a tuple");
+  if (type != nullptr && type->builtin == Builtin::kDTensor) return rebuild_dtensor(v);
   const bool subclass = type != nullptr && type->user && type->builtin == Builtin::kGeneric;
   if (type == nullptr || (!subclass && type->builtin != Builtin::kTensorClass && type->builtin != Builtin::kParameter))
     return make_error(ErrorCode::kUnsupported, std::string(fn) + ": tensor subclass " + arena_[v[1]].text +

@@ -235,23 +235,6 @@ TEST_CASE("dcp write: values DCP cannot flatten are refused and nothing is left 
   }
 }
 
-TEST_CASE("dcp: torch.save files holding DTensors are refused with a message saying so") {
-  // ranks/rank<r>.pt: torch.save of a rank's state dict of DTensors, made by
-  // PyTorch 2.11 (gen_dcp.py); PyTorch itself loads them only after
-  // `import torch.distributed.tensor` (weights_only.json there).
-  for (const char* name : {"placements-ws2", "fsdp2-adamw-ws2", "mesh2d-ws4"}) {
-    CAPTURE(name);
-    auto r = load(case_dir(name) / "ranks" / "rank0.pt");
-    REQUIRE(!r.has_value());
-    CHECK(r.error().code() == ErrorCode::kDisallowedGlobal);
-    const std::string msg = r.error().to_string();
-    CAPTURE(msg);
-    CHECK(msg.find("torch.distributed.tensor.DTensor") != std::string::npos);
-    CHECK(msg.find("is part of a DTensor") != std::string::npos);
-    CHECK(msg.find("torch.distributed.checkpoint") != std::string::npos);
-  }
-}
-
 TEST_CASE("dcp write: hostile trees (a million lists deep, a memo-shared DAG) stay linear") {
   using namespace std::string_literals;
   // {"model": [[[...[tensor]...]]]}, a million lists: refused by the path cap, quickly.
