@@ -12,7 +12,10 @@
 // the user outputs as output.0, output.1, ... (safetensors, atomic; --force to
 // replace). --device cuda[:N] runs the compiled engine instead (issue 14,
 // safeckpt/engine.hpp; --stance default|force_eager|eager_then_compile|
-// fail_on_recompile), when the tool was built with it.
+// fail_on_recompile), when the tool was built with it; its generated kernels
+// go through the persistent compile cache (--cache-dir DIR, default
+// $SAFECKPT_CACHE_DIR or ~/.cache/safeckpt; --no-cache: compile every time),
+// whose warnings (ignored entries, failed stores) are printed on stderr.
 //
 // inspect-program (and `safeckpt inspect` on a PT2 archive): models, user inputs/outputs with shapes (symbolic dims by
 // symbol, with ranges), the op histogram, weights (name, dtype, shape,
@@ -48,8 +51,8 @@ using graph::HostTensor;
 using graph::Program;
 
 struct RunArgs {
-  std::string program, inputs, outputs, weights, model = "model", device = "cpu", stance = "default";
-  bool force = false;
+  std::string program, inputs, outputs, weights, model = "model", device = "cpu", stance = "default", cache_dir;
+  bool force = false, no_cache = false;
 };
 struct InspectProgramArgs {
   std::string program, model;
@@ -144,11 +147,17 @@ int run_program(const RunArgs& a) {
     engine::EngineOptions eo;
     eo.device = cuda_device;
     eo.stance = *stance;
+    eo.cache = a.no_cache ? engine::CacheMode::kOff : engine::CacheMode::kReadWrite;
+    eo.cache_dir = a.cache_dir;
     auto eng = engine::Engine::create(eo);
     if (!eng) return fail("run", a.device, eng.error());
     auto cp = eng->compile(p, weights);
     if (!cp) return fail("run", a.program + ": not compiled", cp.error());
     out = cp->run_host(inputs);
+    auto es = eng->stats();
+    for (const auto& w : es.warnings) std::fprintf(stderr, "safeckpt run: warning: %s\n", w.c_str());
+    if (es.warnings_dropped != 0)
+      std::fprintf(stderr, "safeckpt run: warning: %zu more compile cache warnings\n", es.warnings_dropped);
 #endif
   } else {
     out = graph::run_cpu(p, weights, inputs);
@@ -289,6 +298,11 @@ void register_run(CLI::App& app, int& exit_code) {
   sub->add_option("--model", args->model, "model in the archive (default: model)");
   sub->add_option("--device", args->device, "cpu (reference interpreter) or cuda[:N] (compiled engine)");
   sub->add_option("--stance", args->stance, "with cuda: default, force_eager, eager_then_compile, fail_on_recompile");
+  CLI::Option* cache_dir =
+      sub->add_option("--cache-dir", args->cache_dir,
+                      "with cuda: compile cache directory (default: $SAFECKPT_CACHE_DIR, else ~/.cache/safeckpt)");
+  sub->add_flag("--no-cache", args->no_cache, "with cuda: no persistent compile cache (compile every time)")
+      ->excludes(cache_dir);
   sub->add_flag("--force", args->force, "replace an existing output file");
   sub->callback([args, &exit_code] { exit_code = run_program(*args); });
 

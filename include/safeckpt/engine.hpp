@@ -29,6 +29,24 @@
 //  3. A static activation arena: buffers reused by liveness (first fit);
 //     inputs and outputs live in fixed buffers outside it.
 //  4. Compiled plans are captured as one CUDA graph and replayed.
+//
+// The persistent compile cache (safeckpt/compile_cache.hpp; EngineOptions::
+// cache, on by default as PyTorch's inductor cache is): what is cached is the
+// NVRTC output of each generated module (the cubin of one fused_source, one
+// entry per distinct source); plans, cuBLASLt algorithms and CUDA graphs are
+// rebuilt per process (they hold device pointers). Two levels: the engine's
+// in-process map (source text -> loaded module) first, then the directory.
+// Key (src/engine/module_cache.hpp): SHA-256 of the generated source (it is
+// made only from the validated plan and is the whole NVRTC input, so equal
+// text is an equal module), the device name and sm, the driver and CUDA
+// runtime versions, the NVRTC soname major (not nvrtcVersion(): a hit loads
+// no NVRTC at all), the engine version with its code-generator revision, and
+// the NVRTC flags. A bad entry (MAC mismatch, truncated, other version, a
+// cubin the driver refuses) is a miss with a warning: the module is compiled
+// again and the entry overwritten. Failing to read or write the cache is a
+// warning too, never an error of the run. Entries are written atomically and
+// authenticated, so several threads and processes may share one directory.
+//
 // Not implemented on the GPU (kUnsupported when compiling, naming the node):
 // convolution, batch_norm and adaptive_avg_pool2d (the corpus `cnn`), float16
 // and other dtypes than float32 / bfloat16 / int64 / bool / int32 for
@@ -48,9 +66,12 @@
 // Threads and streams: an Engine and its CompiledPrograms may be used from
 // one thread at a time each (calls on one CompiledProgram are serialized by
 // a mutex; different CompiledPrograms may run concurrently). Each
-// CompiledProgram owns one non-blocking CUDA stream. run() returns after its
-// outputs are complete on the device (it synchronizes that stream); inputs
-// must be complete before run() is called (e.g. torch.cuda.synchronize()).
+// CompiledProgram owns one non-blocking CUDA stream. The engine's module map,
+// its compile cache use and its counters are guarded by one mutex (two
+// programs needing new modules at once get them one after the other). run()
+// returns after its outputs are complete on the device (it synchronizes that
+// stream); inputs must be complete before run() is called (e.g.
+// torch.cuda.synchronize()).
 #pragma once
 
 #include <cstddef>
@@ -82,6 +103,12 @@ using Stance = graph::Stance;
 using graph::parse_stance;
 using graph::stance_name;
 
+// Whether an Engine uses the persistent compile cache.
+enum class CacheMode : std::uint8_t {
+  kOff,        // compile in every process; the directory is not opened
+  kReadWrite,  // look modules up before NVRTC, store what was compiled
+};
+
 struct EngineOptions {
   int device = 0;                    // CUDA device index
   Stance stance = Stance::kDefault;  // per engine; RunOptions::stance overrides per call
@@ -92,8 +119,16 @@ struct EngineOptions {
   // Fuse a gelu/relu that follows a GEMM into its cuBLASLt epilogue (compiled
   // plans only).
   bool fuse_gemm_epilogue = true;
-  // Reserved for the persistent compile cache (issue 14, not wired yet:
-  // every process compiles its kernels again; see HACKING.md).
+  // Persistent compile cache of generated modules (see the top of this file).
+  CacheMode cache = CacheMode::kReadWrite;
+  // Its directory. Empty: enginecache::CompileCache::default_dir()
+  // ($SAFECKPT_CACHE_DIR, else $XDG_CACHE_HOME/safeckpt, else
+  // ~/.cache/safeckpt); when that cannot be used (no HOME, a directory or key
+  // file failing the cache's checks, I/O errors) the engine runs without a
+  // cache and EngineStats::warnings says why. A directory named here that
+  // cannot be used is an error of Engine::create (kInvalidArgument or kIo,
+  // CompileCache::open's message): the caller asked for that cache.
+  // Ignored with CacheMode::kOff.
   std::filesystem::path cache_dir;
 };
 
@@ -116,11 +151,31 @@ struct ProgramStats {
   std::size_t evictions = 0;         // LRU drops
   std::size_t graph_replays = 0;     // runs served by a CUDA graph replay
   std::size_t eager_runs = 0;        // runs executed step by step
-  std::size_t kernels_compiled = 0;  // NVRTC kernels generated (one module per distinct source)
-  std::uint64_t arena_bytes = 0;     // activation arena of the most recent plan
-  std::uint64_t weight_bytes = 0;    // device bytes the engine allocated for weights (0 = all in place)
-  std::size_t steps = 0;             // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
-  double last_compile_seconds = 0;   // plan + NVRTC + capture of the most recent plan
+  std::size_t kernels_compiled = 0;  // kernels in modules NVRTC compiled for this program (cache hits: none)
+  // Persistent cache lookups of this program's modules (a module found in
+  // the engine's in-process map counts in none of them):
+  std::size_t cache_hits = 0;    // modules loaded from the cache directory
+  std::size_t cache_misses = 0;  // lookups that found no usable entry (absent, ignored, refused by the driver)
+  std::size_t cache_stores = 0;  // entries written
+  std::vector<std::string> cache_warnings;  // why entries were ignored or not written (the first kMaxCacheWarnings)
+  std::uint64_t arena_bytes = 0;            // activation arena of the most recent plan
+  std::uint64_t weight_bytes = 0;           // device bytes the engine allocated for weights (0 = all in place)
+  std::size_t steps = 0;                    // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
+  double last_compile_seconds = 0;          // plan + NVRTC + capture of the most recent plan
+};
+
+// Warnings kept per ProgramStats / EngineStats; later ones are counted only.
+inline constexpr std::size_t kMaxCacheWarnings = 32;
+
+// Counters of one Engine, over all its CompiledPrograms.
+struct EngineStats {
+  std::filesystem::path cache_dir;   // the persistent cache in use; empty: none (kOff or unusable)
+  std::size_t modules_compiled = 0;  // NVRTC compiles
+  std::size_t cache_hits = 0, cache_misses = 0, cache_stores = 0;  // as in ProgramStats
+  // Cache problems: the default directory unusable at create(), ignored
+  // entries, failed loads and stores (the first kMaxCacheWarnings).
+  std::vector<std::string> warnings;
+  std::size_t warnings_dropped = 0;  // warnings past kMaxCacheWarnings
 };
 
 namespace detail {
@@ -168,16 +223,24 @@ class CompiledProgram {
   std::unique_ptr<detail::ProgramImpl> impl_;
 };
 
-// One device, its cuBLASLt handle and its NVRTC module cache. Move-only.
+// One device, its cuBLASLt handle, its in-process NVRTC module map and the
+// persistent compile cache it opened. Move-only.
 class Engine {
  public:
-  // Creates the device context if needed. Errors: kInvalidArgument (options),
+  // Creates the device context if needed and opens the compile cache
+  // (options.cache): an explicit cache_dir before the device is looked at (so
+  // a bad one is reported with or without a device), the default directory
+  // after (a process without the device creates nothing). Errors:
+  // kInvalidArgument (options; an explicit cache_dir that fails the cache's
+  // checks), kIo (an explicit cache_dir that cannot be created or read),
   // kDevice (no such device, CUDA/cuBLASLt initialisation).
   static Result<Engine> create(const EngineOptions& options = {});
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
   ~Engine();
   const EngineOptions& options() const noexcept;
+  // Cache counters and warnings (thread-safe).
+  EngineStats stats() const;
 
   // Compiles `program` (validated: graph::validate) with the archive's own
   // weights and constants (graph::archive_weights), uploaded once (records

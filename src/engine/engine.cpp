@@ -97,40 +97,98 @@ EngineImpl::~EngineImpl() {
   if (lt != nullptr) cublasLtDestroy(lt);
 }
 
-Result<std::shared_ptr<Module>> EngineImpl::module_for(const std::string& source, bool* compiled) {
-  std::lock_guard<std::mutex> lock(mu);
-  *compiled = false;
-  auto it = modules.find(source);
-  if (it != modules.end()) return it->second;
-  nvrtcProgram prog = nullptr;
-  auto nv_fail = [&](const char* what, nvrtcResult r) {
+Result<std::vector<std::uint8_t>> nvrtc_compile(const std::string& source, int sm) {
+  auto nv_fail = [](const char* what, nvrtcResult r) {
     return make_error(ErrorCode::kDevice, std::string("NVRTC ") + what + ": " + nvrtcGetErrorString(r));
   };
+  nvrtcProgram prog = nullptr;
   nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "safeckpt_fused.cu", 0, nullptr, nullptr);
   if (r != NVRTC_SUCCESS) return nv_fail("create", r);
-  std::string arch = "--gpu-architecture=sm_" + std::to_string(sm);
-  const char* opts[] = {arch.c_str(), "--std=c++17", "-default-device"};
-  r = nvrtcCompileProgram(prog, 3, opts);
+  const std::vector<std::string> opts = nvrtc_options(sm);
+  std::vector<const char*> argv;
+  argv.reserve(opts.size());
+  for (const auto& o : opts) argv.push_back(o.c_str());
+  r = nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
   if (r != NVRTC_SUCCESS) {
     std::size_t n = 0;
     nvrtcGetProgramLogSize(prog, &n);
     std::string log(n, '\0');
     nvrtcGetProgramLog(prog, log.data());
     nvrtcDestroyProgram(&prog);
+    if (r != NVRTC_ERROR_COMPILATION) return nv_fail("compile", r);
     return make_error(ErrorCode::kInternal,
-                      "NVRTC rejected a generated kernel (a bug in src/engine/fused.cpp): " + log.substr(0, 2000));
+                      "NVRTC rejected a generated kernel (a bug in src/engine/fused.cpp): " + log.substr(0, 3000));
   }
   std::size_t n = 0;
-  nvrtcGetCUBINSize(prog, &n);
-  std::vector<char> cubin(n);
-  r = nvrtcGetCUBIN(prog, cubin.data());
+  r = nvrtcGetCUBINSize(prog, &n);
+  std::vector<std::uint8_t> cubin(n);
+  if (r == NVRTC_SUCCESS) r = nvrtcGetCUBIN(prog, reinterpret_cast<char*>(cubin.data()));
   nvrtcDestroyProgram(&prog);
   if (r != NVRTC_SUCCESS) return nv_fail("get cubin", r);
+  return cubin;
+}
+
+void EngineImpl::warn(std::string w, ModuleLookup* out) {
+  if (stats.warnings.size() < kMaxCacheWarnings)
+    stats.warnings.push_back(w);
+  else
+    ++stats.warnings_dropped;
+  if (out != nullptr) out->warnings.push_back(std::move(w));
+}
+
+Result<std::shared_ptr<Module>> EngineImpl::module_for(const std::string& source, ModuleLookup* out) {
+  std::lock_guard<std::mutex> lock(mu);
+  *out = {};
+  auto it = modules.find(source);
+  if (it != modules.end()) return it->second;
   auto m = std::make_shared<Module>();
+  enginecache::CacheKey key;
+  if (cache) {
+    key = module_cache_key(source, facts);
+    auto found = cache->load(key);
+    const std::vector<std::uint8_t>* cubin = nullptr;
+    if (!found) {
+      warn("compile cache: " + found.error().to_string() + "; compiling", out);
+    } else if (found->status == enginecache::CacheLookup::Status::kIgnored) {
+      warn("compile cache: " + found->warning + "; compiling again", out);
+    } else if (found->status == enginecache::CacheLookup::Status::kHit) {
+      cubin = module_cubin(*found->entry);
+      if (cubin == nullptr)
+        warn("compile cache: " + cache->entry_path(key).string() + " has no cubin; compiling again", out);
+    }
+    if (cubin != nullptr) {
+      cudaError_t e = cudaLibraryLoadData(&m->lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+      if (e == cudaSuccess) {
+        out->hit = true;
+        ++stats.cache_hits;
+        modules.emplace(source, m);
+        return m;
+      }
+      (void)cudaGetLastError();  // not sticky; clear it for the launches that follow
+      m->lib = nullptr;
+      warn("compile cache: " + cache->entry_path(key).string() + ": the driver refused the cached cubin (" +
+               cudaGetErrorString(e) + "); compiling again",
+           out);
+    }
+    out->miss = true;
+    ++stats.cache_misses;
+  }
+  SAFECKPT_TRY(auto cubin, nvrtc_compile(source, sm));
+  out->compiled = true;
+  ++stats.modules_compiled;
   ENG_CUDA(cudaLibraryLoadData(&m->lib, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
            "loading a generated module");
   modules.emplace(source, m);
-  *compiled = true;
+  if (cache) {
+    auto st = cache->store(module_cache_entry(key, std::move(cubin)));
+    if (!st) {
+      warn("compile cache: not stored: " + st.error().to_string(), out);
+    } else {
+      out->stored = true;
+      ++stats.cache_stores;
+      for (auto& w : st->warnings) warn("compile cache: " + w, out);
+    }
+  }
   return m;
 }
 
@@ -186,19 +244,7 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
     if (accepted.count(key) != 0) return out;
   }
   if (!plan.fused.empty()) {
-    nvrtcProgram prog = nullptr;
-    if (nvrtcCreateProgram(&prog, out.source.c_str(), "safeckpt_fused.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
-      return make_error(ErrorCode::kDevice, "nvrtcCreateProgram failed");
-    std::string arch = "--gpu-architecture=sm_" + std::to_string(sm);
-    const char* opts[] = {arch.c_str(), "--std=c++17", "-default-device"};
-    nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
-    std::size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    std::string log(n, '\0');
-    nvrtcGetProgramLog(prog, log.data());
-    nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS)
-      return make_error(ErrorCode::kInternal, "NVRTC rejected a generated kernel: " + log.substr(0, 3000));
+    SAFECKPT_CHECK(nvrtc_compile(out.source, sm));
     std::lock_guard<std::mutex> lock(accepted_mu);
     accepted.insert(key);
   }
@@ -292,9 +338,14 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
   // Generated kernels: one module per distinct source.
   if (!plan->fused.empty()) {
     std::string src = fused_source(plan->fused);
-    bool fresh = false;
-    SAFECKPT_TRY(plan->module, eng->module_for(src, &fresh));
-    if (fresh) stats.kernels_compiled += plan->fused.size();
+    ModuleLookup how;
+    SAFECKPT_TRY(plan->module, eng->module_for(src, &how));
+    if (how.compiled) stats.kernels_compiled += plan->fused.size();
+    stats.cache_hits += how.hit ? 1 : 0;
+    stats.cache_misses += how.miss ? 1 : 0;
+    stats.cache_stores += how.stored ? 1 : 0;
+    for (auto& w : how.warnings)
+      if (stats.cache_warnings.size() < kMaxCacheWarnings) stats.cache_warnings.push_back(std::move(w));
     for (const auto& f : plan->fused) {
       cudaKernel_t fn = nullptr;
       ENG_CUDA(cudaLibraryGetKernel(&fn, plan->module->lib, f.name.c_str()), "cudaLibraryGetKernel " + f.name);
@@ -372,22 +423,55 @@ Engine::~Engine() = default;
 const EngineOptions& Engine::options() const noexcept {
   return impl_->opt;
 }
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
 
 Result<Engine> Engine::create(const EngineOptions& options) {
   if (options.max_plans < 1 || options.max_plans > 4096)
     return make_error(ErrorCode::kInvalidArgument, "max_plans must be in [1, 4096]");
+  auto impl = std::make_shared<detail::EngineImpl>();
+  impl->opt = options;
+  // An explicit directory is opened before the device is looked at (its
+  // problems are the caller's, reported everywhere); the default one after
+  // (a process without the device creates nothing under ~/.cache).
+  auto open_cache = [&]() -> Status {
+    enginecache::CacheOptions co;
+    co.dir = options.cache_dir;
+    auto c = enginecache::CompileCache::open(co);
+    if (c) {
+      impl->cache.emplace(std::move(c).value());
+      impl->stats.cache_dir = impl->cache->dir();
+    } else if (!options.cache_dir.empty()) {
+      return make_error(c.error().code(), "compile cache " + options.cache_dir.string() + ": " + c.error().message());
+    } else {
+      impl->warn("compile cache off: " + c.error().to_string(), nullptr);
+    }
+    return {};
+  };
+  const bool use_cache = options.cache == CacheMode::kReadWrite;
+  if (use_cache && !options.cache_dir.empty()) SAFECKPT_CHECK(open_cache());
   int n = cuda::device_count();
   if (options.device < 0 || options.device >= n)
     return make_error(ErrorCode::kDevice,
                       "no CUDA device " + std::to_string(options.device) + " (" + std::to_string(n) + " found)");
   detail::DeviceGuard g(options.device);
   if (!g.ok()) return make_error(ErrorCode::kDevice, "cudaSetDevice failed");
-  auto impl = std::make_shared<detail::EngineImpl>();
-  impl->opt = options;
   int major = 0, minor = 0;
   ENG_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device), "device attribute");
   ENG_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device), "device attribute");
   impl->sm = major * 10 + minor;
+  if (use_cache && options.cache_dir.empty()) SAFECKPT_CHECK(open_cache());
+  if (impl->cache) {
+    cudaDeviceProp prop{};
+    ENG_CUDA(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
+    impl->facts.name = prop.name;
+    impl->facts.sm = static_cast<std::uint32_t>(impl->sm);
+    ENG_CUDA(cudaDriverGetVersion(&impl->facts.driver_version), "cudaDriverGetVersion");
+    ENG_CUDA(cudaRuntimeGetVersion(&impl->facts.runtime_version), "cudaRuntimeGetVersion");
+    impl->facts.nvrtc_version = detail::nvrtc_key_version(CUDART_VERSION);
+  }
   cublasStatus_t st = cublasLtCreate(&impl->lt);
   if (st != CUBLAS_STATUS_SUCCESS)
     return make_error(ErrorCode::kDevice, std::string("cublasLtCreate: ") + cublasLtGetStatusString(st));

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "engine/internal.hpp"
+#include "engine/module_cache.hpp"
+#include "safeckpt/compile_cache.hpp"
 #include "safeckpt/engine.hpp"
 
 namespace safeckpt::engine::detail {
@@ -40,6 +42,20 @@ struct Module {
   cudaLibrary_t lib = nullptr;
 };
 
+// NVRTC: `source` compiled for sm_`sm` with nvrtc_options(sm); the cubin.
+// Errors: kInternal (NVRTC rejected the source: a bug in fused.cpp; the log),
+// kDevice (NVRTC could not be loaded or failed otherwise).
+Result<std::vector<std::uint8_t>> nvrtc_compile(const std::string& source, int sm);
+
+// How module_for() found a module (ProgramStats counts these).
+struct ModuleLookup {
+  bool compiled = false;  // NVRTC ran
+  bool hit = false;       // loaded from the persistent cache
+  bool miss = false;      // the persistent cache was asked and had no usable entry
+  bool stored = false;    // an entry was written
+  std::vector<std::string> warnings;
+};
+
 struct EngineImpl {
   EngineImpl() = default;
   EngineImpl(const EngineImpl&) = delete;
@@ -48,10 +64,16 @@ struct EngineImpl {
   EngineOptions opt;
   cublasLtHandle_t lt = nullptr;
   int sm = 90;
-  std::mutex mu;  // guards modules
+  DeviceFacts facts;                               // the cache key's device part
+  std::optional<enginecache::CompileCache> cache;  // none: kOff or unusable
+  mutable std::mutex mu;                           // guards modules and stats
   std::map<std::string, std::shared_ptr<Module>> modules;
-  // Compiles (or reuses) the module for `source`. `compiled` counts new NVRTC runs.
-  Result<std::shared_ptr<Module>> module_for(const std::string& source, bool* compiled);
+  EngineStats stats;
+  // The module for `source`: the in-process map, else the persistent cache
+  // (a cubin the driver loads), else NVRTC (then stored). Cache trouble is a
+  // warning in `out` and stats, never an error.
+  Result<std::shared_ptr<Module>> module_for(const std::string& source, ModuleLookup* out);
+  void warn(std::string w, ModuleLookup* out);  // mu held
 };
 
 struct GemmDesc {

@@ -95,7 +95,15 @@ std::vector<Case> cases_of(const Program& prog, const SafetensorsFile& io) {
   return out;
 }
 
-engine::Engine make_engine(engine::EngineOptions o = {}) {
+// Engines of these cases run without the persistent compile cache (so they
+// compile every time and never touch ~/.cache); test_engine_cache.cpp tests it.
+engine::EngineOptions no_cache() {
+  engine::EngineOptions o;
+  o.cache = engine::CacheMode::kOff;
+  return o;
+}
+
+engine::Engine make_engine(engine::EngineOptions o = no_cache()) {
   auto e = engine::Engine::create(o);
   REQUIRE_MESSAGE(e.has_value(), (e ? "" : e.error().to_string()));
   return std::move(e).value();
@@ -299,7 +307,7 @@ TEST_CASE("engine: an out-of-range token id is an error value, and the program s
 
 TEST_CASE("engine: sizes outside range_constraints are refused before launch; the plan cache is bounded") {
   if (!have_device()) return;
-  engine::EngineOptions o;
+  engine::EngineOptions o = no_cache();
   o.max_plans = 2;
   auto eng = make_engine(o);
   Loaded l = load_program("gpt2_dynbatch.core.pt2");

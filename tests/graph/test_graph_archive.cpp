@@ -237,6 +237,21 @@ TEST_CASE("graph cli: safeckpt run writes the outputs a user asked for, matching
   CHECK_MESSAGE((r.out.find("no CUDA device") != std::string::npos ||
                  r.out.find("this build has no CUDA engine") != std::string::npos),
                 r.out);
+  // The compile cache options: an explicit directory that cannot be used is
+  // refused before the device is looked at (so here too); --no-cache and
+  // --cache-dir together are a usage error.
+  const std::string run_cuda = "run " + pt2_dir() + "mlp.core.pt2 --inputs " + pt2_dir() +
+                               "mlp.io.safetensors --outputs " + (tmp / "out6.safetensors").string() + " --device cuda";
+  const std::string& not_dir = badfile;  // a file, not a directory
+  r = test_support::run_cli(run_cuda + " --cache-dir " + not_dir, true);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE((r.out.find("compile cache " + not_dir) != std::string::npos ||
+                 r.out.find("this build has no CUDA engine") != std::string::npos),
+                r.out);
+  r = test_support::run_cli(run_cuda + " --cache-dir " + tmp.string() + " --no-cache", true);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.out.find("excludes") != std::string::npos, r.out);
+  CHECK_FALSE(fs::exists(tmp / "out6.safetensors"));
   fs::remove_all(tmp);
 }
 

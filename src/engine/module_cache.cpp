@@ -1,0 +1,50 @@
+// src/engine/module_cache.cpp — keys and blobs of the engine's cached NVRTC
+// modules (module_cache.hpp says what each field holds and why).
+#include "engine/module_cache.hpp"
+
+#include <span>
+
+#include "safeckpt/hash.hpp"
+#include "safeckpt/version.hpp"
+
+namespace safeckpt::engine::detail {
+
+std::int32_t nvrtc_key_version(int cudart_version) {
+  return cudart_version / 1000 * 1000;
+}
+
+std::vector<std::string> nvrtc_options(int sm) {
+  return {"--gpu-architecture=sm_" + std::to_string(sm), "--std=c++17", "-default-device"};
+}
+
+std::string engine_version() {
+  return std::string("safeckpt ") + SAFECKPT_VERSION_STRING + " codegen " + std::to_string(kCodegenRevision);
+}
+
+enginecache::CacheKey module_cache_key(std::string_view source, const DeviceFacts& device) {
+  enginecache::CacheKey k;
+  k.program_hash = sha256_hex(std::span(reinterpret_cast<const std::uint8_t*>(source.data()), source.size()));
+  k.device_name = device.name;
+  k.sm = device.sm;
+  k.driver_version = device.driver_version;
+  k.runtime_version = device.runtime_version;
+  k.nvrtc_version = device.nvrtc_version;
+  k.engine_version = engine_version();
+  for (const auto& o : nvrtc_options(static_cast<int>(device.sm))) k.options += (k.options.empty() ? "" : " ") + o;
+  return k;
+}
+
+enginecache::CacheEntry module_cache_entry(const enginecache::CacheKey& key, std::vector<std::uint8_t> cubin) {
+  enginecache::CacheEntry e;
+  e.key = key;
+  e.blobs.emplace(kCubinBlob, std::move(cubin));
+  return e;
+}
+
+const std::vector<std::uint8_t>* module_cubin(const enginecache::CacheEntry& entry) {
+  auto it = entry.blobs.find(kCubinBlob);
+  if (it == entry.blobs.end() || it->second.empty()) return nullptr;
+  return &it->second;
+}
+
+}  // namespace safeckpt::engine::detail
