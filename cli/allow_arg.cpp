@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <system_error>
 
@@ -20,16 +21,15 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 }
 
 std::string bundled_names() {
-  std::string out;
+  // Sorted: directory order is the file system's.
+  std::set<std::string> names;
   for (const auto& d : bundled_allowlist_dirs()) {
     std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(d, ec)) {
-      if (e.path().extension() != ".allow" || e.path().stem() == "default") continue;
-      const std::string n = e.path().stem().string();
-      if (out.find(" " + n + ",") != std::string::npos || ends_with(out, " " + n)) continue;
-      out += (out.empty() ? " " : ", ") + n;
-    }
+    for (const auto& e : std::filesystem::directory_iterator(d, ec))
+      if (e.path().extension() == ".allow" && e.path().stem() != "default") names.insert(e.path().stem().string());
   }
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? " " : ", ") + n;
   return out.empty() ? " (none found)" : out;
 }
 

@@ -220,6 +220,12 @@ class DeviceArena {
   // Frees now. Errors from cudaFree are ignored (the memory is gone either way).
   void reset() noexcept;
 
+  // An arena of uninitialized storages of `sizes` bytes (256-byte aligned,
+  // one cudaMalloc) on `device`, for callers that fill it themselves
+  // (load_dcp_to_device places DCP chunks into whole tensors with it).
+  // Errors: kLimitExceeded (sizes overflow), kDevice (cudaSetDevice/cudaMalloc).
+  static Result<DeviceArena> allocate(int device, std::span<const std::uint64_t> sizes);
+
  private:
   friend class TransferEngine;
   int device_ = 0;

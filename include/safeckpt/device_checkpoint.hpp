@@ -127,7 +127,15 @@ Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions
 //    tensor covers the whole record. This is the case of a process loading
 //    with the plan of the world that saved (DcpPlan::uniform with the saving
 //    world size and placement), and of world size 1 directories.
-//  - HOST: any other box (resharded, several chunks, a deflated or
+//  - PLACED: a box tiled by several saved chunks (the whole model from a
+//    sharded directory: a world size 1 plan), each chunk lying inside the
+//    box, differing from it in one dimension at most (Shard(d) over a 1-D
+//    mesh, nested Shard(d) on one d) and DIRECT on its own: the chunks of
+//    each file are read by one engine load, copied into place on the device
+//    (cudaMemcpy2D, device to device) and freed before the next file's, so
+//    the extra device memory is one file's chunks at most. DcpDeviceTensor::
+//    direct is true for these too.
+//  - HOST: any other box (resharded, chunks cut in two dimensions, a deflated or
 //    non-row-major record) is assembled on the host by load_dcp_box
 //    (chunk checks as load_chunk: ckpt.options(), CRC per
 //    verify_storage_crc) and uploaded as StorageSource::host_bytes, in

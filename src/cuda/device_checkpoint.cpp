@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 
+#include "cuda/transfer_internal.hpp"
 #include "safeckpt/open.hpp"
 
 namespace safeckpt::cuda {
@@ -239,6 +240,66 @@ Result<std::optional<DirectRange>> direct_range(const DcpCheckpoint& ckpt, const
   return std::optional<DirectRange>{r};
 }
 
+// One saved chunk of a box that is tiled by several: read straight from the
+// file (a DirectRange of its own), then copied into the box on the device.
+// The chunk equals the box in every dimension but (at most) `d`, so it is a
+// [height, width] block of the box seen as [outer, B[d] * inner] rows:
+// height = prod(B[:d]), width = S[d] * inner * es, at column
+// (O[d] - box.offset[d]) * inner * es of rows dpitch = B[d] * inner * es.
+struct Piece {
+  std::size_t tensor = 0;  // index in the result
+  DirectRange range;
+  std::uint64_t dst_offset = 0, width = 0, dpitch = 0, height = 0;
+};
+
+// The pieces of `box` when every chunk that meets it lies inside it, differs
+// from it in one dimension at most, and can be read directly; nullopt otherwise.
+Result<std::optional<std::vector<Piece>>> box_pieces(const DcpCheckpoint& ckpt, const DcpTensor& t, const DcpBox& box,
+                                                     std::size_t tensor) {
+  using None = std::optional<std::vector<Piece>>;
+  const std::size_t nd = box.sizes.size();
+  const std::uint64_t es = dtype_size(t.dtype);
+  std::vector<Piece> out;
+  std::uint64_t covered = 0, want = 1;
+  for (auto s : box.sizes) want *= static_cast<std::uint64_t>(s);
+  for (const DcpChunk& c : t.chunks) {
+    bool meets = true, inside = true;
+    std::uint64_t n = 1;
+    for (std::size_t i = 0; i < nd; ++i) {
+      const std::int64_t lo = std::max(c.offsets[i], box.offsets[i]);
+      const std::int64_t hi = std::min(c.offsets[i] + c.sizes[i], box.offsets[i] + box.sizes[i]);
+      meets = meets && lo < hi;
+      inside = inside && c.offsets[i] >= box.offsets[i] && c.offsets[i] + c.sizes[i] <= box.offsets[i] + box.sizes[i];
+      n *= static_cast<std::uint64_t>(c.sizes[i]);
+    }
+    if (!meets || n == 0) continue;
+    if (!inside) return None{};
+    std::size_t d = nd;
+    for (std::size_t i = 0; i < nd; ++i)
+      if (c.sizes[i] != box.sizes[i]) {
+        if (d != nd) return None{};  // differs in two dimensions
+        d = i;
+      }
+    if (d == nd) return None{};  // equals the box: direct_range's case
+    SAFECKPT_TRY(std::optional<DirectRange> r, direct_range(ckpt, t, DcpBox{c.offsets, c.sizes}));
+    if (!r) return None{};
+    std::uint64_t outer = 1, inner = 1;
+    for (std::size_t i = 0; i < d; ++i) outer *= static_cast<std::uint64_t>(box.sizes[i]);
+    for (std::size_t i = d + 1; i < nd; ++i) inner *= static_cast<std::uint64_t>(box.sizes[i]);
+    Piece p;
+    p.tensor = tensor;
+    p.range = *r;
+    p.height = outer;
+    p.width = static_cast<std::uint64_t>(c.sizes[d]) * inner * es;
+    p.dpitch = static_cast<std::uint64_t>(box.sizes[d]) * inner * es;
+    p.dst_offset = static_cast<std::uint64_t>(c.offsets[d] - box.offsets[d]) * inner * es;
+    covered += n;
+    out.push_back(p);
+  }
+  if (covered != want || out.empty()) return None{};
+  return std::optional<std::vector<Piece>>{std::move(out)};
+}
+
 void add_stats(LoadStats& total, const LoadStats& one, bool first) {
   if (first)
     total = one;
@@ -309,6 +370,8 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
   std::map<std::string, bool> seen;
   std::vector<std::vector<std::pair<std::size_t, StorageSource>>> per_file(ckpt.files().size());
   std::vector<std::size_t> host_boxes;
+  std::vector<std::size_t> gathered;  // boxes tiled by several direct chunks (pieces), placed on the device
+  std::vector<Piece> pieces;
   std::uint64_t direct_bytes = 0, host_bytes = 0;
   for (const DcpPlanItem& item : plan.items) {
     if (!seen.emplace(item.fqn, true).second)
@@ -342,12 +405,21 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
     where.emplace_back(kNone, 0);
     if (bytes > 0) {
       SAFECKPT_TRY(std::optional<DirectRange> r, direct_range(ckpt, *t, item.box));
+      std::optional<std::vector<Piece>> ps;
+      if (!r) {
+        SAFECKPT_TRY(ps, box_pieces(ckpt, *t, item.box, index));
+      }
       if (r) {
         StorageSource src;
         src.file_offset = r->file_offset;
         src.nbytes = r->nbytes;
         src.expected_crc32 = verify_crc ? r->crc32 : 0;
         per_file[r->file].emplace_back(index, src);
+        dt.direct = true;
+        direct_bytes += bytes;
+      } else if (ps) {
+        gathered.push_back(index);
+        for (auto& p : *ps) pieces.push_back(p);
         dt.direct = true;
         direct_bytes += bytes;
       } else {
@@ -386,6 +458,57 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
   for (std::uint32_t f = 0; f < per_file.size(); ++f) {
     if (per_file[f].empty()) continue;
     SAFECKPT_CHECK(run(ckpt.data_file(f), per_file[f], ckpt.files()[f].name));
+  }
+  // Boxes tiled by chunks: one arena for all of them; each file's pieces in
+  // one engine load, copied into place (cudaMemcpy2D, device to device) and
+  // freed before the next file's, so the extra device memory is one file's
+  // pieces at most.
+  if (!gathered.empty()) {
+    std::vector<std::uint64_t> sizes;
+    std::map<std::size_t, std::uint32_t> slot;
+    for (std::size_t g : gathered) {
+      slot[g] = static_cast<std::uint32_t>(sizes.size());
+      sizes.push_back((*tensors)[g].nbytes);
+    }
+    SAFECKPT_TRY(DeviceArena dst, DeviceArena::allocate(device, sizes));
+    const auto a = static_cast<std::uint32_t>(arenas.size());
+    arenas.push_back(std::make_shared<DeviceArena>(std::move(dst)));
+    for (std::size_t g : gathered) where[g] = {a, slot[g]};
+    for (std::uint32_t f = 0; f < ckpt.files().size(); ++f) {
+      std::vector<StorageSource> sources;
+      std::vector<const Piece*> mine;
+      for (const Piece& p : pieces)
+        if (p.range.file == f) {
+          StorageSource src;
+          src.file_offset = p.range.file_offset;
+          src.nbytes = p.range.nbytes;
+          src.expected_crc32 = verify_crc ? p.range.crc32 : 0;
+          sources.push_back(src);
+          mine.push_back(&p);
+        }
+      if (sources.empty()) continue;
+      LoadStats one;
+      Result<DeviceArena> tmp = engine->load(*ckpt.data_file(f), sources, &one);
+      if (!tmp) {
+        Error e = std::move(tmp).error();
+        e.at_record(ckpt.files()[f].name);
+        return unexpected(std::move(e));
+      }
+      add_stats(total, one, first);
+      first = false;
+      detail::DeviceGuard guard;
+      if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+        return make_error(ErrorCode::kDevice, std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+      for (std::size_t k = 0; k < mine.size(); ++k) {
+        const Piece& p = *mine[k];
+        auto* to = static_cast<std::uint8_t*>(arenas[a]->storage_data(slot[p.tensor])) + p.dst_offset;
+        if (cudaError_t e =
+                cudaMemcpy2D(to, p.dpitch, tmp->storage_data(k), p.width, p.width, p.height, cudaMemcpyDeviceToDevice);
+            e != cudaSuccess)
+          return make_error(ErrorCode::kDevice,
+                            std::string("cudaMemcpy2D placing a DCP chunk: ") + cudaGetErrorString(e));
+      }
+    }
   }
   // Host boxes, one batch of at most kDcpHostBatchBytes at a time.
   for (std::size_t k = 0; k < host_boxes.size();) {

@@ -108,6 +108,32 @@ void DeviceArena::reset() noexcept {
   layout_.reset();
 }
 
+Result<DeviceArena> DeviceArena::allocate(int device, std::span<const std::uint64_t> sizes) {
+  DeviceArena a;
+  a.device_ = device;
+  a.count_ = sizes.size();
+  a.layout_ = std::make_unique<std::uint64_t[]>(2 * sizes.size() + 1);
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    a.layout_[2 * i] = off;
+    a.layout_[2 * i + 1] = sizes[i];
+    if (sizes[i] > (std::uint64_t{1} << 62) - off)
+      return make_error(ErrorCode::kLimitExceeded, "DeviceArena::allocate: sizes overflow");
+    off += (sizes[i] + 255) / 256 * 256;
+  }
+  a.size_ = off;
+  if (off == 0) return a;
+  DeviceGuard guard;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    return make_error(ErrorCode::kDevice, std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+  if (cudaError_t e = cudaMalloc(&a.base_, off); e != cudaSuccess) {
+    a.base_ = nullptr;
+    return make_error(ErrorCode::kDevice,
+                      "cudaMalloc of " + std::to_string(off) + " bytes: " + std::string(cudaGetErrorString(e)));
+  }
+  return a;
+}
+
 void* DeviceArena::storage_data(std::size_t i) const noexcept {
   if (i >= count_ || base_ == nullptr || layout_[2 * i + 1] == 0) return nullptr;
   return static_cast<std::uint8_t*>(base_) + layout_[2 * i];

@@ -61,8 +61,9 @@ TEST_CASE("cli: --allow takes a file, a bundled allowlist name or a global name"
   // lists the bundled allowlists.
   auto r = run_cli("inspect --allow nump " + file, true);
   CHECK(r.code == 2);
-  CHECK(r.out.find("--allow nump: not a file, a bundled allowlist (bundled: argparse, numpy, python_values) or a "
-                   "global name") != std::string::npos);
+  CHECK(r.out.find(
+            "--allow nump: not a file, a bundled allowlist (bundled: argparse, dtensor, numpy, python_values) or a "
+            "global name") != std::string::npos);
   // A path that does not exist is never taken for a name.
   r = run_cli("inspect --allow ./no/such.allow " + file, true);
   CHECK(r.code == 2);
