@@ -13,19 +13,15 @@
 #include "safeckpt/dcp.hpp"
 #include "safeckpt/json.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "support/dcp_cases.hpp"
 #include "support/tree_json.hpp"
 
 using namespace safeckpt;
 namespace fs = std::filesystem;
+using dcp_test::case_dir;
+using dcp_test::kCases;
 
 namespace {
-
-const char* const kCases[] = {"placements-ws2", "placements-ws3", "placements-ws4",
-                              "uneven-ws4",     "mesh2d-ws4",     "fsdp2-adamw-ws2"};
-
-fs::path case_dir(const std::string& name) {
-  return fs::path(SAFECKPT_TEST_DATA) / "dcp-2.11" / name;
-}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream f(p);

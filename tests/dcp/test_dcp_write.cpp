@@ -19,20 +19,16 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/dcp.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "support/dcp_cases.hpp"
 #include "support/save_util.hpp"
 
 using namespace safeckpt;
 namespace fs = std::filesystem;
+using dcp_test::case_dir;
+using dcp_test::kCases;
 using save_test::TempDir;
 
 namespace {
-
-const char* const kCases[] = {"placements-ws2", "placements-ws3", "placements-ws4",
-                              "uneven-ws4",     "mesh2d-ws4",     "fsdp2-adamw-ws2"};
-
-fs::path case_dir(const std::string& name) {
-  return fs::path(SAFECKPT_TEST_DATA) / "dcp-2.11" / name;
-}
 
 DcpCheckpoint open_dcp(const fs::path& dir) {
   auto r = DcpCheckpoint::open(dir);

@@ -20,24 +20,20 @@
 #include "safeckpt/open.hpp"
 #include "safeckpt/save.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/dcp_cases.hpp"
 #include "support/run_cli.hpp"
 #include "support/save_util.hpp"
 #include "support/zip_builder.hpp"
 
 using namespace safeckpt;
 namespace fs = std::filesystem;
+using dcp_test::case_dir;
+using dcp_test::kCases;
 using save_test::TempDir;
 using test_support::run_cli;
 using test_support::ZipBuilder;
 
 namespace {
-
-const char* const kCases[] = {"placements-ws2", "placements-ws3", "placements-ws4",
-                              "uneven-ws4",     "mesh2d-ws4",     "fsdp2-adamw-ws2"};
-
-fs::path case_dir(const std::string& name) {
-  return fs::path(SAFECKPT_TEST_DATA) / "dcp-2.11" / name;
-}
 
 const Allowlist& dtensor_allow() {
   static const Allowlist a = [] {
