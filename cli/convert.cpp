@@ -127,6 +127,7 @@ Result<Checkpoint> gather_ranks(const ConvertArgs& a, std::vector<std::string>& 
     loaded.push_back(std::move(*ck));
   }
   std::vector<const Checkpoint*> ptrs;
+  ptrs.reserve(loaded.size());
   for (const auto& c : loaded) ptrs.push_back(&c);
   DTensorGatherOptions go;
   go.drop_non_tensors = a.drop_non_tensors;
