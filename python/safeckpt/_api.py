@@ -336,6 +336,14 @@ class _Materializer:
         if r is not None:
             return r
         t = self.tinfo[index]
+        if t.get("dtensor"):
+            # One rank's piece of a sharded tensor: returning it as a plain tensor would pass it
+            # off as the whole (PyTorch returns a DTensor, which needs a process group here).
+            raise UnsupportedCheckpointError(
+                "the file holds DTensors (a torch.save of one rank's sharded state_dict); each tensor "
+                "is that rank's local shard. Gather the ranks' files with `safeckpt convert --rank "
+                "R0.pt --rank R1.pt ... OUT` and load OUT, or save with torch.distributed.checkpoint "
+                "and use safeckpt.load_dcp", code="unsupported")
         r = self._torch_tensor(t) if self.framework == "pt" else None
         if r is None:
             r = self._np_tensor(t)

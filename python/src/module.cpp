@@ -300,6 +300,7 @@ class PyCheckpoint {
       d["coalesced"] = t.coalesced;
       d["python_state"] = t.python_state == kNoNode ? py::int_(-1) : py::int_(t.python_state);
       d["subclass"] = t.subclass;
+      d["dtensor"] = t.dtensor != nullptr;  // a DTensor's local shard (safeckpt/tensor.hpp DTensorInfo)
       out.append(d);
     }
     return out;

@@ -145,3 +145,27 @@ def test_refusals(tmp_path):
     data.write_bytes(data.read_bytes()[:-100])
     with pytest.raises(safeckpt.MalformedCheckpointError, match="__0_0.distcp"):
         safeckpt.load_dcp(cut, rank=0, world_size=1)
+
+
+DTENSOR_GLOBALS = [
+    "torch.distributed.tensor.DTensor",
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.tensor._dtensor_spec.TensorMeta",
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed.tensor.placement_types.Shard",
+    "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types.Partial",
+]
+
+
+def test_dtensor_rank_file_is_not_passed_off_as_whole_tensors():
+    # ranks/rank0.pt: torch.save of one rank's DTensor state_dict (PyTorch 2.11, gen_dcp.py).
+    # With the DTensor classes allowed the file parses, but its tensors are local shards:
+    # safeckpt.load refuses to hand them out as plain tensors.
+    path = DATA / "dcp-2.11" / "placements-ws2" / "ranks" / "rank0.pt"
+    with pytest.raises(safeckpt.UnsupportedCheckpointError, match="local shard"):
+        safeckpt.load(path, allow=DTENSOR_GLOBALS)
+    with pytest.raises(safeckpt.UnsafeGlobalError, match="is part of a DTensor"):
+        safeckpt.load(path)
