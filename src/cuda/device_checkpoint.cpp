@@ -502,11 +502,14 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
       for (std::size_t k = 0; k < mine.size(); ++k) {
         const Piece& p = *mine[k];
         auto* to = static_cast<std::uint8_t*>(arenas[a]->storage_data(slot[p.tensor])) + p.dst_offset;
-        if (cudaError_t e =
-                cudaMemcpy2D(to, p.dpitch, tmp->storage_data(k), p.width, p.width, p.height, cudaMemcpyDeviceToDevice);
-            e != cudaSuccess)
+        // One row (Shard(0): the chunk is a contiguous run of the box) as a
+        // plain copy: a 2-D copy's pitch is capped (cudaDevAttrMaxPitch).
+        const cudaError_t e = p.height == 1 ? cudaMemcpy(to, tmp->storage_data(k), p.width, cudaMemcpyDeviceToDevice)
+                                            : cudaMemcpy2D(to, p.dpitch, tmp->storage_data(k), p.width, p.width,
+                                                           p.height, cudaMemcpyDeviceToDevice);
+        if (e != cudaSuccess)
           return make_error(ErrorCode::kDevice,
-                            std::string("cudaMemcpy2D placing a DCP chunk: ") + cudaGetErrorString(e));
+                            std::string("copying a DCP chunk into its box: ") + cudaGetErrorString(e));
       }
     }
   }
