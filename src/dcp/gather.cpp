@@ -123,7 +123,9 @@ Result<Checkpoint> gather_dtensor_ranks(const std::vector<const Checkpoint*>& ra
                        ") placement: the full tensor is a reduction of the ranks' values, "
                        "not a gather (not done)");
     std::uint64_t mesh_size = 1;
-    for (auto m : d0.mesh_shape) mesh_size *= static_cast<std::uint64_t>(m);
+    for (auto m : d0.mesh_shape)
+      if (!util::checked_mul(mesh_size, static_cast<std::uint64_t>(m), mesh_size))
+        return bad(ErrorCode::kMalformed, fqn, "the device mesh's rank count overflows");
     if (mesh_size != ranks.size())
       return bad(ErrorCode::kInvalidArgument, fqn,
                  "its device mesh " + shape_str(d0.mesh_shape) + " has " + std::to_string(mesh_size) + " ranks, " +

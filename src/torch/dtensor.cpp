@@ -226,8 +226,9 @@ Status compute_dtensor_box(DTensorInfo& d) {
     // coordinate; coordinates past the end get 0 rows at offset `size`.
     const std::int64_t size = d.local_shape[dim];
     const std::int64_t chunk = size / n + (size % n != 0 ? 1 : 0);
-    const std::int64_t start = std::min(chunk * c, size);
-    d.local_shape[dim] = std::min(size, start + chunk) - start;
+    // min(chunk * c, size) without overflowing (sizes come from the file).
+    const std::int64_t start = chunk == 0 || c > size / chunk ? size : std::min(chunk * c, size);
+    d.local_shape[dim] = std::min(chunk, size - start);
     d.global_offset[dim] += start;
   }
   return {};
