@@ -1,7 +1,7 @@
 // fuzz/fuzz_allowlists.hpp — the allowlists the harnesses choose between:
 // PyTorch's default weights-only set, or that set plus user entries (the
 // add_safe_globals paths: generic objects, NEWOBJ/BUILD on user classes,
-// `= known.name` aliases, numpy and Python values).
+// `= known.name` aliases, numpy and Python values, DTensors).
 #pragma once
 
 #include "fuzz_util.hpp"
@@ -29,6 +29,16 @@ inline const Allowlist& extended_allowlist() {
         {"fuzz.Sub", "torch.Tensor"},
         {"fuzz.Param", "torch.nn.parameter.Parameter"},
         {"fuzz.OD", "collections.OrderedDict"},
+        // allowlist/dtensor.allow: DTensors in torch.save files (src/torch/dtensor.cpp).
+        {"torch.distributed.tensor.DTensor", ""},
+        {"torch.distributed.tensor._dtensor_spec.DTensorSpec", ""},
+        {"torch.distributed.tensor._dtensor_spec.TensorMeta", ""},
+        {"torch.distributed.tensor._dtensor_spec.ShardOrderEntry", ""},
+        {"torch.distributed.device_mesh.DeviceMesh", ""},
+        {"torch.distributed._mesh_layout._MeshLayout", ""},
+        {"torch.distributed.tensor.placement_types.Shard", ""},
+        {"torch.distributed.tensor.placement_types.Replicate", ""},
+        {"torch.distributed.tensor.placement_types.Partial", ""},
     };
     for (const Add& e : kAdds) {
       auto st = a.add(e.name, e.as, "fuzz");

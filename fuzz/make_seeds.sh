@@ -87,6 +87,17 @@ for dir in "$corpus"/torch-*; do
     n=$((n + 1))
   done
 done
+# DTensor rank files (tests/data/dcp-2.11/*/ranks, PyTorch 2.11): load 033 and pickle_torch 001
+# use the extended allowlist, which holds allowlist/dtensor.allow's classes.
+for f in "$here"/../tests/data/dcp-2.11/*/ranks/rank1.pt; do
+  [ -f "$f" ] || continue
+  name=dcp-2.11_$(basename "$(dirname "$(dirname "$f")")")_rank1
+  seed load "$name" "$f" 033
+  pkl=$tmp/data.pkl
+  if extract_pkl "$f" "$pkl"; then
+    seed pickle_torch "$name.pkl" "$pkl" 001
+  fi
+done
 # graph: torch.export programs (tests/data/pt2-2.11): 001 = the program JSON
 # (models/model.json), 005 = JSON + run on the CPU interpreter; 000/004 =
 # the whole archive (the small ones; 004 = + run).
