@@ -267,7 +267,8 @@ Status dcp_to_safetensors(const DcpCheckpoint& ckpt, const std::filesystem::path
 // 0's order) that save() / save_checkpoint_as_safetensors write. `ranks`:
 // one loaded checkpoint per rank file, any order (each file says its mesh
 // coordinate); borrowed for the call. Memory: the gathered tensors are held
-// in the result (the whole model), plus one local shard at a time.
+// in the result (the whole model), plus one local shard at a time (two while a
+// replica is compared with the box already written).
 // Rules: every file has the same tensor FQNs; a DTensor has the same dtype,
 // global shape, mesh shape and placements in every file; the files hold
 // each coordinate of its mesh exactly once (as many files as mesh ranks);

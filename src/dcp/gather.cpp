@@ -137,9 +137,13 @@ Result<Checkpoint> gather_dtensor_ranks(const std::vector<const Checkpoint*>& ra
         return bad(ErrorCode::kMalformed, fqn, "global element count overflows");
     std::uint64_t total = 0;
     if (!util::checked_mul(numel, es, total)) return bad(ErrorCode::kMalformed, fqn, "global byte count overflows");
-    std::vector<std::uint8_t> full;
+    std::vector<std::uint8_t> full(total, 0);
+    const DcpBox whole_box{std::vector<std::int64_t>(d0.global_shape.size(), 0), d0.global_shape};
+    DcpChunk whole_chunk;
+    whole_chunk.offsets = whole_box.offsets;
+    whole_chunk.sizes = whole_box.sizes;
     std::set<std::vector<std::int64_t>> coords;
-    std::map<std::vector<std::int64_t>, std::vector<std::uint8_t>> boxes;  // offsets+sizes -> first copy's bytes
+    std::set<std::vector<std::int64_t>> boxes;  // offsets + sizes of the boxes written so far
     std::uint64_t covered = 0;
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       const TensorInfo& t = *parts[r];
@@ -155,29 +159,31 @@ Result<Checkpoint> gather_dtensor_ranks(const std::vector<const Checkpoint*>& ra
       if (!coords.insert(d.coordinate).second)
         return bad(ErrorCode::kInvalidArgument, fqn,
                    "two rank files hold mesh coordinate " + shape_str(d.coordinate) + " (the same rank twice?)");
-      if (full.empty() && total > 0) full.assign(total, 0);
       SAFECKPT_TRY(auto local, ranks[r]->contiguous_bytes(by_name[r].at(fqn)));
       std::vector<std::int64_t> key = d.global_offset;
       key.insert(key.end(), d.local_shape.begin(), d.local_shape.end());
-      auto [it, fresh] = boxes.emplace(key, std::vector<std::uint8_t>{});
-      if (!fresh) {
-        if (it->second != local)
-          return bad(ErrorCode::kMalformed, fqn,
-                     "replicas disagree: rank files hold different values for the box at " +
-                         shape_str(d.global_offset) + " (mesh coordinate " + shape_str(d.coordinate) + ")");
-        continue;
-      }
       std::uint64_t n = 1;
       for (auto s : d.local_shape) n *= static_cast<std::uint64_t>(s);
+      const DcpBox box{d.global_offset, d.local_shape};
+      if (!boxes.insert(key).second) {
+        // A replica of a box already written: its values must be the same.
+        if (n > 0 && total > 0) {
+          std::vector<std::uint8_t> first(local.size());
+          dcp_copy_intersection(box, whole_chunk, full.data(), first.data(), es);
+          if (first != local)
+            return bad(ErrorCode::kMalformed, fqn,
+                       "replicas disagree: rank files hold different values for the box at " +
+                           shape_str(d.global_offset) + " (mesh coordinate " + shape_str(d.coordinate) + ")");
+        }
+        continue;
+      }
       covered += n;
       if (n > 0 && total > 0) {
-        DcpBox whole{std::vector<std::int64_t>(d0.global_shape.size(), 0), d0.global_shape};
         DcpChunk piece;
-        piece.offsets = d.global_offset;
-        piece.sizes = d.local_shape;
-        dcp_copy_intersection(whole, piece, local.data(), full.data(), es);
+        piece.offsets = box.offsets;
+        piece.sizes = box.sizes;
+        dcp_copy_intersection(whole_box, piece, local.data(), full.data(), es);
       }
-      it->second = std::move(local);
     }
     if (covered != numel)
       return bad(
