@@ -231,6 +231,13 @@ int main(int argc, char** argv) {
         rows.push_back({"load_dcp_to_device, world size 1 plan (whole model)", t_full, g_full,
                         fmt("%.2fx ceiling", g_full / *ceiling),
                         g_full >= 0.8 * *ceiling ? ">= 0.8x ceiling: met" : ">= 0.8x ceiling: NOT met"});
+        cuda::LoadStats ls;
+        if (cuda::load_dcp_to_device(*ckpt, full, lo, &*engine, &ls))
+          std::printf(
+              "whole-model load, one more call: %.4f s in the call, %llu bytes, %llu chunks, %s, %u readers, "
+              "first storage after %.4f s\n",
+              ls.seconds, static_cast<unsigned long long>(ls.bytes), static_cast<unsigned long long>(ls.chunks),
+              std::string(cuda::io_mode_name(ls.io_mode)).c_str(), ls.reader_threads, ls.seconds_to_first_storage);
         const double t_ranks = median_seconds(runs, do_ranks, gok);
         const double g_ranks = static_cast<double>(tensor_bytes) / t_ranks / 1e9;
         rows.push_back({"load_dcp_to_device, each rank's own plan in turn (" + std::to_string(world) + " ranks)",

@@ -44,6 +44,8 @@ namespace safeckpt::cuda {
 
 namespace detail {
 struct EngineState;  // defined in src/cuda/transfer.cpp
+struct LoadInput;    // one file of a load (src/cuda/transfer_internal.hpp)
+struct Placement;    // caller-owned destination of load_into()
 }  // namespace detail
 
 // Every storage starts at a multiple of this in the arena (cudaMalloc's own
@@ -97,6 +99,19 @@ struct StorageSource {
   // Non-null: the bytes are already in host memory (nbytes of them, owned by
   // the caller and alive until load() returns) instead of a file range.
   const std::uint8_t* host_bytes = nullptr;
+};
+
+// One storage of TransferEngine::load_into(): where it comes from and where
+// in the caller's device memory it goes.
+struct PlacedSource {
+  StorageSource source;
+  // Index into load_into()'s `files` (ignored when source.host_bytes is set).
+  std::uint32_t file = 0;
+  // The bytes land at device_base + device_offset; [device_offset,
+  // device_offset + nbytes) must lie inside device_bytes, must not overlap any
+  // other source's, and device_base + device_offset must be a multiple of
+  // source.swap_unit.
+  std::uint64_t device_offset = 0;
 };
 
 enum class IoMode : std::uint8_t {
@@ -289,6 +304,32 @@ class TransferEngine {
   // like an empty path: every source must have host_bytes.
   Result<DeviceArena> load(const MappedFile& file, std::span<const StorageSource> sources, LoadStats* stats = nullptr);
 
+  // Several files in one pipeline, into device memory the caller owns: no
+  // arena is allocated, sources[i] lands at device_base +
+  // sources[i].device_offset. One load over many files keeps the readers and
+  // the copy streams busy across file boundaries (the fill and drain of a
+  // pipeline is paid once, not per file) and places pieces of a tensor at
+  // their final offsets (sharded checkpoints: load_dcp_to_device puts the
+  // Shard(0) chunks of every rank's file into whole tensors with it, no
+  // device-to-device copy). `files` are borrowed and read through their
+  // descriptors like load(const MappedFile&); they must stay open until
+  // return. The I/O mode is chosen once for the whole load (kAuto: O_DIRECT
+  // when the sampled pages of all files are mostly not cached; a file that
+  // cannot be opened O_DIRECT or mapped makes the whole load kPread).
+  // `device_base` must be device memory of options().device (cudaMalloc'd or
+  // an arena's) of at least `device_bytes`; nothing else may use the
+  // destination ranges during the call. on_storage_ready indices are indices
+  // into `sources`. LoadStats::arena_bytes and seconds_device_alloc are 0.
+  // On failure every copy issued has completed or been waited for before
+  // return, and the destination bytes are unspecified (some sources may be
+  // written, none is reported whole): the caller discards them.
+  // Errors: as load(), plus kInvalidArgument for a file index past `files`,
+  // a file without a descriptor for a file range, a destination outside
+  // device_bytes, overlapping destinations, a misaligned swapped
+  // destination, or a null device_base with non-empty sources.
+  Status load_into(std::span<const MappedFile* const> files, std::span<const PlacedSource> sources, void* device_base,
+                   std::uint64_t device_bytes, LoadStats* stats = nullptr);
+
   const TransferOptions& options() const noexcept;
   // Pinned staging currently held (grows to about options().ring_bytes).
   std::uint64_t pinned_bytes() const noexcept;
@@ -297,6 +338,12 @@ class TransferEngine {
   explicit TransferEngine(std::unique_ptr<detail::EngineState> impl);
   // Both load()s: `given_fd` >= 0 is read (borrowed), else `file` is opened.
   Result<DeviceArena> load_from(const std::filesystem::path& file, int given_fd, std::span<const StorageSource> sources,
+                                LoadStats* stats);
+  // Every load: `file_of[i]` indexes `files` for source i (empty: all file 0);
+  // `placed` null = allocate an arena (returned), else write into the
+  // caller's memory (the returned arena is empty).
+  Result<DeviceArena> load_impl(std::span<const detail::LoadInput> files, std::span<const StorageSource> sources,
+                                std::span<const std::uint32_t> file_of, const detail::Placement* placed,
                                 LoadStats* stats);
   std::unique_ptr<detail::EngineState> impl_;
 };

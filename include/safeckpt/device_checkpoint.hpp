@@ -130,11 +130,13 @@ Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions
 //  - PLACED: a box tiled by several saved chunks (the whole model from a
 //    sharded directory: a world size 1 plan), each chunk lying inside the
 //    box, differing from it in one dimension at most (Shard(d) over a 1-D
-//    mesh, nested Shard(d) on one d) and DIRECT on its own: the chunks of
-//    each file are read by one engine load, copied into place on the device
-//    (cudaMemcpy2D, device to device) and freed before the next file's, so
-//    the extra device memory is one file's chunks at most. DcpDeviceTensor::
-//    direct is true for these too.
+//    mesh, nested Shard(d) on one d) and DIRECT on its own. A chunk that is
+//    a contiguous run of the box (Shard(0), or leading dims of size 1) is
+//    read straight into its place; a chunk of several rows (Shard(d), d > 0)
+//    is read into a temporary arena per file, copied into place (cudaMemcpy2D,
+//    device to device) and freed before the next file's, so the extra device
+//    memory is one file's such chunks at most. DcpDeviceTensor::direct is
+//    true for these too.
 //  - HOST: any other box (resharded, chunks cut in two dimensions, a deflated or
 //    non-row-major record) is assembled on the host by load_dcp_box
 //    (chunk checks as load_chunk: ckpt.options(), CRC per
@@ -146,9 +148,12 @@ Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions
 // pass over the bytes); open the DcpCheckpoint with it false to leave the
 // check of direct boxes to the reader threads (host-assembled boxes are then
 // not checked: their chunks are read without it).
-// One TransferEngine::load per data file with direct boxes and one per host
-// batch, each its own DeviceArena; the result holds them all. Nothing is
-// handed out on failure (arenas freed, the error returned).
+// DIRECT and PLACED boxes share one DeviceArena filled by ONE
+// TransferEngine::load_into over every data file (the pipeline fills and
+// drains once for the whole directory; bench/RESULTS.md, issue 17), plus
+// one engine load per file with several-row chunks and one per host batch
+// (its own arena); the result holds them all. Nothing is handed out on
+// failure (arenas freed, the error returned).
 // Multi-GPU: one process per GPU, each with its own plan (its rank's boxes)
 // and its own engine on its own device; collective loading (read once,
 // NCCL broadcast / scatter) is issue 18 and not done here.

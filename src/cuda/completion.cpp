@@ -24,6 +24,7 @@ void storage_complete(LoadState& st, std::uint32_t s) {
                     src.expected_crc32, crc, static_cast<unsigned long long>(src.nbytes));
       Error e(ErrorCode::kMalformed, buf);
       if (src.host_bytes == nullptr) e.at_offset(src.file_offset);
+      if (src.host_bytes == nullptr && st.files.size() > 1) e.at_record(st.file_for(s).name);
       st.fail(std::move(e));
       return;
     }

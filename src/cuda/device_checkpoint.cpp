@@ -368,7 +368,7 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
 
   // Plan: direct ranges per file, host boxes in batches.
   std::map<std::string, bool> seen;
-  std::vector<std::vector<std::pair<std::size_t, StorageSource>>> per_file(ckpt.files().size());
+  std::vector<std::pair<std::size_t, DirectRange>> direct;  // boxes equal to one chunk
   std::vector<std::size_t> host_boxes;
   std::vector<std::size_t> gathered;  // boxes tiled by several direct chunks (pieces), placed on the device
   std::vector<Piece> pieces;
@@ -410,11 +410,7 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
         SAFECKPT_TRY(ps, box_pieces(ckpt, *t, item.box, index));
       }
       if (r) {
-        StorageSource src;
-        src.file_offset = r->file_offset;
-        src.nbytes = r->nbytes;
-        src.expected_crc32 = verify_crc ? r->crc32 : 0;
-        per_file[r->file].emplace_back(index, src);
+        direct.emplace_back(index, *r);
         dt.direct = true;
         direct_bytes += bytes;
       } else if (ps) {
@@ -455,17 +451,20 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
     for (std::size_t k = 0; k < group.size(); ++k) where[group[k].first] = {a, static_cast<std::uint32_t>(k)};
     return {};
   };
-  for (std::uint32_t f = 0; f < per_file.size(); ++f) {
-    if (per_file[f].empty()) continue;
-    SAFECKPT_CHECK(run(ckpt.data_file(f), per_file[f], ckpt.files()[f].name));
-  }
-  // Boxes tiled by chunks: one arena for all of them; each file's pieces in
-  // one engine load, copied into place (cudaMemcpy2D, device to device) and
-  // freed before the next file's, so the extra device memory is one file's
-  // pieces at most.
-  if (!gathered.empty()) {
+  // DIRECT and PLACED boxes: one arena for all of them and ONE engine load
+  // over every data file (load_into: the pipeline fills and drains once, not
+  // per file), each range written at its place: a direct box's whole range,
+  // a piece that is a contiguous run of its box (height 1: Shard(0)) at its
+  // offset. Pieces of several rows (Shard(d), d > 0) go per file through a
+  // temporary arena and cudaMemcpy2D (device to device), freed before the
+  // next file's, so the extra device memory is one file's such pieces at most.
+  if (!direct.empty() || !gathered.empty()) {
     std::vector<std::uint64_t> sizes;
     std::map<std::size_t, std::uint32_t> slot;
+    for (const auto& [index, r] : direct) {
+      slot[index] = static_cast<std::uint32_t>(sizes.size());
+      sizes.push_back((*tensors)[index].nbytes);
+    }
     for (std::size_t g : gathered) {
       slot[g] = static_cast<std::uint32_t>(sizes.size());
       sizes.push_back((*tensors)[g].nbytes);
@@ -473,17 +472,42 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
     SAFECKPT_TRY(DeviceArena dst, DeviceArena::allocate(device, sizes));
     const auto a = static_cast<std::uint32_t>(arenas.size());
     arenas.push_back(std::make_shared<DeviceArena>(std::move(dst)));
-    for (std::size_t g : gathered) where[g] = {a, slot[g]};
+    const DeviceArena& arena = *arenas[a];
+    for (const auto& [index, s] : slot) where[index] = {a, s};
+    const auto at = [&](std::size_t index) {
+      return static_cast<std::uint64_t>(static_cast<std::uint8_t*>(arena.storage_data(slot[index])) -
+                                        static_cast<std::uint8_t*>(arena.base()));
+    };
+    const auto source = [&](const DirectRange& r) {
+      StorageSource src;
+      src.file_offset = r.file_offset;
+      src.nbytes = r.nbytes;
+      src.expected_crc32 = verify_crc ? r.crc32 : 0;
+      return src;
+    };
+    std::vector<PlacedSource> placed;
+    placed.reserve(direct.size() + pieces.size());
+    for (const auto& [index, r] : direct) placed.push_back(PlacedSource{source(r), r.file, at(index)});
+    for (const Piece& p : pieces)
+      if (p.height == 1) placed.push_back(PlacedSource{source(p.range), p.range.file, at(p.tensor) + p.dst_offset});
+    // File by file, in file order: each file is read front to back.
+    std::stable_sort(placed.begin(), placed.end(), [](const PlacedSource& x, const PlacedSource& y) {
+      return x.file != y.file ? x.file < y.file : x.source.file_offset < y.source.file_offset;
+    });
+    if (!placed.empty()) {
+      std::vector<const MappedFile*> files;
+      for (std::uint32_t f = 0; f < ckpt.files().size(); ++f) files.push_back(ckpt.data_file(f));
+      LoadStats one;
+      SAFECKPT_CHECK(engine->load_into(files, placed, arena.base(), arena.size_bytes(), &one));
+      add_stats(total, one, first);
+      first = false;
+    }
     for (std::uint32_t f = 0; f < ckpt.files().size(); ++f) {
       std::vector<StorageSource> sources;
       std::vector<const Piece*> mine;
       for (const Piece& p : pieces)
-        if (p.range.file == f) {
-          StorageSource src;
-          src.file_offset = p.range.file_offset;
-          src.nbytes = p.range.nbytes;
-          src.expected_crc32 = verify_crc ? p.range.crc32 : 0;
-          sources.push_back(src);
+        if (p.range.file == f && p.height > 1) {
+          sources.push_back(source(p.range));
           mine.push_back(&p);
         }
       if (sources.empty()) continue;
@@ -501,12 +525,9 @@ Result<DcpDeviceCheckpoint> load_dcp_to_device(const DcpCheckpoint& ckpt, const 
         return make_error(ErrorCode::kDevice, std::string("cudaSetDevice: ") + cudaGetErrorString(e));
       for (std::size_t k = 0; k < mine.size(); ++k) {
         const Piece& p = *mine[k];
-        auto* to = static_cast<std::uint8_t*>(arenas[a]->storage_data(slot[p.tensor])) + p.dst_offset;
-        // One row (Shard(0): the chunk is a contiguous run of the box) as a
-        // plain copy: a 2-D copy's pitch is capped (cudaDevAttrMaxPitch).
-        const cudaError_t e = p.height == 1 ? cudaMemcpy(to, tmp->storage_data(k), p.width, cudaMemcpyDeviceToDevice)
-                                            : cudaMemcpy2D(to, p.dpitch, tmp->storage_data(k), p.width, p.width,
-                                                           p.height, cudaMemcpyDeviceToDevice);
+        auto* to = static_cast<std::uint8_t*>(arena.storage_data(slot[p.tensor])) + p.dst_offset;
+        const cudaError_t e =
+            cudaMemcpy2D(to, p.dpitch, tmp->storage_data(k), p.width, p.width, p.height, cudaMemcpyDeviceToDevice);
         if (e != cudaSuccess)
           return make_error(ErrorCode::kDevice,
                             std::string("copying a DCP chunk into its box: ") + cudaGetErrorString(e));

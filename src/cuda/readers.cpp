@@ -158,7 +158,7 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
     std::memcpy(buf, src.host_bytes + c.offset, c.len);
     if (want_crc) crc = crc32_update(0, buf, c.len);
   } else if (st.mode == IoMode::kODirect) {
-    auto head = pread_direct(st.fd_direct, buf, src.file_offset + c.offset, c.len);
+    auto head = pread_direct(st.file_for(c.storage).fd_direct, buf, src.file_offset + c.offset, c.len);
     if (!head) {
       read_status = std::move(head).error();
     } else {
@@ -166,13 +166,14 @@ Status run_staged_item(LoadState& st, std::uint32_t item_index, cudaStream_t str
       if (want_crc) crc = crc32_update(0, data, c.len);
     }
   } else {
-    read_status = pread_full(st.fd, buf, src.file_offset + c.offset, c.len, want_crc, &crc);
+    read_status = pread_full(st.file_for(c.storage).fd, buf, src.file_offset + c.offset, c.len, want_crc, &crc);
   }
   if (!read_status) {
     release();
     Error e = std::move(read_status).error();
     e.at_offset(src.file_offset + c.offset);
-    return unexpected(Error(e.code(), "storage " + std::to_string(c.storage) + ": " + e.message(), e.where()));
+    const std::string in = st.files.size() > 1 ? " (" + st.file_for(c.storage).name + ")" : std::string();
+    return unexpected(Error(e.code(), "storage " + std::to_string(c.storage) + in + ": " + e.message(), e.where()));
   }
   st.chunk_crc[ci] = crc;
   if (!st.wait_arena()) {  // the arena allocation failed: stop
@@ -218,7 +219,8 @@ Status run_registered_item(LoadState& st, std::uint32_t item_index, cudaStream_t
     }
     st.reg_cv.notify_one();
   };
-  void* block = const_cast<std::uint8_t*>(st.map->data()) + item.block_begin;
+  const Mapping& map = *st.files[item.file].map;
+  void* block = const_cast<std::uint8_t*>(map.data()) + item.block_begin;
   if (cudaError_t e = cudaHostRegister(block, item.block_len, cudaHostRegisterReadOnly); e != cudaSuccess) {
     release_reg();
     return device_error("cudaHostRegister of file bytes [" + std::to_string(item.block_begin) + ", +" +
@@ -229,7 +231,7 @@ Status run_registered_item(LoadState& st, std::uint32_t item_index, cudaStream_t
   for (std::uint32_t k = 0; k < item.count && issued; ++k) {
     const std::uint32_t ci = st.item_chunks[item.first + k];
     const Chunk& c = st.chunks[ci];
-    const std::uint8_t* src = st.map->data() + st.sources[c.storage].file_offset + c.offset;
+    const std::uint8_t* src = map.data() + st.sources[c.storage].file_offset + c.offset;
     if (st.checks_crc(st.sources[c.storage])) st.chunk_crc[ci] = crc32_update(0, src, c.len);
     issued = issue_copy(st, c, src, stream);
   }

@@ -38,6 +38,54 @@ using namespace detail;  // the engine internals (transfer_internal.hpp)
 // SAME inode (not a lookup of the path name, which may have been replaced).
 Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file, int given_fd,
                                               std::span<const StorageSource> sources, LoadStats* stats) {
+  const LoadInput in[1] = {LoadInput{file, given_fd}};
+  return load_impl(in, sources, {}, nullptr, stats);
+}
+
+Status TransferEngine::load_into(std::span<const MappedFile* const> files, std::span<const PlacedSource> sources,
+                                 void* device_base, std::uint64_t device_bytes, LoadStats* stats) {
+  std::vector<LoadInput> in;
+  in.reserve(files.size());
+  for (const MappedFile* f : files) {
+    if (f == nullptr) return make_error(ErrorCode::kInvalidArgument, "load_into: a null file");
+    in.push_back(LoadInput{f->path(), f->fd()});
+  }
+  std::vector<StorageSource> srcs;
+  std::vector<std::uint32_t> file_of;
+  std::vector<std::uint64_t> offsets;
+  srcs.reserve(sources.size());
+  file_of.reserve(sources.size());
+  offsets.reserve(sources.size());
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const PlacedSource& p = sources[i];
+    const bool reads_file = p.source.host_bytes == nullptr && p.source.nbytes > 0;
+    if (reads_file && p.file >= files.size())
+      return make_error(ErrorCode::kInvalidArgument, "load_into: storage " + std::to_string(i) + " names file " +
+                                                         std::to_string(p.file) + " of " +
+                                                         std::to_string(files.size()));
+    if (reads_file && files[p.file]->fd() < 0)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "load_into: storage " + std::to_string(i) + " is a file range of a file without a descriptor");
+    srcs.push_back(p.source);
+    file_of.push_back(reads_file ? p.file : 0);
+    offsets.push_back(p.device_offset);
+  }
+  if (in.empty()) in.push_back(LoadInput{});
+  Placement placed{static_cast<std::uint8_t*>(device_base), device_bytes, offsets};
+  SAFECKPT_TRY(DeviceArena none, load_impl(in, srcs, file_of, &placed, stats));
+  (void)none;
+  return {};
+}
+
+// One load() or load_into(). Each input file is `fd` when >= 0 (borrowed: the
+// descriptor the host loader validated, MappedFile::fd()), else `path` opened
+// here once. Either way every read of this load uses that one open file:
+// buffered pread on it, its own MAP_SHARED mapping of it, and for O_DIRECT a
+// reopen of /proc/self/fd/N, which yields a new open file description of the
+// SAME inode (not a lookup of the path name, which may have been replaced).
+Result<DeviceArena> TransferEngine::load_impl(std::span<const LoadInput> inputs, std::span<const StorageSource> sources,
+                                              std::span<const std::uint32_t> file_of, const Placement* placed,
+                                              LoadStats* stats) {
   detail::EngineState& eng = *impl_;
   std::lock_guard<std::mutex> load_lock(eng.load_mu);
   DeviceGuard guard;  // the caller's current device is restored on return
@@ -45,11 +93,14 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
   st.start = Clock::now();
   st.eng = &eng;
   st.sources = sources;
+  st.file_of = file_of;
   st.verify = eng.opt.verify_crc;
+  const auto file_index = [&](std::size_t i) -> std::uint32_t { return file_of.empty() ? 0 : file_of[i]; };
 
   // 1. Validate the request (no device work yet).
   if (sources.size() >= (std::size_t{1} << 32) - 1)
     return make_error(ErrorCode::kInvalidArgument, "too many storages: " + std::to_string(sources.size()));
+  std::vector<char> needed(inputs.size(), 0);
   bool need_file = false;
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const auto& s = sources[i];
@@ -63,73 +114,147 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
                                                          std::to_string(s.swap_unit));
     if (s.host_bytes == nullptr && s.nbytes > 0) {
       need_file = true;
+      if (file_index(i) >= inputs.size())
+        return make_error(ErrorCode::kInvalidArgument, "storage " + std::to_string(i) + ": no such file");
+      needed[file_index(i)] = 1;
       if (s.file_offset > UINT64_MAX - s.nbytes)
         return make_error(ErrorCode::kInvalidArgument,
                           "storage " + std::to_string(i) + ": file_offset + nbytes overflows");
     }
   }
-
-  // 2. Open the file; pick the I/O mode.
-  Fd fd, fd_direct;
-  Mapping map;
-  st.mode = eng.opt.io_mode;
-  if (need_file) {
-    int the_fd = given_fd;
-    if (the_fd < 0) {
-      if (file.empty())
-        return make_error(ErrorCode::kInvalidArgument, "a storage is a file range but no file was given");
-      fd = Fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-      if (fd.get() < 0)
-        return make_error(ErrorCode::kIo, "open " + file.string() + ": " + errno_text(errno), Location{file.string()});
-      the_fd = fd.get();
+  if (placed != nullptr) {
+    if (placed->offsets.size() != sources.size())
+      return make_error(ErrorCode::kInternal, "load_into: one offset per source expected");
+    std::vector<std::uint32_t> order;
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      const std::uint64_t off = placed->offsets[i], nb = sources[i].nbytes;
+      if (nb == 0) continue;
+      if (placed->base == nullptr)
+        return make_error(ErrorCode::kInvalidArgument, "load_into: no device memory (null device_base)");
+      if (off > placed->bytes || nb > placed->bytes - off)
+        return make_error(ErrorCode::kInvalidArgument, "load_into: storage " + std::to_string(i) + " lands at [" +
+                                                           std::to_string(off) + ", +" + std::to_string(nb) +
+                                                           "), outside the " + std::to_string(placed->bytes) +
+                                                           " bytes of device memory");
+      if ((reinterpret_cast<std::uintptr_t>(placed->base) + off) % sources[i].swap_unit != 0)
+        return make_error(ErrorCode::kInvalidArgument, "load_into: storage " + std::to_string(i) +
+                                                           " is byte-swapped to an address that is not a multiple "
+                                                           "of its swap unit");
+      order.push_back(static_cast<std::uint32_t>(i));
     }
-    struct stat sb {};
-    if (::fstat(the_fd, &sb) != 0)
-      return make_error(ErrorCode::kIo, "fstat " + file.string() + ": " + errno_text(errno), Location{file.string()});
-    if (!S_ISREG(sb.st_mode))
-      return make_error(ErrorCode::kIo, file.string() + " is not a regular file", Location{file.string()});
-    st.file_size = static_cast<std::uint64_t>(sb.st_size);
+    std::sort(order.begin(), order.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return placed->offsets[a] < placed->offsets[b]; });
+    for (std::size_t k = 1; k < order.size(); ++k) {
+      const std::uint32_t a = order[k - 1], b = order[k];
+      if (placed->offsets[a] + sources[a].nbytes > placed->offsets[b])
+        return make_error(ErrorCode::kInvalidArgument, "load_into: storages " + std::to_string(a) + " and " +
+                                                           std::to_string(b) + " overlap on the device");
+    }
+  }
+
+  // 2. Open the files; pick the I/O mode (one for the whole load).
+  std::vector<Fd> fds(inputs.size()), fds_direct(inputs.size());
+  std::vector<std::unique_ptr<Mapping>> maps(inputs.size());
+  st.files.resize(inputs.size());
+  st.mode = eng.opt.io_mode;
+  const auto where = [&](std::size_t f) { return inputs[f].path.string(); };
+  if (need_file) {
+    std::vector<struct stat> sbs(inputs.size());
+    for (std::size_t f = 0; f < inputs.size(); ++f) {
+      if (!needed[f]) continue;
+      const std::filesystem::path& file = inputs[f].path;
+      int the_fd = inputs[f].fd;
+      if (the_fd < 0) {
+        if (file.empty())
+          return make_error(ErrorCode::kInvalidArgument, "a storage is a file range but no file was given");
+        fds[f] = Fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+        if (fds[f].get() < 0)
+          return make_error(ErrorCode::kIo, "open " + file.string() + ": " + errno_text(errno),
+                            Location{file.string()});
+        the_fd = fds[f].get();
+      }
+      struct stat& sb = sbs[f];
+      if (::fstat(the_fd, &sb) != 0)
+        return make_error(ErrorCode::kIo, "fstat " + file.string() + ": " + errno_text(errno), Location{file.string()});
+      if (!S_ISREG(sb.st_mode))
+        return make_error(ErrorCode::kIo, file.string() + " is not a regular file", Location{file.string()});
+      st.files[f].fd = the_fd;
+      st.files[f].size = static_cast<std::uint64_t>(sb.st_size);
+      st.files[f].name = file.filename().string();
+    }
     for (std::size_t i = 0; i < sources.size(); ++i) {
       const auto& s = sources[i];
       if (s.host_bytes != nullptr || s.nbytes == 0) continue;
-      if (s.file_offset > st.file_size || s.nbytes > st.file_size - s.file_offset)
+      const std::uint64_t size = st.files[file_index(i)].size;
+      if (s.file_offset > size || s.nbytes > size - s.file_offset)
         return make_error(ErrorCode::kMalformed,
                           "storage " + std::to_string(i) + ": bytes [" + std::to_string(s.file_offset) + ", " +
                               std::to_string(s.file_offset + s.nbytes) + ") end past the end of the file (" +
-                              std::to_string(st.file_size) + " bytes)",
-                          Location{file.string(), s.file_offset, {}});
+                              std::to_string(size) + " bytes)",
+                          Location{where(file_index(i)), s.file_offset, {}});
     }
     const bool want_map = st.mode == IoMode::kAuto || st.mode == IoMode::kMmapRegister;
-    if (want_map && !map.map(the_fd, st.file_size) && st.mode == IoMode::kMmapRegister) st.mode = IoMode::kPread;
-    if (st.mode == IoMode::kMmapRegister && !eng.can_register_read_only) st.mode = IoMode::kPread;
+    bool all_mapped = want_map;
+    for (std::size_t f = 0; f < inputs.size() && want_map; ++f) {
+      if (!needed[f]) continue;
+      maps[f] = std::make_unique<Mapping>();
+      if (maps[f]->map(st.files[f].fd, st.files[f].size)) {
+        st.files[f].map = maps[f].get();
+      } else {
+        all_mapped = false;
+      }
+    }
+    if (st.mode == IoMode::kMmapRegister && (!all_mapped || !eng.can_register_read_only)) st.mode = IoMode::kPread;
     if (st.mode == IoMode::kMmapRegister) {
       // Some kernels / file systems refuse to pin file pages; find out with
-      // one page rather than failing midway.
+      // one page of each file rather than failing midway.
       (void)cudaSetDevice(eng.opt.device);
-      void* probe = const_cast<std::uint8_t*>(map.data());
-      if (cudaHostRegister(probe, std::min<std::uint64_t>(map.size(), kDirectAlign), cudaHostRegisterReadOnly) ==
-          cudaSuccess) {
-        (void)cudaHostUnregister(probe);
-      } else {
-        (void)cudaGetLastError();
-        st.mode = IoMode::kPread;
+      for (std::size_t f = 0; f < inputs.size() && st.mode == IoMode::kMmapRegister; ++f) {
+        if (!needed[f]) continue;
+        const Mapping& map = *st.files[f].map;
+        void* probe = const_cast<std::uint8_t*>(map.data());
+        if (cudaHostRegister(probe, std::min<std::uint64_t>(map.size(), kDirectAlign), cudaHostRegisterReadOnly) ==
+            cudaSuccess) {
+          (void)cudaHostUnregister(probe);
+        } else {
+          (void)cudaGetLastError();
+          st.mode = IoMode::kPread;
+        }
       }
     }
-    if (st.mode == IoMode::kAuto)
-      st.mode = (map.size() > 0 && page_cache_residency(map, sources) < 0.5) ? IoMode::kODirect : IoMode::kPread;
+    if (st.mode == IoMode::kAuto) {
+      // Sampled page-cache residency of every file's ranges, weighted by bytes.
+      double resident = 0, total = 0;
+      bool probed = all_mapped;
+      for (std::size_t f = 0; f < inputs.size() && probed; ++f) {
+        if (!needed[f]) continue;
+        std::vector<StorageSource> mine;
+        double bytes = 0;
+        for (std::size_t i = 0; i < sources.size(); ++i)
+          if (sources[i].host_bytes == nullptr && sources[i].nbytes > 0 && file_index(i) == f) {
+            mine.push_back(sources[i]);
+            bytes += static_cast<double>(sources[i].nbytes);
+          }
+        resident += page_cache_residency(*st.files[f].map, mine) * bytes;
+        total += bytes;
+      }
+      st.mode = (probed && total > 0 && resident / total < 0.5) ? IoMode::kODirect : IoMode::kPread;
+    }
     if (st.mode == IoMode::kODirect) {
-      // Same inode as the_fd (see above); never the path name again.
-      const std::string self = "/proc/self/fd/" + std::to_string(the_fd);
-      fd_direct = Fd(::open(self.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
-      if (fd_direct.get() >= 0) {
-        struct stat db {};
-        if (::fstat(fd_direct.get(), &db) != 0 || db.st_dev != sb.st_dev || db.st_ino != sb.st_ino) fd_direct.reset();
+      for (std::size_t f = 0; f < inputs.size() && st.mode == IoMode::kODirect; ++f) {
+        if (!needed[f]) continue;
+        // Same inode as the file's descriptor (see above); never the path name again.
+        const std::string self = "/proc/self/fd/" + std::to_string(st.files[f].fd);
+        fds_direct[f] = Fd(::open(self.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+        if (fds_direct[f].get() >= 0) {
+          struct stat db {};
+          if (::fstat(fds_direct[f].get(), &db) != 0 || db.st_dev != sbs[f].st_dev || db.st_ino != sbs[f].st_ino)
+            fds_direct[f].reset();
+        }
+        if (fds_direct[f].get() < 0) st.mode = IoMode::kPread;  // e.g. tmpfs: EINVAL; no /proc
+        st.files[f].fd_direct = fds_direct[f].get();
       }
-      if (fd_direct.get() < 0) st.mode = IoMode::kPread;  // e.g. tmpfs: EINVAL; no /proc
     }
-    st.fd = the_fd;
-    st.fd_direct = fd_direct.get();
-    st.map = &map;
   } else if (st.mode == IoMode::kAuto) {
     st.mode = IoMode::kPread;
   }
@@ -140,13 +265,17 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
   std::uint64_t total = 0, bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t nb = sources[i].nbytes;
+    bytes += nb;
+    layout[2 * i + 1] = nb;
+    if (placed != nullptr) {  // checked in step 1
+      layout[2 * i] = placed->offsets[i];
+      continue;
+    }
     const std::uint64_t off = align_up(total, kArenaAlignment);
     if (off < total || off > UINT64_MAX - nb)
       return make_error(ErrorCode::kInvalidArgument, "total storage bytes overflow");
     layout[2 * i] = off;
-    layout[2 * i + 1] = nb;
     total = off + nb;
-    bytes += nb;
   }
   const std::uint64_t chunk = eng.opt.chunk_bytes;
   st.storage_first_chunk.resize(n + 1);
@@ -184,6 +313,7 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
     const std::uint64_t block = 4 * chunk;
     struct Key {
       std::uint64_t block;  // UINT64_MAX for staged
+      std::uint32_t file;
       std::uint32_t chunk;
     };
     std::vector<Key> keys;
@@ -192,27 +322,29 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
       const Chunk& c = st.chunks[ci];
       const auto& s = sources[c.storage];
       const bool registered = s.host_bytes == nullptr && s.file_offset % s.swap_unit == 0;
-      keys.push_back(Key{registered ? (s.file_offset + c.offset) / block : UINT64_MAX, ci});
+      keys.push_back(Key{registered ? (s.file_offset + c.offset) / block : UINT64_MAX,
+                         registered ? file_index(c.storage) : 0, ci});
     }
-    // First appearance order of each block keeps storage order.
-    std::vector<std::uint32_t> order;
-    std::vector<std::pair<std::uint64_t, std::uint32_t>> by_block;  // block -> item
+    // Blocks in (file, block) order; staged items first, in storage order.
+    std::vector<Key> by_block;
     for (const Key& k : keys) {
       if (k.block == UINT64_MAX) {
         st.items.push_back(Item{static_cast<std::uint32_t>(st.item_chunks.size()), 1, false, 0, 0});
         st.item_chunks.push_back(k.chunk);
         continue;
       }
-      by_block.emplace_back(k.block, k.chunk);
+      by_block.push_back(k);
     }
-    std::stable_sort(by_block.begin(), by_block.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    const std::uint64_t mapped_end = align_up(st.file_size, kDirectAlign);
+    std::stable_sort(by_block.begin(), by_block.end(),
+                     [](const Key& a, const Key& b) { return a.file != b.file ? a.file < b.file : a.block < b.block; });
     for (std::size_t j = 0; j < by_block.size();) {
       std::size_t k = j;
-      Item item{static_cast<std::uint32_t>(st.item_chunks.size()), 0, true, by_block[j].first * block, 0};
+      const std::uint32_t f = by_block[j].file;
+      const std::uint64_t mapped_end = align_up(st.files[f].size, kDirectAlign);
+      Item item{static_cast<std::uint32_t>(st.item_chunks.size()), 0, true, by_block[j].block * block, 0, f};
       item.block_len = std::min(block, mapped_end - item.block_begin);
-      while (k < by_block.size() && by_block[k].first == by_block[j].first) {
-        st.item_chunks.push_back(by_block[k].second);
+      while (k < by_block.size() && by_block[k].file == f && by_block[k].block == by_block[j].block) {
+        st.item_chunks.push_back(by_block[k].chunk);
         ++item.count;
         ++k;
       }
@@ -231,9 +363,9 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
   if (cudaError_t e = cudaSetDevice(eng.opt.device); e != cudaSuccess) return device_error("cudaSetDevice", e);
   DeviceArena arena;
   arena.device_ = eng.opt.device;
-  arena.count_ = n;
-  arena.layout_ = std::move(layout);
-  st.layout = arena.layout_.get();
+  arena.count_ = placed != nullptr ? 0 : n;
+  st.layout = layout.get();
+  if (placed == nullptr) arena.layout_ = std::move(layout);
   {
     std::lock_guard<std::mutex> lock(eng.ring_mu);
     eng.peak_in_use = eng.in_use;
@@ -246,7 +378,9 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
   double alloc_seconds = 0;
   auto allocate_arena = [&] {
     const auto alloc_start = Clock::now();
-    if (total > 0 && !st.failed.load()) {
+    if (placed != nullptr) {
+      st.arena = placed->base;
+    } else if (total > 0 && !st.failed.load()) {
       void* base = nullptr;
       if (cudaError_t e = cudaMalloc(&base, total); e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -333,7 +467,7 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
     arena.reset();  // frees the device memory now
     std::lock_guard<std::mutex> lock(st.err_mu);
     Error e = st.error ? std::move(*st.error) : Error(ErrorCode::kInternal, "load failed without an error");
-    if (need_file) e.at_record(file.string());
+    if (need_file && inputs.size() == 1) e.at_record(inputs[0].path.string());
     return unexpected(std::move(e));
   }
   return arena;

@@ -23,9 +23,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -143,6 +145,29 @@ struct Item {
   bool registered;            // kMmapRegister block item
   std::uint64_t block_begin;  // registered: page-aligned file offset
   std::uint64_t block_len;
+  std::uint32_t file = 0;  // registered: index into LoadState::files
+};
+
+// One file a load reads: a path to open, or a borrowed descriptor (>= 0).
+struct LoadInput {
+  std::filesystem::path path;
+  int fd = -1;
+};
+
+// load_into(): the caller's device memory and, per source, its offset there.
+struct Placement {
+  std::uint8_t* base = nullptr;
+  std::uint64_t bytes = 0;
+  std::span<const std::uint64_t> offsets;  // one per source
+};
+
+// A file of one load, open for its duration.
+struct LoadFile {
+  int fd = -1;         // buffered
+  int fd_direct = -1;  // O_DIRECT, when mode == kODirect
+  std::uint64_t size = 0;
+  const Mapping* map = nullptr;  // kMmapRegister (and the kAuto probe)
+  std::string name;              // for errors
 };
 
 struct Slot {
@@ -223,10 +248,8 @@ struct LoadState {
   std::uint8_t* arena = nullptr;
   const std::uint64_t* layout = nullptr;  // offset, nbytes per storage
   IoMode mode = IoMode::kPread;
-  int fd = -1;         // buffered
-  int fd_direct = -1;  // O_DIRECT, when mode == kODirect
-  std::uint64_t file_size = 0;
-  const Mapping* map = nullptr;
+  std::vector<LoadFile> files;
+  std::span<const std::uint32_t> file_of;  // per source; empty: every source reads files[0]
   bool verify = false;
 
   std::vector<Chunk> chunks;
@@ -271,6 +294,8 @@ struct LoadState {
     t.compare_exchange_strong(unset,
                               std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
   }
+  // The file source `s` reads.
+  const LoadFile& file_for(std::uint32_t s) const { return files[file_of.empty() ? 0 : file_of[s]]; }
   // Whether storage `s`'s bytes are hashed and compared (safetensors have no CRC).
   bool checks_crc(const StorageSource& s) const { return verify && s.expected_crc32 != 0; }
 

@@ -439,6 +439,109 @@ TEST_CASE("cuda: CRC-32 checked per storage, mismatch names storage and both CRC
   }
 }
 
+TEST_CASE("cuda: load_into places ranges of several files at the caller's offsets in every I/O mode") {
+  if (!have_device()) return;
+  TempFile f0((5 << 20) + 999, 21), f1((3 << 20) + 17, 22), f2(6 << 20, 23);
+  auto m0 = safeckpt::MappedFile::open(f0.path);
+  auto m1 = safeckpt::MappedFile::open(f1.path);
+  auto m2 = safeckpt::MappedFile::open(f2.path);
+  REQUIRE((m0 && m1 && m2));
+  const std::vector<const safeckpt::MappedFile*> files = {&*m0, &*m1, &*m2};
+  const std::vector<const TempFile*> temp = {&f0, &f1, &f2};
+  const std::vector<std::uint8_t> host = random_bytes(3001, 24);
+  // Pieces of three files and host memory interleaved in one destination,
+  // out of order, some unaligned, one empty, one swapped; the gaps between
+  // them must stay as they were.
+  std::vector<sc::PlacedSource> placed = {
+      {{0, (2 << 20) + 3, 1, 0, nullptr}, 1, 7},
+      {{4096, 3 << 20, 1, 0, nullptr}, 0, (9 << 20) + 256},
+      {{1, 12345, 1, 0, nullptr}, 2, (2 << 20) + 100},
+      {{0, 0, 1, 0, nullptr}, 2, 0},
+      {{0, host.size(), 1, 0, host.data()}, 7, (6 << 20)},
+      {{(4 << 20) + 8, (1 << 20) - 8, 4, 0, nullptr}, 2, (7 << 20)},
+      {{(5 << 20) + 999 - 500, 500, 1, 0, nullptr}, 0, (12 << 20) + 256},
+  };
+  for (auto& p : placed)
+    if (p.source.host_bytes == nullptr && p.source.nbytes > 0)
+      p.source.expected_crc32 = zlib_crc(temp[p.file]->bytes.data() + p.source.file_offset, p.source.nbytes);
+  const std::uint64_t bytes = 13 << 20;
+  auto want = [&] {
+    std::vector<std::uint8_t> w(bytes, 0xA5);
+    for (const auto& p : placed) {
+      const std::uint8_t* from =
+          p.source.host_bytes != nullptr ? p.source.host_bytes : temp[p.file]->bytes.data() + p.source.file_offset;
+      const auto v = swapped(from, p.source.nbytes, p.source.swap_unit);
+      std::copy(v.begin(), v.end(), w.begin() + static_cast<std::ptrdiff_t>(p.device_offset));
+    }
+    return w;
+  }();
+  void* base = nullptr;
+  REQUIRE(cudaMalloc(&base, bytes) == cudaSuccess);
+  std::unique_ptr<void, decltype(&cudaFree)> owner(base, &cudaFree);
+  for (sc::IoMode mode : kModes) {
+    CAPTURE(sc::io_mode_name(mode));
+    REQUIRE(cudaMemset(base, 0xA5, bytes) == cudaSuccess);
+    auto engine = sc::TransferEngine::create(small_options(mode));
+    REQUIRE(engine.has_value());
+    sc::LoadStats stats;
+    auto st = engine->load_into(files, placed, base, bytes, &stats);
+    REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+    MESSAGE("mode ", sc::io_mode_name(mode), " ran as ", sc::io_mode_name(stats.io_mode), ", ", stats.chunks,
+            " chunks");
+    CHECK(stats.arena_bytes == 0);
+    std::uint64_t total = 0;
+    for (const auto& p : placed) total += p.source.nbytes;
+    CHECK(stats.bytes == total);
+    std::vector<std::uint8_t> got(bytes);
+    REQUIRE(cudaMemcpy(got.data(), base, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(got == want);
+  }
+  auto engine = sc::TransferEngine::create(small_options(sc::IoMode::kPread));
+  REQUIRE(engine.has_value());
+  const auto refused = [&](std::vector<sc::PlacedSource> ps, const char* what) {
+    auto st = engine->load_into(files, ps, base, bytes);
+    REQUIRE_FALSE(st.has_value());
+    const std::string msg = st.error().to_string();
+    CAPTURE(msg);
+    CHECK(msg.find(what) != std::string::npos);
+    return st.error().code();
+  };
+  SUBCASE("overlapping destinations") {
+    auto ps = placed;
+    ps[2].device_offset = ps[0].device_offset + ps[0].source.nbytes - 1;
+    CHECK(refused(ps, "overlap") == ErrorCode::kInvalidArgument);
+  }
+  SUBCASE("a destination past the end") {
+    auto ps = placed;
+    ps[1].device_offset = bytes - ps[1].source.nbytes + 1;
+    CHECK(refused(ps, "outside") == ErrorCode::kInvalidArgument);
+  }
+  SUBCASE("a file index past the files") {
+    auto ps = placed;
+    ps[0].file = 3;
+    CHECK(refused(ps, "names file 3 of 3") == ErrorCode::kInvalidArgument);
+  }
+  SUBCASE("a misaligned swapped destination") {
+    auto ps = placed;
+    ps[5].device_offset += 2;
+    CHECK(refused(ps, "swap unit") == ErrorCode::kInvalidArgument);
+  }
+  SUBCASE("a range past the end of its own file") {
+    auto ps = placed;
+    ps[0].source.file_offset = (3 << 20);  // inside f0 (5 MiB), past f1
+    ps[0].source.expected_crc32 = 0;
+    CHECK(refused(ps, "end past the end of the file") == ErrorCode::kMalformed);
+  }
+  SUBCASE("a CRC mismatch names the storage and its file") {
+    auto ps = placed;
+    ps[2].source.expected_crc32 ^= 1u;
+    CHECK(refused(ps, "storage 2: CRC-32 mismatch") == ErrorCode::kMalformed);
+    auto st = engine->load_into(files, ps, base, bytes);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().to_string().find(f2.path.filename().string()) != std::string::npos);
+  }
+}
+
 TEST_CASE("cuda: host_bytes sources, alone and mixed with file ranges") {
   if (!have_device()) return;
   TempFile f(3 << 20, 14);
