@@ -286,6 +286,17 @@ int bench_engine(const BenchEngineArgs& a) {
                 hits(s3).c_str());
   else
     std::printf("  %-58s %12s\n", "safeckpt first call, warm persistent cache (new engine)", "n/a (--no-cache)");
+  // Where each first call went (ms): weights upload, then the plan's phases.
+  auto phases = [](const char* what, const engine::ProgramStats& s) {
+    std::printf(
+        "  %-22s upload %.1f, lowering %.1f (cuBLASLt heuristics %.1f: %zu asked, %zu reused), alloc %.1f, "
+        "kernels %.1f, capture %.1f; plan total %.1f\n",
+        what, 1e3 * s.weight_upload_seconds, 1e3 * s.last_lowering_seconds, 1e3 * s.last_heuristic_seconds,
+        s.gemm_heuristics, s.gemm_heuristics_reused, 1e3 * s.last_alloc_seconds, 1e3 * s.last_module_seconds,
+        1e3 * s.last_capture_seconds, 1e3 * s.last_compile_seconds);
+  };
+  phases("phases, cold (ms):", s1);
+  if (warm_cache_ms) phases("phases, warm cache:", s3);
   std::printf("  %-58s %12.3f\n", "safeckpt file -> first output (load+validate+compile+run)", file_ms);
   std::printf("  %-58s %12.3f\n", "  of which: read, validate, weights (host)", load_ms);
   if (!a.no_cache)

@@ -160,8 +160,20 @@ struct ProgramStats {
   std::vector<std::string> cache_warnings;  // why entries were ignored or not written (the first kMaxCacheWarnings)
   std::uint64_t arena_bytes = 0;            // activation arena of the most recent plan
   std::uint64_t weight_bytes = 0;           // device bytes the engine allocated for weights (0 = all in place)
+  double weight_upload_seconds = 0;         // compile(): allocating and copying those weights (synchronous)
   std::size_t steps = 0;                    // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
   double last_compile_seconds = 0;          // plan + NVRTC + capture of the most recent plan
+  // Where last_compile_seconds went (seconds, most recent plan):
+  double last_lowering_seconds = 0;   // the IR lowered at its shapes, incl. cuBLASLt algorithm choice
+  double last_heuristic_seconds = 0;  // of which cuBLASLt heuristic queries
+  double last_module_seconds = 0;     // generated kernels: NVRTC, the persistent cache or the in-process map
+  double last_alloc_seconds = 0;      // activation arena, I/O buffers, workspace (cudaMalloc)
+  double last_capture_seconds = 0;    // CUDA-graph capture + instantiate (compiled plans, at the first run)
+  // cuBLASLt heuristic queries of this program's plans. A GEMM of the same
+  // shape, layout, dtype and epilogue as one the engine planned before (the
+  // next layer's) reuses that algorithm: one query per distinct GEMM.
+  std::size_t gemm_heuristics = 0;
+  std::size_t gemm_heuristics_reused = 0;
 };
 
 // Warnings kept per ProgramStats / EngineStats; later ones are counted only.

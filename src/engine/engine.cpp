@@ -232,6 +232,7 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   for (const auto& s : plan.steps) out.steps.push_back(s.name);
   out.arena_bytes = plan.arena_bytes;
   out.fused_kernels = plan.fused.size();
+  out.fused_launches = plan.fused_launches;
   out.source = fused_source(plan.fused);
   // Sources NVRTC already accepted in this process, per architecture: the text
   // carries op codes and dtypes only (sizes are kernel parameters), so every
@@ -318,7 +319,13 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
     t.buf = static_cast<std::int32_t>(plan->bufs.size() - 1);
     plan->inputs.emplace_back(in.value, t);
   }
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  auto t_phase = std::chrono::steady_clock::now();
   SAFECKPT_CHECK(build_plan(prog, *eng, weights, plan->inputs, symbols, compiled, *plan));
+  plan->lowering_seconds = since(t_phase);
+  t_phase = std::chrono::steady_clock::now();
   // Allocate: arena; inputs + outputs in one block; workspace + flag.
   for (auto& b : plan->bufs)
     if (b.kind == BufKind::kInput || b.kind == BufKind::kOutput) {
@@ -335,6 +342,8 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
     if (b.kind == BufKind::kArena) b.ptr = static_cast<char*>(plan->arena->p) + b.offset;
     if (b.kind == BufKind::kInput || b.kind == BufKind::kOutput) b.ptr = static_cast<char*>(plan->io->p) + in_off[k++];
   }
+  plan->alloc_seconds = since(t_phase);
+  t_phase = std::chrono::steady_clock::now();
   // Generated kernels: one module per distinct source.
   if (!plan->fused.empty()) {
     std::string src = fused_source(plan->fused);
@@ -352,7 +361,10 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
       plan->fns.push_back(fn);
     }
   }
+  plan->module_seconds = since(t_phase);
   plan->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats.gemm_heuristics += plan->gemm_heuristics;
+  stats.gemm_heuristics_reused += plan->gemm_heuristics_reused;
   ++stats.plans_built;
   lru.emplace_front(key, plan);
   while (lru.size() > eng->opt.max_plans) {
@@ -392,7 +404,8 @@ Status ProgramImpl::execute(Plan& plan) {
       e = cudaGraphInstantiate(&plan.exec, graph, 0);
       cudaGraphDestroy(graph);
       if (e != cudaSuccess) return cuda_error("cudaGraphInstantiate", e);
-      plan.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      plan.capture_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      plan.compile_seconds += plan.capture_seconds;
     }
     ENG_CUDA(cudaGraphLaunch(plan.exec, stream), "cudaGraphLaunch");
     ++stats.graph_replays;
@@ -540,12 +553,14 @@ Status upload(detail::ProgramImpl& pi, const graph::Program& p, const graph::Wei
     return make_error(ErrorCode::kInvalidArgument, "weights missing: " + m);
   }
   if (which.empty()) return {};
+  const auto t0 = std::chrono::steady_clock::now();
   SAFECKPT_TRY(pi.weight_block, detail::device_alloc(pi.eng->opt.device, total));
   pi.stats.weight_bytes += total;
   for (std::size_t u = 0; u < uniq.size(); ++u)
     ENG_CUDA(cudaMemcpy(static_cast<char*>(pi.weight_block->p) + offs[u], uniq[u]->bytes().data(),
                         uniq[u]->bytes().size(), cudaMemcpyHostToDevice),
              "uploading weights");
+  pi.stats.weight_upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (std::size_t i = 0; i < which.size(); ++i) {
     const auto& in = p.inputs[which[i]];
     const auto* t = uniq[slot_of[i]];
@@ -642,7 +657,13 @@ ProgramStats CompiledProgram::stats() const {
   if (!impl_->lru.empty()) {
     s.arena_bytes = impl_->lru.front().second->arena_bytes;
     s.steps = impl_->lru.front().second->steps.size();
-    s.last_compile_seconds = impl_->lru.front().second->compile_seconds;
+    const detail::Plan& p = *impl_->lru.front().second;
+    s.last_compile_seconds = p.compile_seconds;
+    s.last_lowering_seconds = p.lowering_seconds;
+    s.last_heuristic_seconds = p.heuristic_seconds;
+    s.last_module_seconds = p.module_seconds;
+    s.last_alloc_seconds = p.alloc_seconds;
+    s.last_capture_seconds = p.capture_seconds;
   }
   return s;
 }

@@ -8,7 +8,9 @@
 // (printed as hexadecimal floating literals, exact) — no text from a
 // program file reaches the compiler. Sizes and strides are kernel parameters,
 // so one source serves every concrete shape of a program.
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -148,6 +150,23 @@ std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& sh
     acc *= shape[d];
   }
   return s;
+}
+
+bool same_code(const FusedKernel& a, const FusedKernel& b) {
+  // Doubles compared by bits: the source prints them exactly (%a).
+  const auto same_bits = [](double x, double y) {
+    return std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
+  };
+  if (a.rank != b.rank || a.in_dtypes != b.in_dtypes || a.out_dtypes != b.out_dtypes || a.ops.size() != b.ops.size())
+    return false;
+  for (std::size_t i = 0; i < a.ops.size(); ++i) {
+    const MicroOp& x = a.ops[i];
+    const MicroOp& y = b.ops[i];
+    if (x.kind != y.kind || x.dtype != y.dtype || x.a != y.a || x.b != y.b || x.c != y.c || x.store != y.store ||
+        !same_bits(x.s0, y.s0) || !same_bits(x.s1, y.s1))
+      return false;
+  }
+  return true;
 }
 
 std::string fused_source(const std::vector<FusedKernel>& kernels) {

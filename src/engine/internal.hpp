@@ -79,6 +79,10 @@ struct FusedKernel {
   std::vector<DType> out_dtypes;
   int rank = 0;
 };
+// Whether a and b generate the same code (everything but the name): the
+// planner launches one kernel for every group of the same ops, dtypes and
+// rank (the layers of a transformer), so NVRTC compiles it once.
+bool same_code(const FusedKernel& a, const FusedKernel& b);
 // The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
 // numbers reach the text.
 std::string fused_source(const std::vector<FusedKernel>& kernels);

@@ -4,9 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -226,9 +229,14 @@ struct Lowering {
                   std::vector<std::int64_t> shape, std::string name) {
     for (const auto& t : ins) use(t);
     for (const auto& t : outs) def(t);
-    std::size_t index = plan.fused.size();
-    k.name = "k" + std::to_string(index);
-    plan.fused.push_back(std::move(k));
+    // The same code as an earlier group (the next layer's): launch that kernel.
+    std::size_t index = 0;
+    while (index < plan.fused.size() && !same_code(plan.fused[index], k)) ++index;
+    if (index == plan.fused.size()) {
+      k.name = "k" + std::to_string(index);
+      plan.fused.push_back(std::move(k));
+    }
+    ++plan.fused_launches;
     Plan* pl = &plan;
     add_step(std::move(name), [pl, index, ins, outs, shape](cudaStream_t s) {
       FusedParams prm{};
@@ -547,8 +555,32 @@ struct Lowering {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
+    // Everything the heuristic sees (pointers aside: cuBLASLt assumes
+    // 256-byte alignment by default, which every buffer here has).
+    std::string key;
+    for (std::int64_t x :
+         {std::int64_t{ty}, std::int64_t{ct}, std::int64_t{opa}, std::int64_t{opb}, std::int64_t{epi}, M, N, K,
+          std::int64_t{lb->ld}, std::int64_t{la->ld}, batch, batched ? a.strides[0] : 0, batched ? b.strides[0] : 0})
+      key += std::to_string(x) + ",";
+    std::optional<cublasLtMatmulAlgo_t> known;
     if (eng.lt != nullptr) {
+      std::lock_guard<std::mutex> lock(eng.mu);
+      auto it = eng.gemm_algos.find(key);
+      if (it != eng.gemm_algos.end()) known = it->second;
+    }
+    if (known) {
+      found = 1;
+      res.algo = *known;
+      ++plan.gemm_heuristics_reused;
+    } else if (eng.lt != nullptr) {
+      const auto h0 = std::chrono::steady_clock::now();
       st = cublasLtMatmulAlgoGetHeuristic(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, pref, 1, &res, &found);
+      plan.heuristic_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
+      ++plan.gemm_heuristics;
+      if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+        std::lock_guard<std::mutex> lock(eng.mu);
+        eng.gemm_algos.emplace(key, res.algo);
+      }
     } else {
       found = 1;  // dry plan (no device): no algorithm is chosen, nothing runs
     }

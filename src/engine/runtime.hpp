@@ -68,6 +68,9 @@ struct EngineImpl {
   std::optional<enginecache::CompileCache> cache;  // none: kOff or unusable
   mutable std::mutex mu;                           // guards modules and stats
   std::map<std::string, std::shared_ptr<Module>> modules;
+  // cuBLASLt algorithm per GEMM key (plan.cpp gemm(): dtypes, compute type,
+  // transposes, epilogue, layouts, batch); the heuristic is asked once per key.
+  std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;
   EngineStats stats;
   // The module for `source`: the in-process map, else the persistent cache
   // (a cubin the driver loads), else NVRTC (then stored). Cache trouble is a
@@ -100,7 +103,8 @@ struct Plan {
   bool compiled = false;  // fused + CUDA graph (else: eager, one kernel per node)
   std::vector<Buf> bufs;
   std::vector<Step> steps;
-  std::vector<FusedKernel> fused;
+  std::vector<FusedKernel> fused;  // distinct kernels (launches of the same code share one)
+  std::size_t fused_launches = 0;  // steps that launch one of them
   std::vector<cudaKernel_t> fns;
   std::shared_ptr<Module> module;
   std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
@@ -113,6 +117,8 @@ struct Plan {
   std::vector<std::vector<std::int64_t>> input_shapes;  // per user input (signature order)
   cudaGraphExec_t exec = nullptr;
   double compile_seconds = 0;
+  double lowering_seconds = 0, heuristic_seconds = 0, module_seconds = 0, alloc_seconds = 0, capture_seconds = 0;
+  std::size_t gemm_heuristics = 0, gemm_heuristics_reused = 0;
 
   void* ptr(const DevTensor& t) const {
     char* base = static_cast<char*>(t.buf >= 0 ? bufs[static_cast<std::size_t>(t.buf)].ptr : t.direct);
@@ -133,7 +139,8 @@ Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vec
 struct DryPlan {
   std::vector<std::string> steps;  // launch names in order
   std::uint64_t arena_bytes = 0;
-  std::size_t fused_kernels = 0;
+  std::size_t fused_kernels = 0;   // distinct generated kernels NVRTC compiles
+  std::size_t fused_launches = 0;  // steps launching one of them (>= fused_kernels)
   std::string source;
 };
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,

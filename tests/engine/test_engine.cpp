@@ -401,6 +401,40 @@ TEST_CASE("engine: the convolutional program is refused with kUnsupported naming
   CHECK(r.error().message().find("convolution") != std::string::npos);
 }
 
+TEST_CASE("engine: the blocks of a transformer launch the same generated kernels (no device)") {
+  // gpt2*: two identical blocks; each block's fused groups (residual adds,
+  // GELU, copies) are the same code, so NVRTC compiles each once.
+  using safeckpt::engine::detail::dry_plan;
+  for (const char* m : {"gpt2", "gpt2_dynbatch"}) {
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
+      const auto c = cases_of(l.program, *io).at(0);
+      std::vector<std::vector<std::int64_t>> shapes;
+      for (const auto& gi : l.program.inputs)
+        if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+      const std::string what = std::string(m) + "." + ir;
+      CAPTURE(what);
+      for (bool fuse : {true, false}) {
+        CAPTURE(fuse);
+        auto plan = dry_plan(l.program, shapes, fuse, 90);
+        REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.error().to_string()));
+        MESSAGE(what << (fuse ? " fused: " : " eager: ") << plan->fused_launches << " generated launches, "
+                     << plan->fused_kernels << " distinct kernels");
+        CHECK(plan->fused_kernels > 0);
+        CHECK(plan->fused_kernels < plan->fused_launches);
+        // The module holds each distinct kernel once.
+        std::size_t n = 0;
+        for (std::size_t at = plan->source.find("__global__"); at != std::string::npos;
+             at = plan->source.find("__global__", at + 1))
+          ++n;
+        CHECK(n == plan->fused_kernels);
+      }
+    }
+  }
+}
+
 TEST_CASE("engine: planning every corpus program (no device): fusion cuts launches, NVRTC accepts the kernels") {
   using safeckpt::engine::detail::dry_plan;
   for (const char* m : kGpuModels) {
