@@ -169,21 +169,30 @@ struct Loaded {
   graph::Program program;
   graph::WeightMap weights;
   std::optional<cuda::DeviceCheckpoint> device_weights;
+  double open_ms = 0, validate_ms = 0, weights_ms = 0, device_ms = 0;  // load_all's parts
 };
 
 // File(s) -> validated program + weights (archive's, or --weights to the device).
 Result<Loaded> load_all(const BenchEngineArgs& a, int device) {
+  auto t = Clock::now();
   SAFECKPT_TRY(auto archive, graph::Pt2Archive::open_file(a.program));
   SAFECKPT_TRY(const graph::Program* prog, archive.program("model"));
   Loaded l;
+  l.open_ms = ms_since(t);
+  t = Clock::now();
   l.program = *prog;
   SAFECKPT_CHECK(graph::validate(l.program));
+  l.validate_ms = ms_since(t);
+  t = Clock::now();
   SAFECKPT_TRY(l.weights, graph::archive_weights(archive));
+  l.weights_ms = ms_since(t);
   if (!a.weights.empty()) {
+    t = Clock::now();
     cuda::DeviceLoadOptions o;
     o.map_location = "cuda:" + std::to_string(device);
     SAFECKPT_TRY(auto dc, cuda::load_to_device(a.weights, o));
     l.device_weights = std::move(dc);
+    l.device_ms = ms_since(t);
   }
   return l;
 }
@@ -298,7 +307,10 @@ int bench_engine(const BenchEngineArgs& a) {
   phases("phases, cold (ms):", s1);
   if (warm_cache_ms) phases("phases, warm cache:", s3);
   std::printf("  %-58s %12.3f\n", "safeckpt file -> first output (load+validate+compile+run)", file_ms);
-  std::printf("  %-58s %12.3f\n", "  of which: read, validate, weights (host)", load_ms);
+  std::printf(
+      "  %-58s %12.3f   (open+read program %.1f, validate %.1f, archive weights %.1f, --weights to device "
+      "%.1f)\n",
+      "  of which: read, validate, weights (host)", load_ms, l->open_ms, l->validate_ms, l->weights_ms, l->device_ms);
   if (!a.no_cache)
     std::printf("  compile cache: %s%s\n", eo.cache_dir.c_str(),
                 temp_cache ? " (temporary, removed after the run)" : "");
