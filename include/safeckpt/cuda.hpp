@@ -327,8 +327,11 @@ class TransferEngine {
   // a file without a descriptor for a file range, a destination outside
   // device_bytes, overlapping destinations, a misaligned swapped
   // destination, or a null device_base with non-empty sources.
+  // `on_storage_ready`, if set, is called like TransferOptions::
+  // on_storage_ready (after it, same thread and rules) for this load only.
   Status load_into(std::span<const MappedFile* const> files, std::span<const PlacedSource> sources, void* device_base,
-                   std::uint64_t device_bytes, LoadStats* stats = nullptr);
+                   std::uint64_t device_bytes, LoadStats* stats = nullptr,
+                   const std::function<void(std::size_t)>& on_storage_ready = {});
 
   const TransferOptions& options() const noexcept;
   // Pinned staging currently held (grows to about options().ring_bytes).

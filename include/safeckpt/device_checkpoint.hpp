@@ -16,6 +16,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -81,7 +82,7 @@ class DeviceCheckpoint {
   Result<DLManagedTensor*> to_dlpack_legacy(std::uint32_t index) const;
 
  private:
-  friend struct detail::DeviceCheckpointMaker;  // load_to_device (src/cuda/device_checkpoint.cpp)
+  friend struct detail::DeviceCheckpointMaker;  // load_to_device (src/cuda/device_internal.hpp)
   Result<TensorView> view(std::uint32_t index) const;
   std::shared_ptr<Checkpoint> host_;
   std::shared_ptr<DeviceArena> arena_;
@@ -112,6 +113,62 @@ Result<DeviceCheckpoint> load_to_device(const std::filesystem::path& path, const
 // caller's); transfer.verify_crc / the engine's verify_crc still apply.
 Result<DeviceCheckpoint> load_to_device(Checkpoint host, const DeviceLoadOptions& options = {},
                                         TransferEngine* engine = nullptr, LoadStats* stats = nullptr);
+
+// load_to_device with the bytes still on their way: start() parses the file
+// on the calling thread (every check of load_to_device; its errors are
+// returned there and nothing is started), allocates the device arena, and
+// returns at once while ONE TransferEngine::load_into streams the storages
+// on a background thread. Every tensor's device address is known from the
+// start (checkpoint()); its bytes are there once its storage is ready().
+// For work that needs addresses but not bytes, overlapped with the transfer:
+// planning, compiling and CUDA-graph capture of a program over these
+// weights, then running its first layers while later layers' weights still
+// land (safeckpt/engine.hpp, Engine::compile with a pending checkpoint).
+// Thread safety: every member may be called from any thread. Not movable
+// (the background thread refers to it); shared, so a CompiledProgram can
+// keep it. The destructor waits for the transfer to end, so no copy ever
+// targets freed memory.
+class PendingDeviceCheckpoint {
+ public:
+  // `engine`: as load_to_device (one-shot engine when null); a caller's
+  // engine must outlive the returned object, and its other loads wait for
+  // this one (one load at a time per engine).
+  // Errors: as load_to_device's parse, kInvalidArgument (map_location),
+  // kDevice (engine creation, the arena's cudaMalloc), kIo (no thread).
+  static Result<std::shared_ptr<PendingDeviceCheckpoint>> start(const std::filesystem::path& path,
+                                                                const DeviceLoadOptions& options = {},
+                                                                TransferEngine* engine = nullptr);
+  PendingDeviceCheckpoint(const PendingDeviceCheckpoint&) = delete;
+  PendingDeviceCheckpoint& operator=(const PendingDeviceCheckpoint&) = delete;
+  ~PendingDeviceCheckpoint();
+
+  // Addresses valid now; a storage's bytes only once it is ready (wait()).
+  // Export DLPack tensors or read bytes only after wait_all() succeeded.
+  const DeviceCheckpoint& checkpoint() const noexcept;
+  std::size_t storage_count() const noexcept;
+  // True once storage `storage` is complete on the device (CRC checked);
+  // false for an index out of range and after a failure.
+  bool ready(std::uint32_t storage) const noexcept;
+  // Blocks until `storage` is complete (its bytes are final from then on).
+  // Errors: the load's error when it failed before `storage` landed, and
+  // for every wait once it has failed; kInvalidArgument (index). Work
+  // started on landed storages must still check wait_all() before its
+  // results are used (the engine does): a failed load is never partly used.
+  Status wait(std::uint32_t storage) const;
+  // The storage whose device bytes contain address `p`, if any.
+  std::optional<std::uint32_t> storage_at(const void* p) const noexcept;
+  // Blocks until the transfer ended; its result (as load_to_device's).
+  Status wait_all() const;
+  // The transfer's statistics (LoadStats of load_into; seconds from start()
+  // to the end of the transfer); zero until wait_all() returned.
+  LoadStats stats() const;
+
+  struct State;  // src/cuda/pending_checkpoint.cpp
+
+ private:
+  explicit PendingDeviceCheckpoint(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 // ---------------------------------------------------------------------------
 // A DCP plan on the device (torch.distributed.checkpoint directories, issue 17)

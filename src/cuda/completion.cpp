@@ -31,6 +31,7 @@ void storage_complete(LoadState& st, std::uint32_t s) {
   }
   if (src.nbytes > 0) st.mark_first(st.first_ready_ns);
   if (st.eng->opt.on_storage_ready && !st.failed.load()) st.eng->opt.on_storage_ready(s);
+  if (st.on_ready != nullptr && *st.on_ready && !st.failed.load()) (*st.on_ready)(s);
 }
 
 void completion_main(LoadState& st) {

@@ -11,19 +11,11 @@
 #include <optional>
 #include <span>
 
+#include "cuda/device_internal.hpp"
 #include "cuda/transfer_internal.hpp"
 #include "safeckpt/open.hpp"
 
 namespace safeckpt::cuda {
-
-struct detail::DeviceCheckpointMaker {
-  static DeviceCheckpoint make(std::shared_ptr<Checkpoint> host, std::shared_ptr<DeviceArena> arena) {
-    DeviceCheckpoint d;
-    d.host_ = std::move(host);
-    d.arena_ = std::move(arena);
-    return d;
-  }
-};
 
 namespace {
 
@@ -47,7 +39,7 @@ Result<int> parse_device(const std::string& loc) {
 
 }  // namespace
 
-namespace {
+namespace detail {
 
 Result<int> engine_device(const DeviceLoadOptions& options, TransferEngine* engine) {
   SAFECKPT_TRY(int device, parse_device(options.map_location));
@@ -58,11 +50,7 @@ Result<int> engine_device(const DeviceLoadOptions& options, TransferEngine* engi
   return device;
 }
 
-// The upload half: every storage from host.file() (its descriptor, never its
-// path) or from host memory, through `engine`, or through `own` when null.
-Result<DeviceCheckpoint> upload(Checkpoint host, const DeviceLoadOptions& options, TransferEngine* engine,
-                                std::optional<Result<TransferEngine>>& own, LoadStats* stats) {
-  const bool verify_crc = engine != nullptr ? engine->options().verify_crc : options.transfer.verify_crc;
+std::vector<StorageSource> storage_sources(const Checkpoint& host, bool verify_crc) {
   const auto& storages = host.storages();
   std::vector<StorageSource> sources(storages.size());
   Bytes file = host.file().bytes();
@@ -86,6 +74,33 @@ Result<DeviceCheckpoint> upload(Checkpoint host, const DeviceLoadOptions& option
       src.swap_unit = 1;
     }
   }
+  return sources;
+}
+
+std::optional<Result<TransferEngine>> one_shot_engine(const DeviceLoadOptions& options, TransferEngine* engine,
+                                                      int device) {
+  std::optional<Result<TransferEngine>> own;
+  if (engine == nullptr) {
+    TransferOptions to = options.transfer;
+    to.device = device;
+    own.emplace(TransferEngine::create(to));
+  }
+  return own;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::engine_device;
+using detail::one_shot_engine;
+
+// The upload half: every storage from host.file() (its descriptor, never its
+// path) or from host memory, through `engine`, or through `own` when null.
+Result<DeviceCheckpoint> upload(Checkpoint host, const DeviceLoadOptions& options, TransferEngine* engine,
+                                std::optional<Result<TransferEngine>>& own, LoadStats* stats) {
+  const bool verify_crc = engine != nullptr ? engine->options().verify_crc : options.transfer.verify_crc;
+  const std::vector<StorageSource> sources = detail::storage_sources(host, verify_crc);
   if (engine == nullptr) {
     if (!*own) return unexpected(std::move(*own).error());
     engine = &own->value();
@@ -98,17 +113,6 @@ Result<DeviceCheckpoint> upload(Checkpoint host, const DeviceLoadOptions& option
   }
   return detail::DeviceCheckpointMaker::make(std::make_shared<Checkpoint>(std::move(host)),
                                              std::make_shared<DeviceArena>(std::move(arena).value()));
-}
-
-std::optional<Result<TransferEngine>> one_shot_engine(const DeviceLoadOptions& options, TransferEngine* engine,
-                                                      int device) {
-  std::optional<Result<TransferEngine>> own;
-  if (engine == nullptr) {
-    TransferOptions to = options.transfer;
-    to.device = device;
-    own.emplace(TransferEngine::create(to));
-  }
-  return own;
 }
 
 }  // namespace

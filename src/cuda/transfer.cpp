@@ -43,7 +43,8 @@ Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file,
 }
 
 Status TransferEngine::load_into(std::span<const MappedFile* const> files, std::span<const PlacedSource> sources,
-                                 void* device_base, std::uint64_t device_bytes, LoadStats* stats) {
+                                 void* device_base, std::uint64_t device_bytes, LoadStats* stats,
+                                 const std::function<void(std::size_t)>& on_storage_ready) {
   std::vector<LoadInput> in;
   in.reserve(files.size());
   for (const MappedFile* f : files) {
@@ -71,7 +72,7 @@ Status TransferEngine::load_into(std::span<const MappedFile* const> files, std::
     offsets.push_back(p.device_offset);
   }
   if (in.empty()) in.push_back(LoadInput{});
-  Placement placed{static_cast<std::uint8_t*>(device_base), device_bytes, offsets};
+  Placement placed{static_cast<std::uint8_t*>(device_base), device_bytes, offsets, &on_storage_ready};
   SAFECKPT_TRY(DeviceArena none, load_impl(in, srcs, file_of, &placed, stats));
   (void)none;
   return {};
@@ -94,6 +95,7 @@ Result<DeviceArena> TransferEngine::load_impl(std::span<const LoadInput> inputs,
   st.eng = &eng;
   st.sources = sources;
   st.file_of = file_of;
+  st.on_ready = placed != nullptr ? placed->on_ready : nullptr;
   st.verify = eng.opt.verify_crc;
   const auto file_index = [&](std::size_t i) -> std::uint32_t { return file_of.empty() ? 0 : file_of[i]; };
 

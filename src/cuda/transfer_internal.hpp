@@ -24,6 +24,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -158,7 +159,8 @@ struct LoadInput {
 struct Placement {
   std::uint8_t* base = nullptr;
   std::uint64_t bytes = 0;
-  std::span<const std::uint64_t> offsets;  // one per source
+  std::span<const std::uint64_t> offsets;                      // one per source
+  const std::function<void(std::size_t)>* on_ready = nullptr;  // this load's own callback, if any
 };
 
 // A file of one load, open for its duration.
@@ -249,7 +251,8 @@ struct LoadState {
   const std::uint64_t* layout = nullptr;  // offset, nbytes per storage
   IoMode mode = IoMode::kPread;
   std::vector<LoadFile> files;
-  std::span<const std::uint32_t> file_of;  // per source; empty: every source reads files[0]
+  std::span<const std::uint32_t> file_of;                      // per source; empty: every source reads files[0]
+  const std::function<void(std::size_t)>* on_ready = nullptr;  // load_into's per-load callback
   bool verify = false;
 
   std::vector<Chunk> chunks;
