@@ -2,7 +2,8 @@
 """Exports a GPT-2 124M (nanoGPT-style: vocab 50257, 12 layers, 12 heads, d 768, block 1024, tied
 lm_head, causal F.scaled_dot_product_attention, GELU tanh) with random seeded weights as a PT2
 archive (torch.export.save), batch dynamic 1..64, sequence 1024. Run on the GPU machine with PyTorch
-2.11: python3 bench/export_gpt2_124m.py OUTDIR [--dtype float32|bfloat16]. Not committed (big)."""
+2.11: python3 bench/export_gpt2_124m.py OUTDIR [--dtype float32|bfloat16]; also writes the state_dict
+as OUTDIR/gpt2_124m_<dtype>.pt (torch.save) for bench-engine --weights. Not committed (big)."""
 import argparse, math, os, sys, time
 import torch
 import torch.nn as nn
@@ -62,6 +63,12 @@ def main():
     path = os.path.join(a.outdir, f"gpt2_124m_{a.dtype}.train.pt2")
     torch.export.save(ep, path)
     print(f"exported {path} in {time.time() - t0:.1f} s ({os.path.getsize(path) / 2**20:.0f} MiB)")
+    # The same weights as an ordinary checkpoint (torch.save of the
+    # state_dict; the tied wte/lm_head storage once), for bench-engine
+    # --weights (load_to_device and the streaming start rows).
+    sd_path = os.path.join(a.outdir, f"gpt2_124m_{a.dtype}.pt")
+    torch.save(m.state_dict(), sd_path)
+    print(f"saved {sd_path} ({os.path.getsize(sd_path) / 2**20:.0f} MiB)")
 
 
 if __name__ == "__main__":

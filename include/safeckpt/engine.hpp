@@ -271,6 +271,21 @@ class Engine {
   // names.
   Result<CompiledProgram> compile(const graph::Program& program, const cuda::DeviceCheckpoint& weights,
                                   const graph::WeightMap* fallback = nullptr);
+  // Streaming start: the same binding over a checkpoint whose bytes are
+  // still landing (cuda::PendingDeviceCheckpoint::start). Binding, planning,
+  // kernel compilation and CUDA-graph capture need only addresses, so they
+  // overlap the transfer. A run while weights are still arriving: eager
+  // steps (force_eager, eager_then_compile's first call) each wait for the
+  // storages of the weights they read, so the first layers run while later
+  // layers' weights are still on their way; a compiled run captures its
+  // graph, then waits for every weight before launching it. Once the
+  // transfer is complete, runs do not wait any more. A transfer that failed
+  // fails the run (its error), before or after steps were launched: no
+  // output of a run is returned unless every weight landed. The program
+  // keeps `weights` alive. Errors: as above.
+  Result<CompiledProgram> compile(const graph::Program& program,
+                                  std::shared_ptr<const cuda::PendingDeviceCheckpoint> weights,
+                                  const graph::WeightMap* fallback = nullptr);
 
  private:
   explicit Engine(std::shared_ptr<detail::EngineImpl> impl);

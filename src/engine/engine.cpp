@@ -276,6 +276,10 @@ struct ProgramImpl {
   std::vector<std::optional<DevTensor>> weights;  // by value id
   std::shared_ptr<DeviceBlock> weight_block;
   std::optional<cuda::DeviceCheckpoint> ckpt;
+  // Streaming start: weights still landing; `weights_landed` once the
+  // transfer succeeded (under mu, like everything a run touches).
+  std::shared_ptr<const cuda::PendingDeviceCheckpoint> pending;
+  bool weights_landed = true;
   cudaStream_t stream = nullptr;
   std::mutex mu;
   // Most recently used first: key = mode + shapes.
@@ -375,9 +379,20 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
 }
 
 Status ProgramImpl::execute(Plan& plan) {
-  auto launch_steps = [&]() -> Status {
+  // Streaming start: every weight landed (once true, never asked again).
+  auto all_weights = [&]() -> Status {
+    if (weights_landed) return {};
+    SAFECKPT_CHECK(pending->wait_all());
+    weights_landed = true;
+    return {};
+  };
+  auto launch_steps = [&](bool wait_weights) -> Status {
     ENG_CUDA(cudaMemsetAsync(plan.error_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
     for (const auto& s : plan.steps) {
+      // Eager with weights still landing: this step's own weights first.
+      if (wait_weights && !weights_landed)
+        for (const void* w : s.weights)
+          if (auto storage = pending->storage_at(w)) SAFECKPT_CHECK(pending->wait(*storage));
       int rc = s.fn(stream);
       if (rc >= 1000)
         return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuBLASLt " +
@@ -387,13 +402,14 @@ Status ProgramImpl::execute(Plan& plan) {
     return {};
   };
   if (!plan.compiled) {
-    SAFECKPT_CHECK(launch_steps());
+    SAFECKPT_CHECK(launch_steps(true));
+    SAFECKPT_CHECK(all_weights());  // no output unless every weight landed
     ++stats.eager_runs;
   } else {
     if (plan.exec == nullptr) {
       auto t0 = std::chrono::steady_clock::now();
       ENG_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-      Status st = launch_steps();
+      Status st = launch_steps(false);  // captured, not run: addresses only
       cudaGraph_t graph = nullptr;
       cudaError_t e = cudaStreamEndCapture(stream, &graph);
       if (!st) {
@@ -407,6 +423,7 @@ Status ProgramImpl::execute(Plan& plan) {
       plan.capture_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       plan.compile_seconds += plan.capture_seconds;
     }
+    SAFECKPT_CHECK(all_weights());
     ENG_CUDA(cudaGraphLaunch(plan.exec, stream), "cudaGraphLaunch");
     ++stats.graph_replays;
   }
@@ -587,27 +604,12 @@ Result<std::unique_ptr<ProgramImpl>> make_program(const std::shared_ptr<detail::
   return pi;
 }
 
-}  // namespace
-
-Result<CompiledProgram> Engine::compile(const graph::Program& program, const graph::WeightMap& weights) {
-  detail::DeviceGuard g(impl_->opt.device);
-  SAFECKPT_TRY(auto pi, make_program(impl_, program));
-  std::vector<std::size_t> which;
-  for (std::size_t i = 0; i < program.inputs.size(); ++i)
-    if (program.inputs[i].kind != graph::InputKind::kUserInput) which.push_back(i);
-  SAFECKPT_CHECK(upload(*pi, pi->prog, weights, which));
-  return CompiledProgram(std::move(pi));
-}
-
-Result<CompiledProgram> Engine::compile(const graph::Program& program, const cuda::DeviceCheckpoint& weights,
-                                        const graph::WeightMap* fallback) {
-  detail::DeviceGuard g(impl_->opt.device);
-  if (weights.device() != impl_->opt.device)
-    return make_error(ErrorCode::kInvalidArgument, "the DeviceCheckpoint is on device " +
-                                                       std::to_string(weights.device()) + ", the engine on " +
-                                                       std::to_string(impl_->opt.device));
-  SAFECKPT_TRY(auto pi, make_program(impl_, program));
-  pi->ckpt = weights;
+// Binds the program's parameters and buffers by state_dict name to
+// `weights` (in place); constants and non-persistent buffers it lacks come
+// from `fallback` (uploaded).
+Status bind_device_weights(ProgramImpl& pi_ref, const graph::Program& program, const cuda::DeviceCheckpoint& weights,
+                           const graph::WeightMap* fallback) {
+  ProgramImpl* pi = &pi_ref;
   std::map<std::string, cuda::DeviceTensor, std::less<>> by_name;
   for (auto& t : weights.tensors()) by_name.emplace(t.name, t);
   std::vector<std::size_t> rest;
@@ -640,6 +642,49 @@ Result<CompiledProgram> Engine::compile(const graph::Program& program, const cud
     return make_error(ErrorCode::kInvalidArgument, "the checkpoint lacks: " + m);
   }
   if (!rest.empty()) SAFECKPT_CHECK(upload(*pi, pi->prog, *fallback, rest));
+  return {};
+}
+
+}  // namespace
+
+Result<CompiledProgram> Engine::compile(const graph::Program& program, const graph::WeightMap& weights) {
+  detail::DeviceGuard g(impl_->opt.device);
+  SAFECKPT_TRY(auto pi, make_program(impl_, program));
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < program.inputs.size(); ++i)
+    if (program.inputs[i].kind != graph::InputKind::kUserInput) which.push_back(i);
+  SAFECKPT_CHECK(upload(*pi, pi->prog, weights, which));
+  return CompiledProgram(std::move(pi));
+}
+
+Result<CompiledProgram> Engine::compile(const graph::Program& program, const cuda::DeviceCheckpoint& weights,
+                                        const graph::WeightMap* fallback) {
+  detail::DeviceGuard g(impl_->opt.device);
+  if (weights.device() != impl_->opt.device)
+    return make_error(ErrorCode::kInvalidArgument, "the DeviceCheckpoint is on device " +
+                                                       std::to_string(weights.device()) + ", the engine on " +
+                                                       std::to_string(impl_->opt.device));
+  SAFECKPT_TRY(auto pi, make_program(impl_, program));
+  pi->ckpt = weights;
+  SAFECKPT_CHECK(bind_device_weights(*pi, program, weights, fallback));
+  return CompiledProgram(std::move(pi));
+}
+
+Result<CompiledProgram> Engine::compile(const graph::Program& program,
+                                        std::shared_ptr<const cuda::PendingDeviceCheckpoint> weights,
+                                        const graph::WeightMap* fallback) {
+  detail::DeviceGuard g(impl_->opt.device);
+  if (weights == nullptr) return make_error(ErrorCode::kInvalidArgument, "no pending checkpoint");
+  const cuda::DeviceCheckpoint& dc = weights->checkpoint();
+  if (dc.device() != impl_->opt.device)
+    return make_error(ErrorCode::kInvalidArgument, "the PendingDeviceCheckpoint is on device " +
+                                                       std::to_string(dc.device()) + ", the engine on " +
+                                                       std::to_string(impl_->opt.device));
+  SAFECKPT_TRY(auto pi, make_program(impl_, program));
+  pi->ckpt = dc;
+  pi->pending = std::move(weights);
+  pi->weights_landed = false;
+  SAFECKPT_CHECK(bind_device_weights(*pi, program, dc, fallback));
   return CompiledProgram(std::move(pi));
 }
 

@@ -161,13 +161,17 @@ struct Lowering {
     if (t.buf >= 0)
       last_step[static_cast<std::size_t>(t.buf)] =
           std::max(last_step[static_cast<std::size_t>(t.buf)], static_cast<std::int64_t>(plan.steps.size()));
+    // A weight (read in place): the next step reads it.
+    if (t.buf < 0 && t.direct != nullptr && t.numel() > 0) step_weights.push_back(plan.ptr(t));
   }
   void def(const DevTensor& t) {
     if (t.buf >= 0) first_step[static_cast<std::size_t>(t.buf)] = static_cast<std::int64_t>(plan.steps.size());
   }
   void add_step(std::string name, std::function<int(cudaStream_t)> fn) {
-    plan.steps.push_back(Step{std::move(name), std::move(fn)});
+    plan.steps.push_back(Step{std::move(name), std::move(fn), std::move(step_weights)});
+    step_weights.clear();
   }
+  std::vector<const void*> step_weights;  // use()d since the last add_step
 
   Result<DevTensor> value(std::int32_t id) {
     if (id < 0) return fail(ErrorCode::kMalformed, "missing tensor argument");

@@ -92,6 +92,7 @@ struct GemmDesc {
 struct Step {
   std::string name;
   std::function<int(cudaStream_t)> fn;  // returns a cudaError_t, or 1000 + cublasStatus_t
+  std::vector<const void*> weights;     // device addresses of the weights it reads (streaming start waits on them)
 };
 
 // One concrete shape, lowered.

@@ -19,11 +19,13 @@
 #include <string>
 
 #include "engine/runtime.hpp"
+#include "safeckpt/builder.hpp"
 #include "safeckpt/cuda.hpp"
 #include "safeckpt/device_checkpoint.hpp"
 #include "safeckpt/engine.hpp"
 #include "safeckpt/graph.hpp"
 #include "safeckpt/safetensors.hpp"
+#include "safeckpt/save.hpp"
 #include "support/pt2_corpus.hpp"
 
 using namespace safeckpt;
@@ -385,6 +387,74 @@ TEST_CASE("engine: DLPack in and out on the device; weights in place from a Devi
   REQUIRE_FALSE(bad.has_value());
   CHECK(bad.error().code() == ErrorCode::kInvalidArgument);
   CHECK(bad.error().message().find("transformer.h.0.ln_1.weight") != std::string::npos);
+}
+
+TEST_CASE("engine: streaming start — weights from a pending device checkpoint, every stance, same outputs") {
+  if (!have_device()) return;
+  Loaded l = load_program("gpt2.core.pt2");
+  auto io = SafetensorsFile::open(data_dir() + "gpt2.io.safetensors");
+  REQUIRE(io.has_value());
+  // The archive's weights as a torch.save zip of ours (stored records with
+  // CRC-32s, one storage per tensor), to flip a byte of one record below.
+  CheckpointBuilder b;
+  for (const auto& [name, t] : l.weights)
+    REQUIRE(
+        b.add_state_dict_tensor(name, t.dtype, t.shape, std::vector<std::uint8_t>(t.bytes().begin(), t.bytes().end()))
+            .has_value());
+  auto ck = std::move(b).finish();
+  REQUIRE(ck.has_value());
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto path = dir / ("safeckpt_engine_stream_" + std::to_string(::getpid()) + ".pt");
+  REQUIRE(save(path, *ck).has_value());
+  const auto c = cases_of(l.program, *io)[0];
+  const HostTensor want = tensor_of(*io, "output.0.cuda");
+  for (Stance st : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile}) {
+    CAPTURE(engine::stance_name(st));
+    auto eng = make_engine();
+    auto pending = cuda::PendingDeviceCheckpoint::start(path);
+    REQUIRE_MESSAGE(pending.has_value(), (pending ? "" : pending.error().to_string()));
+    auto cp = eng.compile(l.program, *pending, &l.weights);
+    REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+    CHECK(cp->stats().weight_bytes == 0);  // every weight read in place
+    engine::RunOptions ro;
+    ro.stance = st;
+    for (int call = 0; call < 2; ++call) {
+      auto r = cp->run_host(c.inputs, ro);
+      REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+      check_close((*r)[0], want, 1e-4, 1e-4, "gpt2.core, streaming start");
+    }
+    CHECK((*pending)->wait_all().has_value());
+  }
+  // A record whose bytes fail their CRC on the device: the run fails with
+  // the transfer's error, in every stance; no output is returned.
+  auto host = safeckpt::load(path);
+  REQUIRE(host.has_value());
+  std::uint32_t victim = 0;
+  for (std::uint32_t i = 0; i < host->storages().size(); ++i)
+    if (host->storages()[i].nbytes > host->storages()[victim].nbytes) victim = i;
+  std::string bytes = read_text(path.string());
+  bytes[host->storages()[victim].file_offset + 5] ^= 0x20;
+  const auto bad = dir / ("safeckpt_engine_stream_bad_" + std::to_string(::getpid()) + ".pt");
+  {
+    std::ofstream out(bad, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  for (Stance st : {Stance::kDefault, Stance::kForceEager}) {
+    CAPTURE(engine::stance_name(st));
+    auto eng = make_engine();
+    auto pending = cuda::PendingDeviceCheckpoint::start(bad);
+    REQUIRE_MESSAGE(pending.has_value(), (pending ? "" : pending.error().to_string()));
+    auto cp = eng.compile(l.program, *pending, &l.weights);
+    REQUIRE(cp.has_value());
+    engine::RunOptions ro;
+    ro.stance = st;
+    auto r = cp->run_host(c.inputs, ro);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK(r.error().to_string().find("CRC-32 mismatch") != std::string::npos);
+  }
+  std::filesystem::remove(path);
+  std::filesystem::remove(bad);
 }
 
 TEST_CASE("engine: the convolutional program is refused with kUnsupported naming the node (documented gap)") {
