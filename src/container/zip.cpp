@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "util/bytes.hpp"
+#include "util/crc32.hpp"
 
 namespace safeckpt {
 namespace {
@@ -619,14 +620,7 @@ std::string_view zip_anomaly_name(ZipAnomalyKind k) noexcept {
 }
 
 std::uint32_t crc32_update(std::uint32_t crc, Bytes data) noexcept {
-  constexpr std::size_t kChunk = 1u << 30;  // zlib's length is a uInt
-  uLong c = crc;
-  while (!data.empty()) {
-    const std::size_t n = std::min(data.size(), kChunk);
-    c = ::crc32(c, data.data(), static_cast<uInt>(n));
-    data = data.subspan(n);
-  }
-  return static_cast<std::uint32_t>(c);
+  return detail::crc32_fast(crc, data.data(), data.size());
 }
 
 namespace {

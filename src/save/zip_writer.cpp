@@ -7,6 +7,7 @@
 
 #include "safeckpt/save.hpp"
 #include "util/bytes.hpp"
+#include "util/crc32.hpp"
 
 namespace safeckpt {
 namespace {
@@ -40,16 +41,7 @@ void zip64_extra(std::vector<std::uint8_t>& v, bool sizes, std::uint64_t usize, 
 }  // namespace
 
 std::uint32_t save_crc32(std::uint32_t crc, Bytes data) noexcept {
-  uLong c = crc;
-  const std::uint8_t* p = data.data();
-  std::size_t left = data.size();
-  while (left > 0) {
-    const uInt n = left > (1u << 30) ? (1u << 30) : static_cast<uInt>(left);
-    c = ::crc32(c, p, n);
-    p += n;
-    left -= n;
-  }
-  return static_cast<std::uint32_t>(c);
+  return detail::crc32_fast(crc, data.data(), data.size());
 }
 
 std::uint64_t zip_record_data_offset(std::uint64_t cursor, std::uint64_t full_name_bytes, std::uint64_t size,
