@@ -134,6 +134,11 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
     case MicroKind::kCast:
       if (d == DType::kBool) return "(" + A() + " != 0)";
       return round_to(d, as(d, A()));
+    case MicroKind::kMul: return round_to(d, "(" + F(A()) + " * " + F(B()) + ")");
+    case MicroKind::kInvSqrt:
+      // ATen's batch_norm_transform_input: invstd = 1 / sqrt(var + eps) in
+      // float (correctly rounded sqrtf and division: NVRTC without fast math).
+      return round_to(d, "(1.0f / sqrtf(" + F(A()) + " + " + F(lit(o.s0)) + "))");
   }
   return "0";
 }

@@ -63,7 +63,9 @@ enum class MicroKind : std::uint8_t {
   kGeluErf,
   kGeluTanh,
   kRelu,
-  kCast,  // a converted to dtype (clone, copies)
+  kCast,     // a converted to dtype (clone, copies)
+  kMul,      // a * b (floating; batch_norm's per-channel scale)
+  kInvSqrt,  // 1 / sqrt(a + s0) (floating; batch_norm's 1/sqrt(running_var + eps))
 };
 struct MicroOp {
   MicroKind kind = MicroKind::kLoad;

@@ -88,7 +88,8 @@ struct GemmDesc {
 
 struct Step {
   std::string name;
-  std::function<int(cudaStream_t)> fn;  // returns a cudaError_t, or 1000 + cublasStatus_t
+  // Returns a cudaError_t, 1000 + cublasStatus_t or kDnnStatusBase + cudnnStatus_t (conv.hpp).
+  std::function<int(cudaStream_t)> fn;
 };
 
 // One concrete shape, lowered.
@@ -106,6 +107,8 @@ struct Plan {
   std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
   std::uint64_t arena_bytes = 0;
   void* workspace = nullptr;
+  std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
+  bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
   int* error_flag = nullptr;
   std::vector<std::string> checked_nodes;                  // embedding nodes whose indices the flag reports
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;  // user input value id -> fixed buffer

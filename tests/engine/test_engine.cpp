@@ -97,9 +97,13 @@ std::vector<Case> cases_of(const Program& prog, const SafetensorsFile& io) {
 
 // Engines of these cases run without the persistent compile cache (so they
 // compile every time and never touch ~/.cache); test_engine_cache.cpp tests it.
+// The corpus's CUDA references were recorded with TF32 off for matmuls and
+// cuDNN (tests/data/pt2-2.11/README.md): so are these engines' convolutions
+// (cudnn_allow_tf32 defaults to PyTorch's True).
 engine::EngineOptions no_cache() {
   engine::EngineOptions o;
   o.cache = engine::CacheMode::kOff;
+  o.cudnn_allow_tf32 = false;
   return o;
 }
 
@@ -109,7 +113,23 @@ engine::Engine make_engine(engine::EngineOptions o = no_cache()) {
   return std::move(e).value();
 }
 
-const char* const kGpuModels[] = {"mlp", "gpt2", "gpt2_dynbatch", "gpt2_dynbatchseq"};
+const char* const kGpuModels[] = {"mlp", "cnn", "gpt2", "gpt2_dynbatch", "gpt2_dynbatchseq"};
+
+// A float32 copy of a float32 or bfloat16 tensor (bfloat16 widens exactly).
+HostTensor as_f32(const HostTensor& t) {
+  if (t.dtype == DType::kFloat32) return t;
+  REQUIRE(t.dtype == DType::kBFloat16);
+  std::vector<std::uint8_t> bytes(t.numel() * 4);
+  for (std::size_t i = 0; i < t.numel(); ++i) {
+    std::uint32_t u =
+        static_cast<std::uint32_t>((*t.data)[2 * i]) | (static_cast<std::uint32_t>((*t.data)[2 * i + 1]) << 8);
+    u <<= 16;
+    std::memcpy(bytes.data() + 4 * i, &u, 4);
+  }
+  auto h = make_host_tensor(DType::kFloat32, t.shape, bytes);
+  REQUIRE(h.has_value());
+  return *h;
+}
 
 }  // namespace
 
@@ -387,18 +407,120 @@ TEST_CASE("engine: DLPack in and out on the device; weights in place from a Devi
   CHECK(bad.error().message().find("transformer.h.0.ln_1.weight") != std::string::npos);
 }
 
-TEST_CASE("engine: the convolutional program is refused with kUnsupported naming the node (documented gap)") {
+TEST_CASE("engine: cnn with PyTorch's TF32 default for convolutions (cudnn_allow_tf32) and compiled vs eager") {
   if (!have_device()) return;
-  auto eng = make_engine();
-  Loaded l = load_program("cnn.core.pt2");
+  engine::EngineOptions o = no_cache();
+  o.cudnn_allow_tf32 = true;  // PyTorch 2.11's torch.backends.cudnn.allow_tf32 default
+  auto eng = make_engine(o);
   auto io = SafetensorsFile::open(data_dir() + "cnn.io.safetensors");
   REQUIRE(io.has_value());
-  auto cp = eng.compile(l.program, l.weights);
-  REQUIRE(cp.has_value());
-  auto r = cp->run_host(cases_of(l.program, *io)[0].inputs);
-  REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().code() == ErrorCode::kUnsupported);
-  CHECK(r.error().message().find("convolution") != std::string::npos);
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
+    auto cases = cases_of(l.program, *io);
+    auto a = eng.compile(l.program, l.weights);
+    auto b = eng.compile(l.program, l.weights);
+    REQUIRE(a.has_value());
+    REQUIRE(b.has_value());
+    engine::RunOptions eager;
+    eager.stance = Stance::kForceEager;
+    auto oa = a->run_host(cases[0].inputs);
+    auto ob = b->run_host(cases[0].inputs, eager);
+    REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
+    REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
+    auto sa = a->stats(), sb = b->stats();
+    MESSAGE((std::string("cnn.") + ir) << " (TF32 convolutions): compiled " << sa.steps << " launches, eager "
+                                       << sb.steps << ", arena " << sa.arena_bytes << " B");
+    CHECK(sa.steps < sb.steps);
+    // TF32 (10-bit mantissa) products: a looser bound than the TF32-off corpus tolerance.
+    double d = check_close((*oa)[0], tensor_of(*io, "output.0.cuda"), 1e-2, 1e-2, std::string("cnn.") + ir + " TF32");
+    MESSAGE((std::string("cnn.") + ir) << " TF32 convolutions: max|out - PyTorch CUDA (TF32 off)| = " << d);
+  }
+}
+
+// bench/export_resnet50.py's archives and io file (made on the GPU machine,
+// not committed): set SAFECKPT_RESNET50_DIR to its output directory.
+TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch CUDA eager, compiled and eager") {
+  const char* dir = std::getenv("SAFECKPT_RESNET50_DIR");
+  if (dir == nullptr) {
+    MESSAGE("SKIP: SAFECKPT_RESNET50_DIR not set (bench/export_resnet50.py)");
+    return;
+  }
+  if (!have_device()) return;
+  auto eng = make_engine();
+  for (const char* dt : {"float32", "bfloat16"}) {
+    std::string base = std::string(dir) + "/resnet50_" + dt;
+    if (!std::filesystem::exists(base + ".json")) {
+      MESSAGE("SKIP: no " << base << ".json");
+      continue;
+    }
+    json meta = json::parse(read_text(base + ".json"));
+    double atol = meta["tolerance"]["atol"].get<double>(), rtol = meta["tolerance"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(base + ".io.safetensors");
+    REQUIRE_MESSAGE(io.has_value(), (io ? "" : io.error().to_string()));
+    for (const char* ir : {"train", "core"}) {
+      std::string what = std::string("resnet50 ") + dt + " " + ir;
+      CAPTURE(what);
+      auto a = Pt2Archive::open_file(base + "." + ir + ".pt2");
+      REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+      auto p = a->program("model");
+      REQUIRE(p.has_value());
+      Program prog = **p;
+      auto st = validate(prog);
+      REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+      auto w = archive_weights(*a);
+      REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+      auto cp = eng.compile(prog, *w);
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      Inputs in{{"x", tensor_of(*io, "input.x")}};
+      HostTensor ref = tensor_of(*io, "output.0.cuda");
+      if (std::string(dt) == "float32") {
+        // The CPU reference (max_pool2d and max_pool2d_with_indices included)
+        // against PyTorch's CPU eager output.
+        auto cpu = run_cpu(prog, *w, in);
+        REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+        double d = check_close((*cpu)[0], tensor_of(*io, "output.0.cpu"), atol, rtol, what + " CPU reference");
+        MESSAGE(what << " CPU reference: max|out - PyTorch CPU| = " << d);
+      }
+      for (Stance s : {Stance::kForceEager, Stance::kDefault}) {
+        engine::RunOptions ro;
+        ro.stance = s;
+        for (int call = 0; call < 2; ++call) {
+          auto out = cp->run_host(in, ro);
+          REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+          double d = check_close(as_f32((*out)[0]), ref, atol, rtol,
+                                 what + " " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
+          MESSAGE(what << " " << engine::stance_name(s) << " call " << call << ": max|out - PyTorch CUDA| = " << d);
+        }
+      }
+      auto stats = cp->stats();
+      MESSAGE(what << ": " << stats.steps << " launches (compiled), arena " << stats.arena_bytes << " B");
+    }
+  }
+}
+
+TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join one generated kernel") {
+  using safeckpt::engine::detail::dry_plan;
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
+    auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90);
+    REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
+    std::size_t convs = 0, norms = 0;
+    for (const auto& n : l.program.nodes) {
+      const std::string& op = n.schema->name;
+      if (op == "aten::conv2d" || op == "aten::convolution") ++convs;
+      if (op != "aten::batch_norm" && op != "aten::_native_batch_norm_legit_no_training") continue;
+      ++norms;
+      bool joined = false;
+      for (const auto& s : fused->steps) joined = joined || (s.find(n.name + "+") != std::string::npos);
+      CHECK_MESSAGE(joined, std::string(ir) << ": " << n.name << " is not fused with what follows it");
+    }
+    CHECK(convs == 3);
+    CHECK(norms == 3);
+    // 3 convolutions + 3 batch_norm/relu kernels + pooling + the classifier GEMM.
+    MESSAGE((std::string("cnn.") + ir) << ": " << fused->steps.size() << " launches");
+    CHECK(fused->steps.size() == 8);
+    CHECK(fused->source.find("sqrtf(") != std::string::npos);
+  }
 }
 
 TEST_CASE("engine: planning every corpus program (no device): fusion cuts launches, NVRTC accepts the kernels") {
