@@ -139,23 +139,29 @@ Result<std::shared_ptr<ConvPlan>> conv_prepare(std::shared_ptr<DnnHandle> handle
   SAFECKPT_CHECK(dnn_ok(
       cudnnGetConvolutionForwardAlgorithm_v7(c->handle->h, c->x, c->w, c->conv, c->y, max_algos, &found, perf.data()),
       "cudnnGetConvolutionForwardAlgorithm_v7"));
-  for (int a = 0; a < found; ++a) {
-    const auto& p = perf[static_cast<std::size_t>(a)];
-    if (p.status != CUDNN_STATUS_SUCCESS) continue;
-    if (fma_only && p.mathType != CUDNN_FMA_MATH) continue;  // ATen's ASSERT_CORRECT_PRECISION
-    // cuDNN 7.4+: the algorithm and the math type together select the
-    // kernel (ATen sets the descriptor's math type from the result too).
-    if (cudnnSetConvolutionMathType(c->conv, p.mathType) != CUDNN_STATUS_SUCCESS) continue;
-    std::size_t ws = 0;
-    if (cudnnGetConvolutionForwardWorkspaceSize(c->handle->h, c->x, c->w, c->conv, c->y, p.algo, &ws) !=
-            CUDNN_STATUS_SUCCESS ||
-        ws > max_workspace)
-      continue;
-    c->algo = p.algo;
-    c->math = p.mathType;
-    c->workspace = ws;
-    return c;
-  }
+  // Pass 0: the results as ranked, each with its own math type. Pass 1
+  // (full fp32 only, should cuDNN report no FMA_MATH result): the same
+  // algorithms with the descriptor forced to CUDNN_FMA_MATH, kept when cuDNN
+  // accepts that pair.
+  for (int pass = 0; pass < (fma_only ? 2 : 1); ++pass)
+    for (int a = 0; a < found; ++a) {
+      const auto& p = perf[static_cast<std::size_t>(a)];
+      if (p.status != CUDNN_STATUS_SUCCESS) continue;
+      if (pass == 0 && fma_only && p.mathType != CUDNN_FMA_MATH) continue;  // ATen's ASSERT_CORRECT_PRECISION
+      // cuDNN 7.4+: the algorithm and the math type together select the
+      // kernel (ATen sets the descriptor's math type from the result too).
+      const cudnnMathType_t m = pass == 0 ? p.mathType : CUDNN_FMA_MATH;
+      if (cudnnSetConvolutionMathType(c->conv, m) != CUDNN_STATUS_SUCCESS) continue;
+      std::size_t ws = 0;
+      if (cudnnGetConvolutionForwardWorkspaceSize(c->handle->h, c->x, c->w, c->conv, c->y, p.algo, &ws) !=
+              CUDNN_STATUS_SUCCESS ||
+          ws > max_workspace)
+        continue;
+      c->algo = p.algo;
+      c->math = m;
+      c->workspace = ws;
+      return c;
+    }
   return make_error(ErrorCode::kDevice, "cuDNN has no forward algorithm for this convolution within " +
                                             std::to_string(max_workspace >> 20) + " MiB of workspace (" +
                                             std::to_string(found) + " candidates)");
