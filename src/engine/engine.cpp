@@ -235,8 +235,9 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   out.fused_kernels = plan.fused.size();
   out.source = fused_source(plan.fused);
   // Sources NVRTC already accepted in this process, per architecture: the text
-  // carries op codes and dtypes only (sizes are kernel parameters), so every
-  // shape of a program shares one compile.
+  // carries op codes, dtypes and ranks only (sizes are kernel parameters), so
+  // shapes whose collapsed iteration spaces have the same ranks share one
+  // compile.
   static std::mutex accepted_mu;
   static std::set<std::string> accepted;
   const std::string key = std::to_string(sm) + "\n" + out.source;

@@ -80,7 +80,14 @@ struct FusedKernel {
   std::vector<DType> in_dtypes;
   std::vector<DType> out_dtypes;
   int rank = 0;
+  bool index32 = false;  // fewer than 2^31 elements: 32-bit index decomposition
 };
+// The iteration space of a fused kernel made smaller without changing what
+// it reads or writes: size-1 dimensions dropped, then neighbours d, d+1
+// merged where every tensor has strides[d] == strides[d+1] * shape[d+1]
+// (contiguous runs, and broadcast runs of stride 0). `strides` holds one
+// vector per tensor, of shape's rank. A shape with a 0 stays as it is.
+void collapse_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides);
 // The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
 // numbers reach the text.
 std::string fused_source(const std::vector<FusedKernel>& kernels);

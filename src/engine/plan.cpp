@@ -228,11 +228,22 @@ struct Lowering {
                   std::vector<std::int64_t> shape, std::string name) {
     for (const auto& t : ins) use(t);
     for (const auto& t : outs) def(t);
+    // Each tensor's strides over the iteration space (inputs broadcast), then
+    // the space collapsed (collapse_dims): fewer index divisions per element.
+    std::vector<std::vector<std::int64_t>> strides;
+    strides.reserve(ins.size() + outs.size());
+    for (const auto& x : ins) strides.push_back(bstrides(x, shape));
+    for (const auto& x : outs) strides.push_back(x.strides);
+    collapse_dims(shape, strides);
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+    k.rank = static_cast<int>(shape.size());
+    k.index32 = n <= static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
     std::size_t index = plan.fused.size();
     k.name = "k" + std::to_string(index);
     plan.fused.push_back(std::move(k));
     Plan* pl = &plan;
-    add_step(std::move(name), [pl, index, ins, outs, shape](cudaStream_t s) {
+    add_step(std::move(name), [pl, index, ins, outs, shape, strides](cudaStream_t s) {
       FusedParams prm{};
       prm.n = 1;
       for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -243,8 +254,7 @@ struct Lowering {
       for (const auto* list : {&ins, &outs})
         for (const auto& x : *list) {
           prm.t[t].ptr = pl->ptr(x);
-          auto st = list == &ins ? bstrides(x, shape) : x.strides;
-          for (std::size_t d = 0; d < st.size(); ++d) prm.t[t].strides[d] = st[d];
+          for (std::size_t d = 0; d < strides[t].size(); ++d) prm.t[t].strides[d] = strides[t][d];
           ++t;
         }
       if (prm.n == 0) return 0;

@@ -187,6 +187,57 @@ TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and n
   CHECK(fused_source({k}) == src);
 }
 
+TEST_CASE("engine: generated kernels iterate a collapsed space (collapse_dims)") {
+  using safeckpt::engine::detail::collapse_dims;
+  // batch_norm over [N, C, H, W]: contiguous x and y, per-channel [C, 1, 1]
+  // broadcast (strides 0, 1, 0, 0): H and W merge, N and C do not.
+  std::vector<std::int64_t> shape = {2, 16, 8, 4};
+  std::vector<std::vector<std::int64_t>> st = {{512, 32, 4, 1}, {0, 1, 0, 0}, {512, 32, 4, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{2, 16, 32});
+  CHECK(st[0] == std::vector<std::int64_t>{512, 32, 1});
+  CHECK(st[1] == std::vector<std::int64_t>{0, 1, 0});
+  // All contiguous: one dimension; size-1 dimensions dropped.
+  shape = {3, 1, 5, 7};
+  st = {{35, 35, 7, 1}, {35, 1, 7, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{105});
+  CHECK(st[1] == std::vector<std::int64_t>{1});
+  // A transposed input keeps its dimensions apart.
+  shape = {4, 6};
+  st = {{1, 4}, {6, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{4, 6});
+  // Only size-1 dimensions: rank 0 (one element); a 0 size: unchanged.
+  shape = {1, 1};
+  st = {{1, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape.empty());
+  CHECK(st[0].empty());
+  shape = {2, 0, 3};
+  st = {{0, 3, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{2, 0, 3});
+  // Fewer than 2^31 elements: 32-bit index decomposition in the text.
+  using namespace safeckpt::engine::detail;
+  FusedKernel k;
+  k.name = "k0";
+  k.rank = 2;
+  k.index32 = true;
+  k.in_dtypes = {DType::kFloat32};
+  k.out_dtypes = {DType::kFloat32};
+  MicroOp ld;
+  ld.kind = MicroKind::kLoad;
+  ld.a = 0;
+  MicroOp r = ld;
+  r.kind = MicroKind::kRelu;
+  r.store = 0;
+  k.ops = {ld, r};
+  CHECK(fused_source({k}).find("unsigned r_ = (unsigned)i;") != std::string::npos);
+  k.index32 = false;
+  CHECK(fused_source({k}).find("long long r_ = i;") != std::string::npos);
+}
+
 // ------------------------------------------------------------- GPU cases
 
 TEST_CASE(
