@@ -101,37 +101,56 @@ Result<std::shared_ptr<DnnHandle>> dnn_create() {
   return h;
 }
 
-Result<std::shared_ptr<ConvPlan>> conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
-                                               std::uint64_t max_workspace) {
-  auto c = std::make_shared<ConvPlan>();
-  c->handle = std::move(handle);
+namespace {
+
+// The descriptors of `g` into `c` (host calls only: no handle or device),
+// cuDNN's output size checked against the plan's.
+Status describe(ConvPlan& c, const ConvGeometry& g) {
   const cudnnDataType_t ty = g.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
   auto i = [](long long v) { return static_cast<int>(v); };  // plan.cpp checked every size against INT_MAX
-  SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c->x), "cudnnCreateTensorDescriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c->y), "cudnnCreateTensorDescriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnCreateFilterDescriptor(&c->w), "cudnnCreateFilterDescriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnCreateConvolutionDescriptor(&c->conv), "cudnnCreateConvolutionDescriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, ty, i(g.n), i(g.c), i(g.h), i(g.w)),
+  SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c.x), "cudnnCreateTensorDescriptor"));
+  SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c.y), "cudnnCreateTensorDescriptor"));
+  SAFECKPT_CHECK(dnn_ok(cudnnCreateFilterDescriptor(&c.w), "cudnnCreateFilterDescriptor"));
+  SAFECKPT_CHECK(dnn_ok(cudnnCreateConvolutionDescriptor(&c.conv), "cudnnCreateConvolutionDescriptor"));
+  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c.x, CUDNN_TENSOR_NCHW, ty, i(g.n), i(g.c), i(g.h), i(g.w)),
                         "input descriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, ty, i(g.n), i(g.k), i(g.oh), i(g.ow)),
+  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c.y, CUDNN_TENSOR_NCHW, ty, i(g.n), i(g.k), i(g.oh), i(g.ow)),
                         "output descriptor"));
   SAFECKPT_CHECK(
-      dnn_ok(cudnnSetFilter4dDescriptor(c->w, ty, CUDNN_TENSOR_NCHW, i(g.k), i(g.c / g.groups), i(g.r), i(g.s)),
+      dnn_ok(cudnnSetFilter4dDescriptor(c.w, ty, CUDNN_TENSOR_NCHW, i(g.k), i(g.c / g.groups), i(g.r), i(g.s)),
              "filter descriptor"));
   SAFECKPT_CHECK(
-      dnn_ok(cudnnSetConvolution2dDescriptor(c->conv, g.pad[0], g.pad[1], g.stride[0], g.stride[1], g.dilation[0],
+      dnn_ok(cudnnSetConvolution2dDescriptor(c.conv, g.pad[0], g.pad[1], g.stride[0], g.stride[1], g.dilation[0],
                                              g.dilation[1], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
              "convolution descriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnSetConvolutionGroupCount(c->conv, g.groups), "cudnnSetConvolutionGroupCount"));
+  SAFECKPT_CHECK(dnn_ok(cudnnSetConvolutionGroupCount(c.conv, g.groups), "cudnnSetConvolutionGroupCount"));
   const bool fma_only = !g.bf16 && !g.allow_tf32;
   const cudnnMathType_t math = g.bf16 ? CUDNN_TENSOR_OP_MATH : fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
-  SAFECKPT_CHECK(dnn_ok(cudnnSetConvolutionMathType(c->conv, math), "cudnnSetConvolutionMathType"));
+  SAFECKPT_CHECK(dnn_ok(cudnnSetConvolutionMathType(c.conv, math), "cudnnSetConvolutionMathType"));
   int n = 0, k = 0, oh = 0, ow = 0;
-  SAFECKPT_CHECK(dnn_ok(cudnnGetConvolution2dForwardOutputDim(c->conv, c->x, c->w, &n, &k, &oh, &ow), "output size"));
+  SAFECKPT_CHECK(dnn_ok(cudnnGetConvolution2dForwardOutputDim(c.conv, c.x, c.w, &n, &k, &oh, &ow), "output size"));
   if (n != g.n || k != g.k || oh != g.oh || ow != g.ow)
     return make_error(ErrorCode::kInternal, "cuDNN's convolution output size " + std::to_string(oh) + "x" +
                                                 std::to_string(ow) + " differs from the planned " +
                                                 std::to_string(g.oh) + "x" + std::to_string(g.ow));
+  return {};
+}
+
+}  // namespace
+
+Status conv_describe(const ConvGeometry& g) {
+  std::string load = cudnn_load_error();
+  if (!load.empty()) return make_error(ErrorCode::kDevice, "cuDNN (convolutions): " + load);
+  ConvPlan c;
+  return describe(c, g);
+}
+
+Result<std::shared_ptr<ConvPlan>> conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                               std::uint64_t max_workspace) {
+  auto c = std::make_shared<ConvPlan>();
+  c->handle = std::move(handle);
+  SAFECKPT_CHECK(describe(*c, g));
+  const bool fma_only = !g.bf16 && !g.allow_tf32;
   int max_algos = 0;
   SAFECKPT_CHECK(dnn_ok(cudnnGetConvolutionForwardAlgorithmMaxCount(c->handle->h, &max_algos), "algorithm count"));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(std::max(max_algos, 1)));

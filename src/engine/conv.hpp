@@ -37,6 +37,12 @@ Result<std::shared_ptr<DnnHandle>> dnn_create();
 // algorithms within it.
 inline constexpr std::uint64_t kMaxConvWorkspaceBytes = 256ull << 20;
 
+// Builds `g`'s cuDNN descriptors and checks cuDNN's output size against
+// g.oh / g.ow — host calls only (no handle, no device): what host tests can
+// check of a convolution. Errors: kDevice (cuDNN missing or refusing a
+// descriptor), kInternal (another output size).
+Status conv_describe(const ConvGeometry& g);
+
 // Descriptors and the algorithm chosen for one ConvGeometry.
 struct ConvPlan;
 // Chooses the algorithm (cuDNN's heuristics, cudnnGetConvolutionForward-

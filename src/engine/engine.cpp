@@ -233,6 +233,7 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   for (const auto& s : plan.steps) out.steps.push_back(s.name);
   out.arena_bytes = plan.arena_bytes;
   out.fused_kernels = plan.fused.size();
+  out.convs = plan.convs;
   out.source = fused_source(plan.fused);
   // Sources NVRTC already accepted in this process, per architecture: the text
   // carries op codes, dtypes and ranks only (sizes are kernel parameters), so

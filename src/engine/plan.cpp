@@ -1087,6 +1087,7 @@ struct Lowering {
     cg.bf16 = x.dtype == DType::kBFloat16;
     cg.allow_tf32 = eng.opt.cudnn_allow_tf32;
     DevTensor y = new_tensor(od, oshape);
+    plan.convs.push_back(cg);
     std::shared_ptr<ConvPlan> cp;
     if (eng.lt != nullptr) {  // a device (dry plans choose no algorithm and run nothing)
       if (!dnn) {

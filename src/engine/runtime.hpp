@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/conv.hpp"
 #include "engine/internal.hpp"
 #include "engine/module_cache.hpp"
 #include "safeckpt/compile_cache.hpp"
@@ -109,6 +110,7 @@ struct Plan {
   void* workspace = nullptr;
   std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
   bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
+  std::vector<ConvGeometry> convs;                  // each convolution step's geometry, in order
   int* error_flag = nullptr;
   std::vector<std::string> checked_nodes;                  // embedding nodes whose indices the flag reports
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;  // user input value id -> fixed buffer
@@ -138,6 +140,7 @@ struct DryPlan {
   std::uint64_t arena_bytes = 0;
   std::size_t fused_kernels = 0;
   std::string source;
+  std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm);

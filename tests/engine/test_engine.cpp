@@ -571,6 +571,22 @@ TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join on
     MESSAGE((std::string("cnn.") + ir) << ": " << fused->steps.size() << " launches");
     CHECK(fused->steps.size() == 8);
     CHECK(fused->source.find("sqrtf(") != std::string::npos);
+    // cuDNN's descriptors (host calls: libcudnn, no device) agree with the
+    // planned output sizes.
+    REQUIRE(fused->convs.size() == 3);
+    for (const auto& g : fused->convs) {
+      auto st = safeckpt::engine::detail::conv_describe(g);
+      if (!st && st.error().message().find("could not load") != std::string::npos) {
+        MESSAGE("SKIP: " << st.error().message());
+        break;
+      }
+      CHECK_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+      auto wrong = g;
+      ++wrong.oh;
+      auto bad = safeckpt::engine::detail::conv_describe(wrong);
+      REQUIRE_FALSE(bad.has_value());
+      CHECK(bad.error().code() == ErrorCode::kInternal);
+    }
   }
 }
 
