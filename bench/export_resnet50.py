@@ -37,12 +37,13 @@ def build(dtype):
         if isinstance(mod, torch.nn.BatchNorm2d):
             mod.momentum = None  # cumulative moving average over the calibration batches
             mod.reset_running_stats()
-    m.train()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m.to(dev).train()
     with torch.no_grad():
         for _ in range(4):
-            m(torch.randn(16, 3, 224, 224, generator=g))
+            m(torch.randn(16, 3, 224, 224, generator=g).to(dev))
     m.eval()
-    return m.to(dtype)
+    return m.cpu().to(dtype)
 
 
 def main():
