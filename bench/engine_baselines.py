@@ -9,7 +9,7 @@ process with that cache (warm cache), and file -> first output (torch.export.loa
 torch.compile + first call, in the cold process). Compile phases run in child processes so every
 cold number starts from a fresh interpreter. Inputs as the C++ bench makes them: the program's
 example shapes with dim 0 = --batch, int64 in [0, 64), floats in [-1, 1). TF32 left at PyTorch's
-defaults (matmul off).
+defaults (matmul off, cuDNN convolutions on: the engine's defaults too, safeckpt/engine.hpp).
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
@@ -94,7 +94,8 @@ def main():
     x = make_inputs(ep, a.batch, torch)
     with torch.no_grad():
         eager = median_ms(lambda: m(*x), a.iters, torch)
-    print(f"torch {torch.__version__}; matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}")
+    print(f"torch {torch.__version__}; matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
+          f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}")
     print(f"{'PyTorch eager (ep.module(), median)':58s} {eager:12.3f}")
     if a.no_compile:
         print(f"{'torch.compile rows':58s} {'skipped':>12s}")

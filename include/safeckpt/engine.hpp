@@ -47,10 +47,23 @@
 // warning too, never an error of the run. Entries are written atomically and
 // authenticated, so several threads and processes may share one directory.
 //
+// Convolutional programs (src/engine/conv.cpp, pool.cu): conv2d / convolution
+// (2-D, forward, groups, stride, padding, dilation, bias; NCHW, float32 or
+// bfloat16) through cuDNN, loaded on the first plan that has one
+// (libcudnn.so.<major>; a missing library is a kDevice error naming it), the
+// algorithm chosen once per plan by cuDNN's heuristics, its workspace owned
+// by the plan; the bias and inference batch_norm (batch_norm with
+// training=False, _native_batch_norm_legit_no_training: (x - running_mean) /
+// sqrt(running_var + eps) * weight + bias in fp32) are micro-ops of the fused
+// pointwise kernels, so a following relu or residual add fuses with them;
+// adaptive_avg_pool2d and max_pool2d (values; max_pool2d_with_indices only
+// when its indices are not read) as fixed kernels. A plan with cuDNN steps
+// runs once eagerly before its CUDA graph is captured.
+//
 // Not implemented on the GPU (kUnsupported when compiling, naming the node):
-// convolution, batch_norm and adaptive_avg_pool2d (the corpus `cnn`), float16
-// and other dtypes than float32 / bfloat16 / int64 / bool / int32 for
-// computed values, _softmax over another than the last dimension, GQA.
+// transposed convolutions, float16 and other dtypes than float32 / bfloat16 /
+// int64 / bool / int32 for computed values, _softmax over another than the
+// last dimension, GQA.
 //
 // Numerics (TF32 policy): the default follows PyTorch 2.11's defaults
 // (docs/source/notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later)
@@ -58,10 +71,13 @@
 // fp32_precision "ieee" for matmul): float32 GEMMs use
 // CUBLAS_COMPUTE_32F (full fp32), never TF32, unless EngineOptions::allow_tf32
 // is set (then CUBLAS_COMPUTE_32F_FAST_TF32, like allow_tf32 = True).
-// PyTorch's cuDNN default (torch.backends.cudnn.allow_tf32 = True) concerns
-// convolutions, which this engine does not run yet. bfloat16 GEMMs accumulate
-// in fp32. Pointwise chains, norms, softmax and attention compute in fp32 and
-// round to the value's dtype after every op (what eager PyTorch stores).
+// Convolutions follow PyTorch's cuDNN default, torch.backends.cudnn.allow_tf32
+// = True (the same notes; unchanged in 2.11): float32 convolutions may use
+// TF32 tensor cores (CUDNN_DEFAULT_MATH) unless EngineOptions::
+// cudnn_allow_tf32 is false (then CUDNN_FMA_MATH, full fp32, like
+// cudnn.allow_tf32 = False — what the corpus's CUDA references were recorded
+// with). bfloat16 GEMMs and convolutions accumulate in fp32. Pointwise chains, norms, softmax and attention compute in
+// fp32 and round to the value's dtype after every op (what eager PyTorch stores).
 //
 // Threads and streams: an Engine and its CompiledPrograms may be used from
 // one thread at a time each (calls on one CompiledProgram are serialized by
@@ -112,7 +128,8 @@ enum class CacheMode : std::uint8_t {
 struct EngineOptions {
   int device = 0;                    // CUDA device index
   Stance stance = Stance::kDefault;  // per engine; RunOptions::stance overrides per call
-  bool allow_tf32 = false;           // see "TF32 policy" above
+  bool allow_tf32 = false;           // float32 GEMMs (cuBLASLt); see "TF32 policy" above
+  bool cudnn_allow_tf32 = true;      // float32 convolutions (cuDNN); see "TF32 policy" above
   // Concrete shapes kept compiled per CompiledProgram (plans + CUDA graphs),
   // least recently used dropped first. 1..4096.
   std::size_t max_plans = 16;

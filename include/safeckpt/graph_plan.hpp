@@ -122,7 +122,7 @@ enum class StepKind : std::uint8_t {
   kNorm,       // layer_norm / native_layer_norm / batch_norm (eval) / _native_batch_norm_legit_no_training
                // (an RMSNorm pattern is not matched: allowlist/ops.schema has no pow/rsqrt to spell one)
   kSoftmax,    // _softmax
-  kReduction,  // any.dim / mean.dim / adaptive_avg_pool2d
+  kReduction,  // any.dim / mean.dim / adaptive_avg_pool2d / max_pool2d(_with_indices)
   kFused,      // a chain of elementwise ops: `ops` below
   kGather,     // embedding (the only gather op in allowlist/ops.schema)
   kView,       // view / permute / transpose / unsqueeze / expand / flatten / split: an alias, no kernel

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "engine/conv.hpp"
 #include "engine/runtime.hpp"
 #include "graph/internal.hpp"
 #include "safeckpt/cuda.hpp"
@@ -233,10 +234,12 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   out.arena_bytes = plan.arena_bytes;
   out.fused_kernels = plan.fused.size();
   out.fused_launches = plan.fused_launches;
+  out.convs = plan.convs;
   out.source = fused_source(plan.fused);
   // Sources NVRTC already accepted in this process, per architecture: the text
-  // carries op codes and dtypes only (sizes are kernel parameters), so every
-  // shape of a program shares one compile.
+  // carries op codes, dtypes and ranks only (sizes are kernel parameters), so
+  // shapes whose collapsed iteration spaces have the same ranks share one
+  // compile.
   static std::mutex accepted_mu;
   static std::set<std::string> accepted;
   const std::string key = std::to_string(sm) + "\n" + out.source;
@@ -338,9 +341,9 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
     }
   SAFECKPT_TRY(plan->arena, device_alloc(eng->opt.device, plan->arena_bytes));
   SAFECKPT_TRY(plan->io, device_alloc(eng->opt.device, io_bytes));
-  SAFECKPT_TRY(plan->scratch, device_alloc(eng->opt.device, kWorkspaceBytes + 256));
+  SAFECKPT_TRY(plan->scratch, device_alloc(eng->opt.device, plan->workspace_bytes + 256));
   plan->workspace = plan->scratch->p;
-  plan->error_flag = reinterpret_cast<int*>(static_cast<char*>(plan->scratch->p) + kWorkspaceBytes);
+  plan->error_flag = reinterpret_cast<int*>(static_cast<char*>(plan->scratch->p) + plan->workspace_bytes);
   std::size_t k = 0;
   for (auto& b : plan->bufs) {
     if (b.kind == BufKind::kArena) b.ptr = static_cast<char*>(plan->arena->p) + b.offset;
@@ -394,6 +397,8 @@ Status ProgramImpl::execute(Plan& plan) {
         for (const void* w : s.weights)
           if (auto storage = pending->storage_at(w)) SAFECKPT_CHECK(pending->wait(*storage));
       int rc = s.fn(stream);
+      if (rc >= kDnnStatusBase)
+        return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuDNN " + dnn_status_string(rc - kDnnStatusBase));
       if (rc >= 1000)
         return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuBLASLt " +
                                                   cublasLtGetStatusString(static_cast<cublasStatus_t>(rc - 1000)));
@@ -408,6 +413,13 @@ Status ProgramImpl::execute(Plan& plan) {
   } else {
     if (plan.exec == nullptr) {
       auto t0 = std::chrono::steady_clock::now();
+      // cuDNN may load or build kernels on a convolution's first run, which
+      // is not allowed inside a stream capture: run the steps once first (as
+      // torch.compile's CUDA graphs warm up before recording).
+      if (plan.warmup_before_capture) {
+        SAFECKPT_CHECK(launch_steps(true));
+        ENG_CUDA(cudaStreamSynchronize(stream), "warm-up run before capture");
+      }
       ENG_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       Status st = launch_steps(false);  // captured, not run: addresses only
       cudaGraph_t graph = nullptr;

@@ -7,7 +7,9 @@
 // things that vary are op codes, dtypes, the rank and numeric literals
 // (printed as hexadecimal floating literals, exact) — no text from a
 // program file reaches the compiler. Sizes and strides are kernel parameters,
-// so one source serves every concrete shape of a program.
+// so one source serves every concrete shape of a program (the rank is that
+// of the collapsed iteration space, collapse_dims; shapes of 2^31 elements
+// or more get 64-bit index arithmetic).
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -136,6 +138,11 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
     case MicroKind::kCast:
       if (d == DType::kBool) return "(" + A() + " != 0)";
       return round_to(d, as(d, A()));
+    case MicroKind::kMul: return round_to(d, "(" + F(A()) + " * " + F(B()) + ")");
+    case MicroKind::kInvSqrt:
+      // ATen's batch_norm_transform_input: invstd = 1 / sqrt(var + eps) in
+      // float (correctly rounded sqrtf and division: NVRTC without fast math).
+      return round_to(d, "(1.0f / sqrtf(" + F(A()) + " + " + F(lit(o.s0)) + "))");
   }
   return "0";
 }
@@ -157,7 +164,8 @@ bool same_code(const FusedKernel& a, const FusedKernel& b) {
   const auto same_bits = [](double x, double y) {
     return std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
   };
-  if (a.rank != b.rank || a.in_dtypes != b.in_dtypes || a.out_dtypes != b.out_dtypes || a.ops.size() != b.ops.size())
+  if (a.rank != b.rank || a.index32 != b.index32 || a.in_dtypes != b.in_dtypes || a.out_dtypes != b.out_dtypes ||
+      a.ops.size() != b.ops.size())
     return false;
   for (std::size_t i = 0; i < a.ops.size(); ++i) {
     const MicroOp& x = a.ops[i];
@@ -169,6 +177,27 @@ bool same_code(const FusedKernel& a, const FusedKernel& b) {
   return true;
 }
 
+void collapse_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides) {
+  for (auto d : shape)
+    if (d == 0) return;
+  std::vector<std::int64_t> sh;
+  std::vector<std::vector<std::int64_t>> st(strides.size());
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !sh.empty();
+    for (std::size_t t = 0; merge && t < strides.size(); ++t) merge = st[t].back() == strides[t][d] * shape[d];
+    if (merge) {
+      sh.back() *= shape[d];
+      for (std::size_t t = 0; t < strides.size(); ++t) st[t].back() = strides[t][d];
+      continue;
+    }
+    sh.push_back(shape[d]);
+    for (std::size_t t = 0; t < strides.size(); ++t) st[t].push_back(strides[t][d]);
+  }
+  shape = std::move(sh);
+  strides = std::move(st);
+}
+
 std::string fused_source(const std::vector<FusedKernel>& kernels) {
   std::string src = kPrelude;
   for (const auto& k : kernels) {
@@ -176,10 +205,21 @@ std::string fused_source(const std::vector<FusedKernel>& kernels) {
     src +=
         "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n;"
         " i += (long long)gridDim.x * blockDim.x) {\n";
-    src += "    long long r_ = i;\n";
-    for (int r = k.rank - 1; r >= 0; --r) {
-      std::string rs = std::to_string(r);
-      src += "    long long ix" + rs + " = r_ % p.shape[" + rs + "]; r_ /= p.shape[" + rs + "];\n";
+    // Index decomposition: 64-bit division is a long software sequence on
+    // the GPU, 32-bit a short one; offsets stay 64-bit either way.
+    if (k.index32) {
+      src += "    unsigned r_ = (unsigned)i;\n";
+      for (int r = k.rank - 1; r >= 0; --r) {
+        std::string rs = std::to_string(r);
+        src += "    long long ix" + rs + " = (long long)(r_ % (unsigned)p.shape[" + rs +
+               "]); r_ /= (unsigned)p.shape[" + rs + "];\n";
+      }
+    } else {
+      src += "    long long r_ = i;\n";
+      for (int r = k.rank - 1; r >= 0; --r) {
+        std::string rs = std::to_string(r);
+        src += "    long long ix" + rs + " = r_ % p.shape[" + rs + "]; r_ /= p.shape[" + rs + "];\n";
+      }
     }
     src += "    (void)r_;\n";
     const int nin = static_cast<int>(k.in_dtypes.size());

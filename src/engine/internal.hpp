@@ -63,7 +63,9 @@ enum class MicroKind : std::uint8_t {
   kGeluErf,
   kGeluTanh,
   kRelu,
-  kCast,  // a converted to dtype (clone, copies)
+  kCast,     // a converted to dtype (clone, copies)
+  kMul,      // a * b (floating; batch_norm's per-channel scale)
+  kInvSqrt,  // 1 / sqrt(a + s0) (floating; batch_norm's 1/sqrt(running_var + eps))
 };
 struct MicroOp {
   MicroKind kind = MicroKind::kLoad;
@@ -78,11 +80,18 @@ struct FusedKernel {
   std::vector<DType> in_dtypes;
   std::vector<DType> out_dtypes;
   int rank = 0;
+  bool index32 = false;  // fewer than 2^31 elements: 32-bit index decomposition
 };
 // Whether a and b generate the same code (everything but the name): the
-// planner launches one kernel for every group of the same ops, dtypes and
-// rank (the layers of a transformer), so NVRTC compiles it once.
+// planner launches one kernel for every group of the same ops, dtypes, rank
+// and index width (the layers of a transformer), so NVRTC compiles it once.
 bool same_code(const FusedKernel& a, const FusedKernel& b);
+// The iteration space of a fused kernel made smaller without changing what
+// it reads or writes: size-1 dimensions dropped, then neighbours d, d+1
+// merged where every tensor has strides[d] == strides[d+1] * shape[d+1]
+// (contiguous runs, and broadcast runs of stride 0). `strides` holds one
+// vector per tensor, of shape's rank. A shape with a 0 stays as it is.
+void collapse_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides);
 // The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
 // numbers reach the text.
 std::string fused_source(const std::vector<FusedKernel>& kernels);

@@ -15,39 +15,16 @@
 // path applies (LD_LIBRARY_PATH, e.g. PyTorch's nvidia-* wheels, HACKING.md).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <nvrtc.h>
 
-#include <mutex>
 #include <string>
+
+#include "engine/lazy_library.hpp"
 
 namespace {
 
-class LazyLibrary {
- public:
-  explicit LazyLibrary(std::string soname) : soname_(std::move(soname)) {}
-
-  // Loads the library once (thread-safe); false when it could not be loaded.
-  bool ensure() {
-    std::call_once(once_, [this] {
-      handle_ = dlopen(soname_.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (handle_ == nullptr) {
-        const char* e = dlerror();
-        error_ = "could not load " + soname_ + " (" + (e != nullptr ? e : "unknown error") +
-                 "); install the CUDA toolkit's library or put PyTorch's nvidia wheels on LD_LIBRARY_PATH";
-      }
-    });
-    return handle_ != nullptr;
-  }
-  void* symbol(const char* name) { return ensure() ? dlsym(handle_, name) : nullptr; }
-  const std::string& error() const { return error_; }
-
- private:
-  std::string soname_;
-  std::once_flag once_;
-  void* handle_ = nullptr;
-  std::string error_;
-};
+using safeckpt::engine::detail::LazyLibrary;
+using safeckpt::engine::detail::resolve;
 
 LazyLibrary& cublaslt() {
   static LazyLibrary lib("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
@@ -57,11 +34,6 @@ LazyLibrary& cublaslt() {
 LazyLibrary& nvrtc() {
   static LazyLibrary lib("libnvrtc.so." + std::to_string(CUDART_VERSION / 1000));
   return lib;
-}
-
-template <class Fn>
-Fn resolve(LazyLibrary& lib, const char* name) {
-  return reinterpret_cast<Fn>(lib.symbol(name));
 }
 
 constexpr cublasStatus_t kLtUnavailable = CUBLAS_STATUS_NOT_INITIALIZED;

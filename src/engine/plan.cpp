@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "engine/conv.hpp"
 #include "engine/runtime.hpp"
 #include "graph/internal.hpp"
 
@@ -233,6 +235,17 @@ struct Lowering {
                   std::vector<std::int64_t> shape, std::string name) {
     for (const auto& t : ins) use(t);
     for (const auto& t : outs) def(t);
+    // Each tensor's strides over the iteration space (inputs broadcast), then
+    // the space collapsed (collapse_dims): fewer index divisions per element.
+    std::vector<std::vector<std::int64_t>> strides;
+    strides.reserve(ins.size() + outs.size());
+    for (const auto& x : ins) strides.push_back(bstrides(x, shape));
+    for (const auto& x : outs) strides.push_back(x.strides);
+    collapse_dims(shape, strides);
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+    k.rank = static_cast<int>(shape.size());
+    k.index32 = n <= static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
     // The same code as an earlier group (the next layer's): launch that kernel.
     std::size_t index = 0;
     while (index < plan.fused.size() && !same_code(plan.fused[index], k)) ++index;
@@ -242,7 +255,7 @@ struct Lowering {
     }
     ++plan.fused_launches;
     Plan* pl = &plan;
-    add_step(std::move(name), [pl, index, ins, outs, shape](cudaStream_t s) {
+    add_step(std::move(name), [pl, index, ins, outs, shape, strides](cudaStream_t s) {
       FusedParams prm{};
       prm.n = 1;
       for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -253,8 +266,7 @@ struct Lowering {
       for (const auto* list : {&ins, &outs})
         for (const auto& x : *list) {
           prm.t[t].ptr = pl->ptr(x);
-          auto st = list == &ins ? bstrides(x, shape) : x.strides;
-          for (std::size_t d = 0; d < st.size(); ++d) prm.t[t].strides[d] = st[d];
+          for (std::size_t d = 0; d < strides[t].size(); ++d) prm.t[t].strides[d] = strides[t][d];
           ++t;
         }
       if (prm.n == 0) return 0;
@@ -962,6 +974,313 @@ struct Lowering {
     return {};
   }
 
+  // ------------------------------------------------- convolutional programs
+  // Convolutions through cuDNN (conv.hpp); the conv bias and inference
+  // batch_norm as micro-ops of the open pointwise group (so a relu or a
+  // residual add after them joins the same kernel); pooling as fixed kernels.
+  std::shared_ptr<DnnHandle> dnn;  // made on the first convolution of a device plan
+
+  // An operand of chain(): a program value (a register when the open group
+  // produced it), or a tensor loaded with broadcasting against the output.
+  struct Operand {
+    std::int32_t value = -1;
+    DevTensor t;
+  };
+  // Emits a micro-op into the open group and returns its register.
+  using Emit = std::function<std::int32_t(MicroOp)>;
+  // Adds the current node, computing output 0 of `shape` from `operands`, to
+  // the pointwise group (as pointwise() does for single ops): `build` gets
+  // the operands' registers and returns the register of the result.
+  Status chain(const std::vector<Operand>& operands, const std::vector<std::int64_t>& shape,
+               const std::function<std::int32_t(const std::vector<std::int32_t>&, const Emit&)>& build) {
+    if (shape.size() > static_cast<std::size_t>(kMaxRank)) return fail(ErrorCode::kUnsupported, "rank above 8");
+    std::int32_t out_id = node->outputs[0];
+    std::size_t new_inputs = 0;
+    for (const auto& o : operands)
+      if (o.value < 0 || (g.reg_of_value.count(o.value) == 0 && g.in_of_value.count(o.value) == 0)) ++new_inputs;
+    if (g.open && (g.shape != shape || !fuse || g.ins.size() + new_inputs + g.produced.size() + 1 > kMaxFusedTensors)) {
+      SAFECKPT_CHECK(flush());
+    }
+    if (!g.open) {
+      g.open = true;
+      g.shape = shape;
+    }
+    auto load = [&](const DevTensor& t) {
+      auto idx = static_cast<std::int32_t>(g.ins.size());
+      g.ins.push_back(t);
+      g.k.in_dtypes.push_back(t.dtype);
+      MicroOp ld;
+      ld.kind = MicroKind::kLoad;
+      ld.dtype = t.dtype;
+      ld.a = idx;
+      g.k.ops.push_back(ld);
+      return idx;
+    };
+    std::vector<std::int32_t> regs;
+    for (const auto& o : operands) {
+      if (o.value < 0) {
+        load(o.t);
+        regs.push_back(static_cast<std::int32_t>(g.k.ops.size() - 1));
+        continue;
+      }
+      auto r = g.reg_of_value.find(o.value);
+      if (r != g.reg_of_value.end()) {
+        regs.push_back(r->second);
+        continue;
+      }
+      const auto& v = vals[static_cast<std::size_t>(o.value)];
+      if (!v) return fail(ErrorCode::kInternal, "input value has no plan");
+      auto in = g.in_of_value.find(o.value);
+      if (in == g.in_of_value.end()) {
+        g.in_of_value[o.value] = load(*v);
+      } else {
+        MicroOp ld;
+        ld.kind = MicroKind::kLoad;
+        ld.dtype = v->dtype;
+        ld.a = in->second;
+        g.k.ops.push_back(ld);
+      }
+      regs.push_back(static_cast<std::int32_t>(g.k.ops.size() - 1));
+    }
+    Emit emit = [this](MicroOp op) {
+      g.k.ops.push_back(op);
+      return static_cast<std::int32_t>(g.k.ops.size() - 1);
+    };
+    g.reg_of_value[out_id] = build(regs, emit);
+    g.produced.push_back(out_id);
+    g.nodes.insert(node_index);
+    g.names += (g.names.empty() ? "" : "+") + node->name;
+    if (!fuse) SAFECKPT_CHECK(flush());
+    return {};
+  }
+
+  static MicroOp micro(MicroKind k, DType d, std::int32_t a, std::int32_t b = -1, double s0 = 0) {
+    MicroOp o;
+    o.kind = k;
+    o.dtype = d;
+    o.a = a;
+    o.b = b;
+    o.s0 = s0;
+    return o;
+  }
+
+  // A per-channel vector [C] as [C, 1, ...] against an N, C, ... tensor of
+  // rank `rank` (broadcast strides 0 over the other dimensions).
+  Result<DevTensor> per_channel(const DevTensor& t, std::size_t rank, std::int64_t channels) {
+    if (t.shape.size() != 1 || t.shape[0] != channels)
+      return fail(ErrorCode::kMalformed, "per-channel tensor must have " + std::to_string(channels) + " elements");
+    DevTensor v = t;
+    v.shape.assign(rank - 1, 1);
+    v.strides.assign(rank - 1, 1);
+    v.shape[0] = channels;
+    v.strides[0] = t.strides[0];
+    return v;
+  }
+
+  // cuDNN takes int sizes.
+  static bool fits_int(std::int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
+
+  Status lower_conv() {
+    SAFECKPT_TRY(DevTensor x, tensor("input"));
+    SAFECKPT_TRY(DevTensor w, tensor("weight"));
+    SAFECKPT_TRY(auto bias, opt_tensor("bias"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    if (node->schema->name == "aten::convolution" && arg("transposed").b)
+      return fail(ErrorCode::kUnsupported, "transposed convolution has no GPU kernel");
+    SAFECKPT_TRY(auto stride, ints("stride"));
+    SAFECKPT_TRY(auto pad, ints("padding"));
+    SAFECKPT_TRY(auto dil, ints("dilation"));
+    SAFECKPT_TRY(std::int64_t groups, integer("groups"));
+    for (auto* v : {&stride, &pad, &dil})
+      if (v->size() == 1) v->push_back((*v)[0]);
+    if (x.shape.size() != 4 || w.shape.size() != 4 || stride.size() != 2 || pad.size() != 2 || dil.size() != 2)
+      return fail(ErrorCode::kUnsupported, "convolution: only 2-D (NCHW input, 4-D weight) runs on the GPU");
+    if (!floating(x.dtype) || w.dtype != x.dtype || od != x.dtype)
+      return fail(ErrorCode::kUnsupported, "convolution: input, weight and output must all be float32 or bfloat16");
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    bool ok = oshape.size() == 4 && fits_int(groups) && groups >= 1;
+    for (const auto* v : {&x.shape, &w.shape, &oshape, &stride, &pad, &dil})
+      for (auto d : *v) ok = ok && fits_int(d);
+    if (!ok) return fail(ErrorCode::kUnsupported, "convolution: a size above 2^31 - 1 (cuDNN takes int sizes)");
+    SAFECKPT_TRY(x, contiguous(x));
+    SAFECKPT_TRY(w, contiguous(w));
+    ConvGeometry cg;
+    cg.n = x.shape[0];
+    cg.c = x.shape[1];
+    cg.h = x.shape[2];
+    cg.w = x.shape[3];
+    cg.k = w.shape[0];
+    cg.r = w.shape[2];
+    cg.s = w.shape[3];
+    cg.oh = oshape[2];
+    cg.ow = oshape[3];
+    for (int i = 0; i < 2; ++i) {
+      cg.pad[i] = static_cast<int>(pad[static_cast<std::size_t>(i)]);
+      cg.stride[i] = static_cast<int>(stride[static_cast<std::size_t>(i)]);
+      cg.dilation[i] = static_cast<int>(dil[static_cast<std::size_t>(i)]);
+    }
+    cg.groups = static_cast<int>(groups);
+    cg.bf16 = x.dtype == DType::kBFloat16;
+    cg.allow_tf32 = eng.opt.cudnn_allow_tf32;
+    DevTensor y = new_tensor(od, oshape);
+    plan.convs.push_back(cg);
+    std::shared_ptr<ConvPlan> cp;
+    if (eng.lt != nullptr) {  // a device (dry plans choose no algorithm and run nothing)
+      if (!dnn) {
+        auto h = dnn_create();
+        if (!h) return fail(h.error().code(), h.error().message());
+        dnn = *h;
+      }
+      auto c = conv_prepare(dnn, cg, kMaxConvWorkspaceBytes);
+      if (!c) return fail(c.error().code(), c.error().message());
+      cp = *c;
+      plan.workspace_bytes = std::max(plan.workspace_bytes, conv_workspace_bytes(*cp));
+      plan.warmup_before_capture = true;
+    }
+    use(x);
+    use(w);
+    def(y);
+    Plan* pl = &plan;
+    add_step(node->name, [pl, cp, x, w, y](cudaStream_t s) {
+      if (!cp) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
+      return conv_forward(*cp, pl->ptr(x), pl->ptr(w), pl->ptr(y), pl->workspace, pl->workspace_bytes, s);
+    });
+    if (!bias) {
+      set_out(0, y);
+      return {};
+    }
+    SAFECKPT_TRY(DevTensor b, per_channel(*bias, 4, cg.k));
+    return chain({Operand{-1, y}, Operand{-1, b}}, oshape,
+                 [od](const auto& r, const Emit& emit) { return emit(micro(MicroKind::kAdd, od, r[0], r[1], 1.0)); });
+  }
+
+  // batch_norm(training=False) / _native_batch_norm_legit_no_training, as
+  // ATen's batch_norm_transform_input: weight * (x - mean) * invstd + bias,
+  // invstd = 1 / sqrt(running_var + eps), in float, rounded once.
+  Status lower_batch_norm(bool native) {
+    const Arg& xa = arg("input");
+    if (xa.kind != Arg::Kind::kTensor || xa.tensor < 0) return fail(ErrorCode::kMalformed, "batch_norm input");
+    const DType xd = p.values[static_cast<std::size_t>(xa.tensor)].dtype;
+    SAFECKPT_TRY(DType od, out_dtype());
+    SAFECKPT_TRY(auto shape, shape_of(xa.tensor));
+    SAFECKPT_TRY(auto w, opt_tensor("weight"));
+    SAFECKPT_TRY(auto b, opt_tensor("bias"));
+    SAFECKPT_TRY(auto rm, opt_tensor("running_mean"));
+    SAFECKPT_TRY(auto rv, opt_tensor("running_var"));
+    SAFECKPT_TRY(double eps, scalar("eps"));
+    if (!rm || !rv) return fail(ErrorCode::kUnsupported, "batch_norm without running statistics");
+    if (shape.size() < 2 || !floating(xd) || od != xd)
+      return fail(ErrorCode::kUnsupported, "batch_norm needs an N, C, ... float32 or bfloat16 input");
+    const std::int64_t channels = shape[1];
+    std::vector<Operand> ops{Operand{xa.tensor, {}}};
+    for (const auto* t : {&rm, &rv, &w, &b}) {
+      if (!*t) continue;
+      if (!floating((*t)->dtype)) return fail(ErrorCode::kUnsupported, "batch_norm statistics must be floating");
+      SAFECKPT_TRY(DevTensor v, per_channel(**t, shape.size(), channels));
+      ops.push_back(Operand{-1, v});
+    }
+    const bool has_w = w.has_value(), has_b = b.has_value();
+    SAFECKPT_CHECK(chain(ops, shape, [=](const std::vector<std::int32_t>& r, const Emit& emit) {
+      const DType f = DType::kFloat32;
+      std::int32_t t = emit(micro(MicroKind::kSub, f, r[0], r[1], 1.0));
+      std::size_t k = 3;
+      if (has_w) t = emit(micro(MicroKind::kMul, f, r[k++], t));
+      std::int32_t inv = emit(micro(MicroKind::kInvSqrt, f, r[2], -1, eps));
+      t = emit(micro(MicroKind::kMul, f, t, inv));
+      if (has_b) t = emit(micro(MicroKind::kAdd, f, t, r[k], 1.0));
+      return emit(micro(MicroKind::kCast, od, t));
+    }));
+    if (native)  // save_mean / save_invstd: empty in inference (their recorded tensor_meta)
+      for (std::size_t k = 1; k < 3 && k < node->outputs.size(); ++k) {
+        std::int32_t id = node->outputs[k];
+        if (id < 0) continue;
+        SAFECKPT_TRY(auto sh, shape_of(id));
+        set_out(k, new_tensor(p.values[static_cast<std::size_t>(id)].dtype, sh));
+      }
+    return {};
+  }
+
+  Status lower_adaptive_avg_pool2d() {
+    SAFECKPT_TRY(DevTensor x, tensor("self"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    if ((x.shape.size() != 3 && x.shape.size() != 4) || oshape.size() != x.shape.size() || !floating(x.dtype) ||
+        od != x.dtype)
+      return fail(ErrorCode::kUnsupported, "adaptive_avg_pool2d needs a 3-D/4-D float32 or bfloat16 input");
+    SAFECKPT_TRY(x, contiguous(x));
+    const std::size_t r = x.shape.size();
+    std::int64_t h = x.shape[r - 2], w = x.shape[r - 1], oh = oshape[r - 2], ow = oshape[r - 1];
+    std::int64_t planes = h * w == 0 ? 0 : static_cast<std::int64_t>(x.numel()) / (h * w);
+    if (h * w == 0 && x.numel() != 0) return fail(ErrorCode::kUnsupported, "adaptive_avg_pool2d of an empty plane");
+    DevTensor y = new_tensor(od, oshape);
+    use(x);
+    def(y);
+    Plan* pl = &plan;
+    int bf = x.dtype == DType::kBFloat16;
+    add_step(node->name, [=](cudaStream_t s) {
+      return launch_adaptive_avg_pool2d(pl->ptr(x), pl->ptr(y), planes, h, w, oh, ow, bf, s);
+    });
+    set_out(0, y);
+    return {};
+  }
+
+  // max_pool2d / max_pool2d_with_indices: values only (a program that reads
+  // the indices is refused). Output sizes come from the shape pass
+  // (ceil_mode included).
+  Status lower_max_pool2d(bool with_indices) {
+    if (with_indices && node->outputs.size() > 1 && node->outputs[1] >= 0) {
+      auto ix = static_cast<std::size_t>(node->outputs[1]);
+      if (!consumers[ix].empty() || is_output[ix] != 0)
+        return fail(ErrorCode::kUnsupported, "max_pool2d_with_indices: the indices are read (no GPU kernel)");
+    }
+    SAFECKPT_TRY(DevTensor x, tensor("self"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    SAFECKPT_TRY(auto ks, ints("kernel_size"));
+    SAFECKPT_TRY(auto st, ints("stride"));
+    SAFECKPT_TRY(auto pd, ints("padding"));
+    SAFECKPT_TRY(auto dl, ints("dilation"));
+    if (st.empty()) st = ks;
+    for (auto* v : {&ks, &st, &pd, &dl})
+      if (v->size() == 1) v->push_back((*v)[0]);
+    if ((x.shape.size() != 3 && x.shape.size() != 4) || oshape.size() != x.shape.size() || !floating(x.dtype) ||
+        od != x.dtype || ks.size() != 2 || st.size() != 2 || pd.size() != 2 || dl.size() != 2)
+      return fail(ErrorCode::kUnsupported, "max_pool2d needs a 3-D/4-D float32 or bfloat16 input and 2-D windows");
+    bool ok = true;
+    for (const auto* v : {&ks, &st, &pd, &dl})
+      for (auto d : *v) ok = ok && fits_int(d);
+    if (!ok) return fail(ErrorCode::kUnsupported, "max_pool2d: window parameters above 2^31 - 1");
+    SAFECKPT_TRY(x, contiguous(x));
+    const std::size_t r = x.shape.size();
+    MaxPoolArgs a{};
+    a.h = x.shape[r - 2];
+    a.w = x.shape[r - 1];
+    a.oh = oshape[r - 2];
+    a.ow = oshape[r - 1];
+    a.planes = a.h * a.w == 0 ? 0 : static_cast<std::int64_t>(x.numel()) / (a.h * a.w);
+    a.kh = static_cast<int>(ks[0]);
+    a.kw = static_cast<int>(ks[1]);
+    a.sh = static_cast<int>(st[0]);
+    a.sw = static_cast<int>(st[1]);
+    a.ph = static_cast<int>(pd[0]);
+    a.pw = static_cast<int>(pd[1]);
+    a.dh = static_cast<int>(dl[0]);
+    a.dw = static_cast<int>(dl[1]);
+    a.bf16 = x.dtype == DType::kBFloat16;
+    DevTensor y = new_tensor(od, oshape);
+    use(x);
+    def(y);
+    Plan* pl = &plan;
+    add_step(node->name, [=](cudaStream_t s) {
+      MaxPoolArgs m = a;
+      m.x = pl->ptr(x);
+      m.y = pl->ptr(y);
+      return launch_max_pool2d(m, s);
+    });
+    set_out(0, y);
+    return {};
+  }
+
   Status lower_node() {
     const std::string& op = node->schema->name;
     if (node->sym_output >= 0) return lower_sym();
@@ -993,9 +1312,20 @@ struct Lowering {
         op == "aten::transpose.int" || op == "aten::unsqueeze" || op == "aten::expand" || op == "aten::split.Tensor" ||
         op == "aten::split_with_sizes")
       return lower_view(op);
-    if (op == "aten::conv2d" || op == "aten::convolution" || op == "aten::batch_norm" ||
-        op == "aten::_native_batch_norm_legit_no_training" || op == "aten::adaptive_avg_pool2d")
-      return fail(ErrorCode::kUnsupported, "no GPU kernel yet (convolutional programs run on the CPU reference only)");
+    if (op == "aten::conv2d" || op == "aten::convolution") {
+      SAFECKPT_CHECK(flush());
+      return lower_conv();
+    }
+    if (op == "aten::batch_norm" || op == "aten::_native_batch_norm_legit_no_training")
+      return lower_batch_norm(op == "aten::_native_batch_norm_legit_no_training");
+    if (op == "aten::adaptive_avg_pool2d") {
+      SAFECKPT_CHECK(flush());
+      return lower_adaptive_avg_pool2d();
+    }
+    if (op == "aten::max_pool2d" || op == "aten::max_pool2d_with_indices") {
+      SAFECKPT_CHECK(flush());
+      return lower_max_pool2d(op == "aten::max_pool2d_with_indices");
+    }
     return lower_pointwise(op);
   }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/conv.hpp"
 #include "engine/internal.hpp"
 #include "engine/module_cache.hpp"
 #include "safeckpt/compile_cache.hpp"
@@ -91,8 +92,9 @@ struct GemmDesc {
 
 struct Step {
   std::string name;
-  std::function<int(cudaStream_t)> fn;  // returns a cudaError_t, or 1000 + cublasStatus_t
-  std::vector<const void*> weights;     // device addresses of the weights it reads (streaming start waits on them)
+  // Returns a cudaError_t, 1000 + cublasStatus_t or kDnnStatusBase + cudnnStatus_t (conv.hpp).
+  std::function<int(cudaStream_t)> fn;
+  std::vector<const void*> weights;  // device addresses of the weights it reads (streaming start waits on them)
 };
 
 // One concrete shape, lowered.
@@ -111,6 +113,9 @@ struct Plan {
   std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
   std::uint64_t arena_bytes = 0;
   void* workspace = nullptr;
+  std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
+  bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
+  std::vector<ConvGeometry> convs;                  // each convolution step's geometry, in order
   int* error_flag = nullptr;
   std::vector<std::string> checked_nodes;                  // embedding nodes whose indices the flag reports
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;  // user input value id -> fixed buffer
@@ -143,6 +148,7 @@ struct DryPlan {
   std::size_t fused_kernels = 0;   // distinct generated kernels NVRTC compiles
   std::size_t fused_launches = 0;  // steps launching one of them (>= fused_kernels)
   std::string source;
+  std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm);

@@ -1806,6 +1806,80 @@ Status embedding(Ctx& c, Outs& outs) {
   return {};
 }
 
+// max_pool2d / max_pool2d_with_indices (aten/src/ATen/native/Pool.h
+// pooling_output_shape and pool2d_shape_check; cpu/MaxPoolKernel.cpp
+// cpu_max_pool): the maximum starts at -inf and `val > max || isnan(val)`
+// replaces it (the first maximum wins ties, a NaN wins); padded taps are
+// skipped; the index is h * W + w in the input plane, the first tap inside
+// the input when nothing replaced the start.
+Status max_pool2d(Ctx& c, Outs& outs, bool with_indices) {
+  SAFECKPT_TRY(const HostTensor* x, c.tensor("self"));
+  SAFECKPT_TRY(auto ks, c.ints("kernel_size"));
+  SAFECKPT_TRY(auto st, c.ints("stride"));
+  SAFECKPT_TRY(auto pd, c.ints("padding"));
+  SAFECKPT_TRY(auto dl, c.ints("dilation"));
+  const bool ceil_mode = c.arg("ceil_mode").b;
+  if (st.empty()) st = ks;
+  for (auto* v : {&ks, &st, &pd, &dl})
+    if (v->size() == 1) v->push_back((*v)[0]);
+  constexpr std::int64_t kBig = std::int64_t{1} << 31;  // keeps the size formula far from overflow
+  bool ok = (x->shape.size() == 3 || x->shape.size() == 4) && is_float(x->dtype) && ks.size() == 2 && st.size() == 2 &&
+            pd.size() == 2 && dl.size() == 2;
+  for (const auto* v : {&ks, &st, &dl})
+    for (auto d : *v) ok = ok && d >= 1 && d < kBig;
+  for (std::size_t i = 0; ok && i < 2; ++i) ok = pd[i] >= 0 && pd[i] <= ks[i] / 2;
+  if (!ok)
+    return c.fail(ErrorCode::kUnsupported,
+                  "max_pool2d: 3-D/4-D floating input, positive kernel/stride/dilation, padding at most half the "
+                  "kernel");
+  const std::size_t r = x->shape.size();
+  const std::int64_t H = x->shape[r - 2], W = x->shape[r - 1];
+  if (H >= kBig || W >= kBig) return c.fail(ErrorCode::kUnsupported, "max_pool2d: sizes above 2^31");
+  auto out_size = [&](std::int64_t in, std::size_t i) {
+    std::int64_t num = in + 2 * pd[i] - dl[i] * (ks[i] - 1) - 1 + (ceil_mode ? st[i] - 1 : 0);
+    std::int64_t o = (num >= 0 ? num / st[i] : -((-num + st[i] - 1) / st[i])) + 1;  // div_rtn
+    if (ceil_mode && (o - 1) * st[i] >= in + pd[i]) --o;
+    return o;
+  };
+  const std::int64_t OH = out_size(H, 0), OW = out_size(W, 1);
+  if (OH < 1 || OW < 1) return c.fail(ErrorCode::kMalformed, "max_pool2d: output size is too small");
+  std::vector<std::int64_t> shape(x->shape.begin(), x->shape.end() - 2);
+  const std::uint64_t planes = numel_of(shape);
+  shape.push_back(OH);
+  shape.push_back(OW);
+  SAFECKPT_TRY(HostTensor y, c.alloc(x->dtype, shape));
+  HostTensor idx;
+  if (with_indices) {
+    SAFECKPT_TRY(idx, c.alloc(DType::kInt64, shape));
+  }
+  if (!c.meta) {
+    std::uint64_t o = 0;
+    for (std::uint64_t pl = 0; pl < planes; ++pl)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow, ++o) {
+          std::int64_t h0 = oh * st[0] - pd[0], w0 = ow * st[1] - pd[1];
+          std::int64_t h1 = std::min(h0 + (ks[0] - 1) * dl[0] + 1, H), w1 = std::min(w0 + (ks[1] - 1) * dl[1] + 1, W);
+          while (h0 < 0) h0 += dl[0];
+          while (w0 < 0) w0 += dl[1];
+          std::int64_t best = h0 * W + w0;
+          double m = -std::numeric_limits<double>::infinity();
+          for (std::int64_t h = h0; h < h1; h += dl[0])
+            for (std::int64_t w = w0; w < w1; w += dl[1]) {
+              double v = get_d(*x, pl * static_cast<std::uint64_t>(H * W) + static_cast<std::uint64_t>(h * W + w));
+              if (v > m || std::isnan(v)) {
+                m = v;
+                best = h * W + w;
+              }
+            }
+          put_d(y, o, m);
+          if (with_indices) put_i(idx, o, best);
+        }
+  }
+  outs.push_back(std::move(y));
+  if (with_indices) outs.push_back(std::move(idx));
+  return {};
+}
+
 Status run_node(Ctx& c, Outs& outs) {
   const std::string& op = c.node->schema->name;
   if (op == "aten::linear") return matmul_ops(c, outs, "linear");
@@ -1857,6 +1931,8 @@ Status run_node(Ctx& c, Outs& outs) {
   if (op == "aten::any.dim") return reduce(c, outs, true);
   if (op == "aten::mean.dim") return reduce(c, outs, false);
   if (op == "aten::adaptive_avg_pool2d") return adaptive_avg_pool2d(c, outs);
+  if (op == "aten::max_pool2d") return max_pool2d(c, outs, false);
+  if (op == "aten::max_pool2d_with_indices") return max_pool2d(c, outs, true);
   if (op == "aten::view") return view_ops(c, outs, "view");
   if (op == "aten::flatten.using_ints") return view_ops(c, outs, "flatten");
   if (op == "aten::permute") return view_ops(c, outs, "permute");

@@ -358,7 +358,9 @@ OpClass classify(const std::string& op) {
       op == "aten::_native_batch_norm_legit_no_training" || op == "aten::rms_norm")
     return OpClass::kNorm;
   if (op == "aten::_softmax") return OpClass::kSoftmax;
-  if (op == "aten::any.dim" || op == "aten::mean.dim" || op == "aten::adaptive_avg_pool2d") return OpClass::kReduction;
+  if (op == "aten::any.dim" || op == "aten::mean.dim" || op == "aten::adaptive_avg_pool2d" ||
+      op == "aten::max_pool2d" || op == "aten::max_pool2d_with_indices")
+    return OpClass::kReduction;
   if (op == "aten::add.Tensor" || op == "aten::add_.Tensor" || op == "aten::sub.Tensor" || op == "aten::mul.Scalar" ||
       op == "aten::relu" || op == "aten::relu_" || op == "aten::gelu" || op == "aten::eq.Scalar" ||
       op == "aten::le.Scalar" || op == "aten::logical_and" || op == "aten::logical_not" || op == "aten::where.self")

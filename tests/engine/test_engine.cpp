@@ -99,9 +99,13 @@ std::vector<Case> cases_of(const Program& prog, const SafetensorsFile& io) {
 
 // Engines of these cases run without the persistent compile cache (so they
 // compile every time and never touch ~/.cache); test_engine_cache.cpp tests it.
+// The corpus's CUDA references were recorded with TF32 off for matmuls and
+// cuDNN (tests/data/pt2-2.11/README.md): so are these engines' convolutions
+// (cudnn_allow_tf32 defaults to PyTorch's True).
 engine::EngineOptions no_cache() {
   engine::EngineOptions o;
   o.cache = engine::CacheMode::kOff;
+  o.cudnn_allow_tf32 = false;
   return o;
 }
 
@@ -111,7 +115,23 @@ engine::Engine make_engine(engine::EngineOptions o = no_cache()) {
   return std::move(e).value();
 }
 
-const char* const kGpuModels[] = {"mlp", "gpt2", "gpt2_dynbatch", "gpt2_dynbatchseq"};
+const char* const kGpuModels[] = {"mlp", "cnn", "gpt2", "gpt2_dynbatch", "gpt2_dynbatchseq"};
+
+// A float32 copy of a float32 or bfloat16 tensor (bfloat16 widens exactly).
+HostTensor as_f32(const HostTensor& t) {
+  if (t.dtype == DType::kFloat32) return t;
+  REQUIRE(t.dtype == DType::kBFloat16);
+  std::vector<std::uint8_t> bytes(t.numel() * 4);
+  for (std::size_t i = 0; i < t.numel(); ++i) {
+    std::uint32_t u =
+        static_cast<std::uint32_t>((*t.data)[2 * i]) | (static_cast<std::uint32_t>((*t.data)[2 * i + 1]) << 8);
+    u <<= 16;
+    std::memcpy(bytes.data() + 4 * i, &u, 4);
+  }
+  auto h = make_host_tensor(DType::kFloat32, t.shape, bytes);
+  REQUIRE(h.has_value());
+  return *h;
+}
 
 }  // namespace
 
@@ -167,6 +187,57 @@ TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and n
   CHECK(src.find("#include") == std::string::npos);
   // The same kernel at another shape: same text (sizes are parameters).
   CHECK(fused_source({k}) == src);
+}
+
+TEST_CASE("engine: generated kernels iterate a collapsed space (collapse_dims)") {
+  using safeckpt::engine::detail::collapse_dims;
+  // batch_norm over [N, C, H, W]: contiguous x and y, per-channel [C, 1, 1]
+  // broadcast (strides 0, 1, 0, 0): H and W merge, N and C do not.
+  std::vector<std::int64_t> shape = {2, 16, 8, 4};
+  std::vector<std::vector<std::int64_t>> st = {{512, 32, 4, 1}, {0, 1, 0, 0}, {512, 32, 4, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{2, 16, 32});
+  CHECK(st[0] == std::vector<std::int64_t>{512, 32, 1});
+  CHECK(st[1] == std::vector<std::int64_t>{0, 1, 0});
+  // All contiguous: one dimension; size-1 dimensions dropped.
+  shape = {3, 1, 5, 7};
+  st = {{35, 35, 7, 1}, {35, 1, 7, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{105});
+  CHECK(st[1] == std::vector<std::int64_t>{1});
+  // A transposed input keeps its dimensions apart.
+  shape = {4, 6};
+  st = {{1, 4}, {6, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{4, 6});
+  // Only size-1 dimensions: rank 0 (one element); a 0 size: unchanged.
+  shape = {1, 1};
+  st = {{1, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape.empty());
+  CHECK(st[0].empty());
+  shape = {2, 0, 3};
+  st = {{0, 3, 1}};
+  collapse_dims(shape, st);
+  CHECK(shape == std::vector<std::int64_t>{2, 0, 3});
+  // Fewer than 2^31 elements: 32-bit index decomposition in the text.
+  using namespace safeckpt::engine::detail;
+  FusedKernel k;
+  k.name = "k0";
+  k.rank = 2;
+  k.index32 = true;
+  k.in_dtypes = {DType::kFloat32};
+  k.out_dtypes = {DType::kFloat32};
+  MicroOp ld;
+  ld.kind = MicroKind::kLoad;
+  ld.a = 0;
+  MicroOp r = ld;
+  r.kind = MicroKind::kRelu;
+  r.store = 0;
+  k.ops = {ld, r};
+  CHECK(fused_source({k}).find("unsigned r_ = (unsigned)i;") != std::string::npos);
+  k.index32 = false;
+  CHECK(fused_source({k}).find("long long r_ = i;") != std::string::npos);
 }
 
 // ------------------------------------------------------------- GPU cases
@@ -457,18 +528,175 @@ TEST_CASE("engine: streaming start — weights from a pending device checkpoint,
   std::filesystem::remove(bad);
 }
 
-TEST_CASE("engine: the convolutional program is refused with kUnsupported naming the node (documented gap)") {
+TEST_CASE("engine: cnn with PyTorch's TF32 default for convolutions (cudnn_allow_tf32) and compiled vs eager") {
   if (!have_device()) return;
-  auto eng = make_engine();
-  Loaded l = load_program("cnn.core.pt2");
+  engine::EngineOptions o = no_cache();
+  o.cudnn_allow_tf32 = true;  // PyTorch 2.11's torch.backends.cudnn.allow_tf32 default
+  auto eng = make_engine(o);
   auto io = SafetensorsFile::open(data_dir() + "cnn.io.safetensors");
   REQUIRE(io.has_value());
-  auto cp = eng.compile(l.program, l.weights);
-  REQUIRE(cp.has_value());
-  auto r = cp->run_host(cases_of(l.program, *io)[0].inputs);
-  REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().code() == ErrorCode::kUnsupported);
-  CHECK(r.error().message().find("convolution") != std::string::npos);
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
+    auto cases = cases_of(l.program, *io);
+    auto a = eng.compile(l.program, l.weights);
+    auto b = eng.compile(l.program, l.weights);
+    REQUIRE(a.has_value());
+    REQUIRE(b.has_value());
+    engine::RunOptions eager;
+    eager.stance = Stance::kForceEager;
+    auto oa = a->run_host(cases[0].inputs);
+    auto ob = b->run_host(cases[0].inputs, eager);
+    REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
+    REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
+    auto sa = a->stats(), sb = b->stats();
+    MESSAGE((std::string("cnn.") + ir) << " (TF32 convolutions): compiled " << sa.steps << " launches, eager "
+                                       << sb.steps << ", arena " << sa.arena_bytes << " B");
+    CHECK(sa.steps < sb.steps);
+    // TF32 (10-bit mantissa) products: a looser bound than the TF32-off corpus tolerance.
+    double d = check_close((*oa)[0], tensor_of(*io, "output.0.cuda"), 1e-2, 1e-2, std::string("cnn.") + ir + " TF32");
+    MESSAGE((std::string("cnn.") + ir) << " TF32 convolutions: max|out - PyTorch CUDA (TF32 off)| = " << d);
+  }
+}
+
+// pt2-2.11-extra/resnet_tiny (tests/gen/gen_pt2_extra.py --only resnet_tiny:
+// max_pool2d with ceil_mode, a conv bias, grouped, strided and dilated
+// convolutions, residual add_): every stance vs PyTorch CUDA (TF32 off) and
+// the CPU reference; SKIP until its files are in tests/data.
+TEST_CASE("engine: ResNetTiny from pt2-2.11-extra matches PyTorch CUDA and the CPU reference in every stance") {
+  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+  if (!std::filesystem::exists(dir + "resnet_tiny.json")) {
+    MESSAGE("SKIP: no pt2-2.11-extra/resnet_tiny (tests/gen/gen_pt2_extra.py --only resnet_tiny)");
+    return;
+  }
+  if (!have_device()) return;
+  auto eng = make_engine();
+  json meta = json::parse(read_text(dir + "resnet_tiny.json"));
+  double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+  double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+  auto io = SafetensorsFile::open(dir + "resnet_tiny.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* ir : {"train", "core"}) {
+    auto l = test_support::load_program(std::string("resnet_tiny.") + ir + ".pt2", true, "pt2-2.11-extra");
+    auto cases = cases_of(l.program, *io);
+    auto cpu = run_cpu(l.program, l.weights, cases[0].inputs);
+    REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+    for (Stance s : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile}) {
+      auto cp = eng.compile(l.program, l.weights);
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      engine::RunOptions ro;
+      ro.stance = s;
+      for (int call = 0; call < 2; ++call) {
+        auto out = cp->run_host(cases[0].inputs, ro);
+        REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+        std::string what = std::string("resnet_tiny.") + ir + " " + std::string(engine::stance_name(s)) + " call " +
+                           std::to_string(call);
+        check_close((*out)[0], tensor_of(*io, "output.0.cuda"), atol, rtol, what + " vs PyTorch CUDA");
+        check_close((*out)[0], (*cpu)[0], atol, rtol, what + " vs CPU reference");
+      }
+    }
+  }
+}
+
+// bench/export_resnet50.py's archives and io file (made on the GPU machine,
+// not committed): set SAFECKPT_RESNET50_DIR to its output directory.
+TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch CUDA eager, compiled and eager") {
+  const char* dir = std::getenv("SAFECKPT_RESNET50_DIR");
+  if (dir == nullptr) {
+    MESSAGE("SKIP: SAFECKPT_RESNET50_DIR not set (bench/export_resnet50.py)");
+    return;
+  }
+  if (!have_device()) return;
+  auto eng = make_engine();
+  for (const char* dt : {"float32", "bfloat16"}) {
+    std::string base = std::string(dir) + "/resnet50_" + dt;
+    if (!std::filesystem::exists(base + ".json")) {
+      MESSAGE("SKIP: no " << base << ".json");
+      continue;
+    }
+    json meta = json::parse(read_text(base + ".json"));
+    double atol = meta["tolerance"]["atol"].get<double>(), rtol = meta["tolerance"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(base + ".io.safetensors");
+    REQUIRE_MESSAGE(io.has_value(), (io ? "" : io.error().to_string()));
+    for (const char* ir : {"train", "core"}) {
+      std::string what = std::string("resnet50 ") + dt + " " + ir;
+      CAPTURE(what);
+      auto a = Pt2Archive::open_file(base + "." + ir + ".pt2");
+      REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+      auto p = a->program("model");
+      REQUIRE(p.has_value());
+      Program prog = **p;
+      auto st = validate(prog);
+      REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+      auto w = archive_weights(*a);
+      REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+      auto cp = eng.compile(prog, *w);
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      Inputs in{{"x", tensor_of(*io, "input.x")}};
+      HostTensor ref = tensor_of(*io, "output.0.cuda");
+      if (std::string(dt) == "float32") {
+        // The CPU reference (max_pool2d and max_pool2d_with_indices included)
+        // against PyTorch's CPU eager output.
+        auto cpu = run_cpu(prog, *w, in);
+        REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+        double d = check_close((*cpu)[0], tensor_of(*io, "output.0.cpu"), atol, rtol, what + " CPU reference");
+        MESSAGE(what << " CPU reference: max|out - PyTorch CPU| = " << d);
+      }
+      for (Stance s : {Stance::kForceEager, Stance::kDefault}) {
+        engine::RunOptions ro;
+        ro.stance = s;
+        for (int call = 0; call < 2; ++call) {
+          auto out = cp->run_host(in, ro);
+          REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+          double d = check_close(as_f32((*out)[0]), ref, atol, rtol,
+                                 what + " " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
+          MESSAGE(what << " " << engine::stance_name(s) << " call " << call << ": max|out - PyTorch CUDA| = " << d);
+        }
+      }
+      auto stats = cp->stats();
+      MESSAGE(what << ": " << stats.steps << " launches (compiled), arena " << stats.arena_bytes << " B");
+    }
+  }
+}
+
+TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join one generated kernel") {
+  using safeckpt::engine::detail::dry_plan;
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
+    auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90);
+    REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
+    std::size_t convs = 0, norms = 0;
+    for (const auto& n : l.program.nodes) {
+      const std::string& op = n.schema->name;
+      if (op == "aten::conv2d" || op == "aten::convolution") ++convs;
+      if (op != "aten::batch_norm" && op != "aten::_native_batch_norm_legit_no_training") continue;
+      ++norms;
+      bool joined = false;
+      for (const auto& s : fused->steps) joined = joined || (s.find(n.name + "+") != std::string::npos);
+      CHECK_MESSAGE(joined, std::string(ir) << ": " << n.name << " is not fused with what follows it");
+    }
+    CHECK(convs == 3);
+    CHECK(norms == 3);
+    // 3 convolutions + 3 batch_norm/relu kernels + pooling + the classifier GEMM.
+    MESSAGE((std::string("cnn.") + ir) << ": " << fused->steps.size() << " launches");
+    CHECK(fused->steps.size() == 8);
+    CHECK(fused->source.find("sqrtf(") != std::string::npos);
+    // cuDNN's descriptors (host calls: libcudnn, no device) agree with the
+    // planned output sizes.
+    REQUIRE(fused->convs.size() == 3);
+    for (const auto& g : fused->convs) {
+      auto st = safeckpt::engine::detail::conv_describe(g);
+      if (!st && st.error().message().find("could not load") != std::string::npos) {
+        MESSAGE("SKIP: " << st.error().message());
+        break;
+      }
+      CHECK_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+      auto wrong = g;
+      ++wrong.oh;
+      auto bad = safeckpt::engine::detail::conv_describe(wrong);
+      REQUIRE_FALSE(bad.has_value());
+      CHECK(bad.error().code() == ErrorCode::kInternal);
+    }
+  }
 }
 
 TEST_CASE("engine: the blocks of a transformer launch the same generated kernels (no device)") {

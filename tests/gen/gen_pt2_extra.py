@@ -142,6 +142,75 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+class TinyBlock(nn.Module):
+    """torchvision's BasicBlock (conv3x3-BN-ReLU-conv3x3-BN, += identity or a 1x1 downsample, ReLU inplace),
+    with groups / dilation on the first conv to exercise them."""
+
+    def __init__(self, cin, cout, stride=1, groups=1, dilation=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, padding=dilation, dilation=dilation, groups=groups, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNetTiny(nn.Module):
+    """A torchvision-ResNet-shaped CNN small enough to commit: 7x7/2 conv with bias, BN, ReLU, max_pool2d
+    3/2/1, three BasicBlocks (a grouped strided one with a downsample, a dilated one), max_pool2d 2/2 with
+    ceil_mode on the odd 7x7 map, adaptive average pool to 1x1, flatten, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 7, 2, 3, bias=True)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = TinyBlock(16, 16)
+        self.layer2 = TinyBlock(16, 32, stride=2, groups=2)
+        self.layer3 = TinyBlock(32, 32, dilation=2)
+        self.pool2 = nn.MaxPool2d(2, 2, ceil_mode=True)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.pool2(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def calibrate_bn(m, g, shape, batches=4):
+    """BatchNorm running statistics of a few random batches (train mode, cumulative average), so eval-mode
+    batch_norm is not the identity of fresh statistics."""
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.momentum = None
+            mod.reset_running_stats()
+    m.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            m(torch.randn(shape, generator=g))
+    perturb_norms(m, g)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.weight.add_(0.1 * torch.randn(mod.weight.shape, generator=g))
+                mod.bias.add_(0.1 * torch.randn(mod.bias.shape, generator=g))
+    return m.eval()
+
+
 def perturb_norms(m, g):
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -530,7 +599,17 @@ def main():
             json.dump(info, f, indent=1)
         log(f"bert_base: eager cpu {eager_s:.3f}s, nodes {info.get('n_nodes')}")
 
-    jobs = {"llama": llama, "llama_cuda": llama_cuda, "bert": bert, "mlp_flat": mlp_flat,
+    def resnet_tiny():
+        torch.manual_seed(SEED)
+        m = calibrate_bn(ResNetTiny(), torch.Generator().manual_seed(SEED + 20), (8, 3, 56, 56))
+        x = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(SEED + 5))
+        emit(a.outdir, "resnet_tiny", m, [("x", x)],
+             "ResNetTiny (this script): conv7x7/2+bias, BN, ReLU, max_pool2d 3/2/1, BasicBlocks 16-16, 16-32 "
+             "(stride 2, groups 2, 1x1 downsample), 32-32 (dilation 2), max_pool2d 2/2 ceil_mode, adaptive avg "
+             "pool 1x1, Linear(32, 10); BN statistics calibrated on random batches; input [2, 3, 56, 56]",
+             {"atol": 1e-4, "rtol": 1e-4})
+
+    jobs = {"llama": llama, "llama_cuda": llama_cuda, "bert": bert, "mlp_flat": mlp_flat, "resnet_tiny": resnet_tiny,
             "llama_cuda_bf16": llama_cuda_bf16, "llama_cuda_bf16_flash": llama_cuda_bf16_flash,
             "bert_base": bert_base}
     if a.only:
@@ -538,7 +617,7 @@ def main():
             job(jobs[name])
         suffix = "." + a.only[0]
     else:
-        for fn in (llama, llama_cuda, bert, mlp_flat, llama_cuda_bf16):
+        for fn in (llama, llama_cuda, bert, mlp_flat, llama_cuda_bf16, resnet_tiny):
             job(fn)
         if not a.skip_bert_base:
             job(bert_base)

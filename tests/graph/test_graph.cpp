@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -213,6 +214,17 @@ TEST_CASE("graph: a program exported on CUDA inputs runs on the CPU interpreter 
   run_corpus_program("llama_cuda", "core", "pt2-2.11-extra");
   Loaded l = load_program("llama_cuda.core.pt2", "pt2-2.11-extra");
   CHECK(l.program.op_histogram().count("torch.ops.aten._scaled_dot_product_efficient_attention.default") == 1);
+}
+
+// tests/gen/gen_pt2_extra.py --only resnet_tiny (GPU machine) makes it; until
+// its files are copied into tests/data/pt2-2.11-extra this case says SKIP.
+TEST_CASE("graph: ResNetTiny (max_pool2d incl. ceil_mode, residual add_, grouped/dilated conv) matches eager PyTorch") {
+  if (!std::filesystem::exists(data_dir("pt2-2.11-extra") + "resnet_tiny.json")) {
+    MESSAGE("SKIP: no pt2-2.11-extra/resnet_tiny (tests/gen/gen_pt2_extra.py --only resnet_tiny)");
+    return;
+  }
+  run_corpus_program("resnet_tiny", "train", "pt2-2.11-extra");
+  run_corpus_program("resnet_tiny", "core", "pt2-2.11-extra");
 }
 
 TEST_CASE("graph: a Hugging Face BertModel (attention_mask plumbing) matches eager PyTorch") {

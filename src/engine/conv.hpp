@@ -1,0 +1,84 @@
+// The engine's convolutional pieces (src/engine/*; not installed; no CUDA or
+// cuDNN header): cuDNN convolutions (conv.cpp) and the pooling kernels
+// (pool.cu) that plan.cpp lowers aten::convolution / conv2d,
+// adaptive_avg_pool2d and max_pool2d to.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "safeckpt/error.hpp"
+
+namespace safeckpt::engine::detail {
+
+// One 2-D convolution at concrete sizes: NCHW input, KCRS weight (C/groups
+// input channels per filter), NKHW output, all contiguous; PyTorch's
+// cross-correlation with zero padding.
+struct ConvGeometry {
+  long long n = 0, c = 0, h = 0, w = 0;  // input
+  long long k = 0, r = 0, s = 0;         // filters: k output channels, r x s taps
+  long long oh = 0, ow = 0;              // output spatial sizes (the interpreter's formula)
+  int pad[2] = {0, 0}, stride[2] = {1, 1}, dilation[2] = {1, 1};
+  int groups = 1;
+  bool bf16 = false;        // tensors bfloat16 (else float32); accumulation is float32 either way
+  bool allow_tf32 = false;  // float32 only: cuDNN may use TF32 tensor cores (EngineOptions::cudnn_allow_tf32)
+};
+
+// A cuDNN handle (destroyed with its last owner, on the device it was made on).
+struct DnnHandle;
+// Loads cuDNN (lazy_cudnn.cpp) and creates a handle on the current device.
+// Errors: kDevice naming the soname (library missing) or cuDNN's status.
+Result<std::shared_ptr<DnnHandle>> dnn_create();
+
+// The most workspace one convolution's algorithm may take (the plan owns one
+// workspace of the largest). ATen caps it by the free memory; a fixed cap
+// keeps a plan's footprint predictable, and cuDNN's heuristics rank
+// algorithms within it.
+inline constexpr std::uint64_t kMaxConvWorkspaceBytes = 256ull << 20;
+
+// Builds `g`'s cuDNN descriptors and checks cuDNN's output size against
+// g.oh / g.ow — host calls only (no handle, no device): what host tests can
+// check of a convolution. Errors: kDevice (cuDNN missing or refusing a
+// descriptor), kInternal (another output size).
+Status conv_describe(const ConvGeometry& g);
+
+// Descriptors and the algorithm chosen for one ConvGeometry.
+struct ConvPlan;
+// Chooses the algorithm (cuDNN's heuristics, cudnnGetConvolutionForward-
+// Algorithm_v7: the first applicable one whose workspace is at most
+// `max_workspace` bytes). Errors: kDevice (cuDNN failures, no algorithm).
+Result<std::shared_ptr<ConvPlan>> conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                               std::uint64_t max_workspace);
+std::uint64_t conv_workspace_bytes(const ConvPlan& c);
+// e.g. "IMPLICIT_PRECOMP_GEMM/tensor-op" (for step names and messages).
+std::string conv_algo_name(const ConvPlan& c);
+
+// Step return codes: 0, a cudaError_t, 1000 + cublasStatus_t, or
+// kDnnStatusBase + cudnnStatus_t (Step::fn in runtime.hpp).
+inline constexpr int kDnnStatusBase = 2000;
+// Enqueues y = conv(x, w) on `stream` (a cudaStream_t); capturable (no
+// allocation, no synchronization). Returns 0 or kDnnStatusBase + status.
+int conv_forward(const ConvPlan& c, const void* x, const void* w, void* y, void* workspace,
+                 std::uint64_t workspace_bytes, void* stream);
+// cudnnGetErrorString of a status (without kDnnStatusBase).
+const char* dnn_status_string(int status);
+
+// ------------------------------------------------------------ pool.cu
+// NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous
+// [planes, oh, ow]. Return a cudaError_t value.
+// adaptive_avg_pool2d: aten/src/ATen/native/AdaptiveAveragePooling.cpp
+// windows [floor(o*H/OH), ceil((o+1)*H/OH)), float32 sums.
+int launch_adaptive_avg_pool2d(const void* x, void* y, long long planes, long long h, long long w, long long oh,
+                               long long ow, int bf16, void* stream);
+// max_pool2d values (PyTorch's CUDA kernel: a NaN wins; padding never does).
+struct MaxPoolArgs {
+  const void* x;
+  void* y;
+  long long planes, h, w, oh, ow;
+  int kh, kw, sh, sw, ph, pw, dh, dw;
+  int bf16;
+};
+int launch_max_pool2d(const MaxPoolArgs& a, void* stream);
+
+}  // namespace safeckpt::engine::detail

@@ -1,0 +1,94 @@
+// src/engine/pool.cu — pooling kernels of convolutional programs (conv.hpp):
+// adaptive_avg_pool2d and max_pool2d over NCHW contiguous planes. fp32
+// arithmetic, the value's dtype stored (float32 or bfloat16, round to
+// nearest even), as kernels.cu.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "engine/conv.hpp"
+
+namespace safeckpt::engine::detail {
+namespace {
+
+__device__ __forceinline__ float ld(const void* p, long long i, int bf16) {
+  if (bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void st(void* p, long long i, float v, int bf16) {
+  if (bf16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(p)[i] = v;
+}
+
+// One warp per output element: the lanes stride over its window, then a
+// warp sum (a 7x7 or 56x56 window alike).
+__global__ void adaptive_avg_pool2d_kernel(const void* x, void* y, long long planes, long long h, long long w,
+                                           long long oh, long long ow, int bf16) {
+  const long long total = planes * oh * ow;
+  const int lane = threadIdx.x % 32;
+  for (long long o = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; o < total;
+       o += static_cast<long long>(gridDim.x) * blockDim.x / 32) {
+    const long long ox = o % ow, oy = (o / ow) % oh, pl = o / (ow * oh);
+    const long long h0 = oy * h / oh, h1 = ((oy + 1) * h + oh - 1) / oh;
+    const long long w0 = ox * w / ow, w1 = ((ox + 1) * w + ow - 1) / ow;
+    const long long ww = w1 - w0, cnt = (h1 - h0) * ww;
+    float s = 0.f;
+    for (long long j = lane; j < cnt; j += 32) s += ld(x, (pl * h + h0 + j / ww) * w + w0 + j % ww, bf16);
+    for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+    if (lane == 0) st(y, o, s / static_cast<float>(cnt), bf16);
+  }
+}
+
+// One thread per output element. aten/src/ATen/native/cuda/DilatedMaxPool2d.cu:
+// the maximum starts at -inf, `val > max || isnan(val)` replaces it, so the
+// first maximum wins ties and a NaN in the window gives NaN; padded taps are
+// skipped.
+__global__ void max_pool2d_kernel(MaxPoolArgs a) {
+  const long long total = a.planes * a.oh * a.ow;
+  for (long long o = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long ox = o % a.ow, oy = (o / a.ow) % a.oh, pl = o / (a.ow * a.oh);
+    const long long hs = oy * a.sh - a.ph, ws = ox * a.sw - a.pw;
+    float m = -INFINITY;
+    for (int i = 0; i < a.kh; ++i) {
+      const long long ih = hs + static_cast<long long>(i) * a.dh;
+      if (ih < 0 || ih >= a.h) continue;
+      for (int j = 0; j < a.kw; ++j) {
+        const long long iw = ws + static_cast<long long>(j) * a.dw;
+        if (iw < 0 || iw >= a.w) continue;
+        const float v = ld(a.x, (pl * a.h + ih) * a.w + iw, a.bf16);
+        if (v > m || isnan(v)) m = v;
+      }
+    }
+    st(a.y, o, m, a.bf16);
+  }
+}
+
+unsigned grid_for(long long threads) {
+  long long blocks = (threads + 255) / 256;
+  if (blocks > 132 * 32) blocks = 132 * 32;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace
+
+int launch_adaptive_avg_pool2d(const void* x, void* y, long long planes, long long h, long long w, long long oh,
+                               long long ow, int bf16, void* stream) {
+  const long long total = planes * oh * ow;
+  if (total == 0) return 0;
+  adaptive_avg_pool2d_kernel<<<grid_for(total * 32), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, planes, h, w,
+                                                                                                  oh, ow, bf16);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_max_pool2d(const MaxPoolArgs& a, void* stream) {
+  const long long total = a.planes * a.oh * a.ow;
+  if (total == 0) return 0;
+  max_pool2d_kernel<<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace safeckpt::engine::detail
