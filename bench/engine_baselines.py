@@ -64,6 +64,9 @@ def child(a):
     ep = torch.export.load(a.program)
     m = cuda_module(ep, torch)
     x = make_inputs(ep, a.batch, torch)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
     t_c = time.perf_counter()
     cm = torch.compile(m, mode="reduce-overhead")
     with torch.no_grad():
@@ -75,6 +78,8 @@ def child(a):
     if a.phase == "cold":
         with torch.no_grad():
             res["warm_ms"] = median_ms(lambda: cm(*x), a.iters, torch)
+        torch.cuda.synchronize()
+        res["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
     print("RESULT " + json.dumps(res))
 
 
@@ -94,9 +99,20 @@ def main():
     x = make_inputs(ep, a.batch, torch)
     with torch.no_grad():
         eager = median_ms(lambda: m(*x), a.iters, torch)
+        # Peak device memory one eager call adds on top of weights and inputs
+        # (activations, workspaces, the outputs): the caching allocator's
+        # peak minus what was allocated before the call.
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = m(*x)
+        torch.cuda.synchronize()
+        peak_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+        del out
     print(f"torch {torch.__version__}; matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
           f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}")
     print(f"{'PyTorch eager (ep.module(), median)':58s} {eager:12.3f}")
+    print(f"{'PyTorch eager, peak memory of one call over weights+inputs (MiB)':58s} {peak_mib:12.1f}")
     if a.no_compile:
         print(f"{'torch.compile rows':58s} {'skipped':>12s}")
         return
@@ -115,6 +131,7 @@ def main():
     print(f"{'torch.compile first call, empty inductor cache':58s} {rows['cold']['first_ms']:12.3f}")
     print(f"{'torch.compile first call, warm TORCHINDUCTOR_CACHE_DIR':58s} {rows['warm']['first_ms']:12.3f}")
     print(f"{'PyTorch file -> first output (export.load+compile+run)':58s} {rows['cold']['file_ms']:12.3f}")
+    print(f"{'torch.compile r-o, peak memory over weights+inputs (MiB)':58s} {rows['cold']['peak_mib']:12.1f}")
 
 
 if __name__ == "__main__":

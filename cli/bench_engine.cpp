@@ -277,9 +277,10 @@ int bench_engine(const BenchEngineArgs& a) {
   for (const auto& w : eng->stats().warnings) std::fprintf(stderr, "safeckpt bench-engine: warning: %s\n", w.c_str());
   std::printf(
       "  plan: %zu launches compiled (%zu generated kernels NVRTC-compiled), %zu eager; activation arena %.2f MiB; "
-      "weights uploaded %.1f MiB%s\n",
+      "all plan memory (arena + I/O + workspace) %.2f MiB; weights uploaded %.1f MiB%s\n",
       s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
-      static_cast<double>(s1.weight_bytes) / (1 << 20), l->device_weights ? " (rest read in place)" : "");
+      static_cast<double>(s1.plan_device_bytes) / (1 << 20), static_cast<double>(s1.weight_bytes) / (1 << 20),
+      l->device_weights ? " (rest read in place)" : "");
   std::printf("  %-58s %12s\n", "row", "ms");
   std::printf("  %-58s %12.3f\n", "safeckpt eager (force_eager, median)", *eager_ms);
   std::printf("  %-58s %12.3f\n", "safeckpt compiled, warm (CUDA graph replay, median)", *warm);

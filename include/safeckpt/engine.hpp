@@ -176,10 +176,14 @@ struct ProgramStats {
   std::size_t cache_stores = 0;  // entries written
   std::vector<std::string> cache_warnings;  // why entries were ignored or not written (the first kMaxCacheWarnings)
   std::uint64_t arena_bytes = 0;            // activation arena of the most recent plan
-  std::uint64_t weight_bytes = 0;           // device bytes the engine allocated for weights (0 = all in place)
-  double weight_upload_seconds = 0;         // compile(): allocating and copying those weights (synchronous)
-  std::size_t steps = 0;                    // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
-  double last_compile_seconds = 0;          // plan + NVRTC + capture of the most recent plan
+  // Every device byte the most recent plan allocated: the arena, its fixed
+  // input/output buffers, the GEMM/convolution workspace (what to compare
+  // with PyTorch's peak memory of a call over weights and inputs).
+  std::uint64_t plan_device_bytes = 0;
+  std::uint64_t weight_bytes = 0;    // device bytes the engine allocated for weights (0 = all in place)
+  double weight_upload_seconds = 0;  // compile(): allocating and copying those weights (synchronous)
+  std::size_t steps = 0;             // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
+  double last_compile_seconds = 0;   // plan + NVRTC + capture of the most recent plan
   // Where last_compile_seconds went (seconds, most recent plan):
   double last_lowering_seconds = 0;   // the IR lowered at its shapes, incl. cuBLASLt algorithm choice
   double last_heuristic_seconds = 0;  // of which cuBLASLt heuristic queries

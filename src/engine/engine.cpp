@@ -342,6 +342,7 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
   SAFECKPT_TRY(plan->arena, device_alloc(eng->opt.device, plan->arena_bytes));
   SAFECKPT_TRY(plan->io, device_alloc(eng->opt.device, io_bytes));
   SAFECKPT_TRY(plan->scratch, device_alloc(eng->opt.device, plan->workspace_bytes + 256));
+  plan->device_bytes = plan->arena_bytes + io_bytes + plan->workspace_bytes + 256;
   plan->workspace = plan->scratch->p;
   plan->error_flag = reinterpret_cast<int*>(static_cast<char*>(plan->scratch->p) + plan->workspace_bytes);
   std::size_t k = 0;
@@ -716,6 +717,7 @@ ProgramStats CompiledProgram::stats() const {
     s.steps = impl_->lru.front().second->steps.size();
     const detail::Plan& p = *impl_->lru.front().second;
     s.last_compile_seconds = p.compile_seconds;
+    s.plan_device_bytes = p.device_bytes;
     s.last_lowering_seconds = p.lowering_seconds;
     s.last_heuristic_seconds = p.heuristic_seconds;
     s.last_module_seconds = p.module_seconds;

@@ -112,6 +112,7 @@ struct Plan {
   std::shared_ptr<Module> module;
   std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
   std::uint64_t arena_bytes = 0;
+  std::uint64_t device_bytes = 0;  // arena + I/O buffers + workspace + error flag
   void* workspace = nullptr;
   std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
   bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
