@@ -145,8 +145,45 @@ __global__ void __launch_bounds__(128) attention_kernel(AttnArgs a) {
     if (row >= a.L) break;
     for (int c = 0; c < kMaxHead / 32; ++c) {
       long long d = lane + 32 * c;
-      if (d < Dv) st(a.out, ((b * a.H + h) * a.L + row) * Dv + d, acc[r][c] / l[r], a.bf16);
+      // Every key masked: zeros, as the CPU reference (and math SDPA's _safe_softmax).
+      if (d < Dv) st(a.out, ((b * a.H + h) * a.L + row) * Dv + d, l[r] > 0.f ? acc[r][c] / l[r] : 0.f, a.bf16);
     }
+  }
+}
+
+// --------------------------------------- attention, materialized scores
+// One block per score row (scale already applied by the Q K^T GEMM): mask,
+// max, sum of exp, probabilities. Each thread touches the same columns in
+// every pass, so the in-place float32 case needs no extra barrier.
+__global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
+  __shared__ float scratch[32];
+  const long long r = blockIdx.x;
+  const long long l = r % a.L, bh = r / a.L;
+  const long long b = a.b0 + bh / a.H, h = bh % a.H;
+  float* row = a.scores + r * a.S;
+  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;  // keys after it are masked
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
+  float mx = -INFINITY;
+  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
+    float x = s > last ? -INFINITY : row[s];
+    if (a.mask_kind == 1 && !mb[mrow + s * a.m_s[3]]) x = -INFINITY;
+    if (a.mask_kind == 2) x += ld(a.mask, mrow + s * a.m_s[3], a.mask_bf16);
+    row[s] = x;
+    mx = fmaxf(mx, x);
+  }
+  mx = block_max(mx, scratch);
+  float sum = 0.f;
+  if (mx != -INFINITY)
+    for (long long s = threadIdx.x; s < a.S; s += blockDim.x) sum += expf(row[s] - mx);
+  sum = block_sum(sum, scratch);
+  const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
+  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
+    const float p = mx == -INFINITY ? 0.f : expf(row[s] - mx) * inv;
+    if (a.probs_bf16)
+      static_cast<__nv_bfloat16*>(a.probs)[r * a.S + s] = __float2bfloat16_rn(p);
+    else
+      static_cast<float*>(a.probs)[r * a.S + s] = p;
   }
 }
 
@@ -257,6 +294,14 @@ int launch_attention(const AttnArgs& a, void* stream) {
   dim3 grid(static_cast<unsigned>((a.L + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)),
             static_cast<unsigned>(a.B * a.H));
   attention_kernel<<<grid, 32 * kWarps, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  return cudaGetLastError();
+}
+
+int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream) {
+  if (a.rows <= 0 || a.S <= 0) return cudaSuccess;
+  if (a.rows > 0x7fffffffLL) return cudaErrorInvalidValue;
+  unsigned threads = a.S >= 2048 ? 512 : (a.S >= 512 ? 256 : 128);
+  attention_softmax_kernel<<<static_cast<unsigned>(a.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(a);
   return cudaGetLastError();
 }
 

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -425,5 +426,223 @@ TEST_CASE("engine: planning every corpus program (no device): fusion cuts launch
         CHECK(fused->arena_bytes > 0);
       }
     }
+  }
+}
+
+// ------------------------------------------------------------- attention
+
+TEST_CASE("engine: attention path decision and score workspace (no device)") {
+  using namespace safeckpt::engine::detail;
+  const std::uint64_t mib = 1ull << 20;
+  // GPT-2 124M at 1x1024: 12 heads x 1024 x 1024 fp32 scores = 48 MiB.
+  AttnShape s{1, 12, 1024, 1024, 64, 64, false, false};
+  AttnChoice c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.materialized);
+  CHECK(c.group_batches == 1);
+  CHECK(c.groups == 1);
+  CHECK(c.score_bytes == 48 * mib);
+  CHECK(c.prob_bytes == 0);
+  // The bound is inclusive; 0 means the flash-style kernel only.
+  CHECK(choose_attention(s, 48 * mib).materialized);
+  CHECK_FALSE(choose_attention(s, 48 * mib - 1).materialized);
+  CHECK_FALSE(choose_attention(s, 0).materialized);
+  // bfloat16 stores the probabilities again (2 bytes per score).
+  s.bf16 = true;
+  c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.score_bytes == 48 * mib);
+  CHECK(c.prob_bytes == 24 * mib);
+  CHECK_FALSE(choose_attention(s, 72 * mib - 1).materialized);
+  // Batch 32: one element per group when b and h do not share one stride
+  // (GPT-2's split qkv), else the largest divisor of B that fits (5 fit, 4 divides).
+  s = AttnShape{32, 12, 1024, 1024, 64, 64, false, false};
+  c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.materialized);
+  CHECK(c.group_batches == 1);
+  CHECK(c.groups == 32);
+  CHECK(c.score_bytes == 48 * mib);
+  s.batch_collapsible = true;
+  c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.group_batches == 4);
+  CHECK(c.groups == 8);
+  CHECK(c.score_bytes == 4 * 48 * mib);
+  c = choose_attention(s, ~0ull);
+  CHECK(c.group_batches == 32);
+  CHECK(c.groups == 1);
+  // Sizes whose product overflows, and empty shapes, keep the flash kernel.
+  CHECK_FALSE(choose_attention(AttnShape{1, 1ll << 20, 1ll << 30, 1ll << 30, 64, 64, false, true}, ~0ull).materialized);
+  CHECK_FALSE(choose_attention(AttnShape{1, 12, 0, 16, 64, 64, false, true}, ~0ull).materialized);
+  // L != S and a prime batch.
+  c = choose_attention(AttnShape{7, 2, 3, 5, 8, 8, false, true}, 7 * 2 * 3 * 5 * 4);
+  CHECK(c.group_batches == 7);
+  c = choose_attention(AttnShape{7, 2, 3, 5, 8, 8, false, true}, 6 * 2 * 3 * 5 * 4);
+  CHECK(c.group_batches == 1);
+  CHECK(c.groups == 7);
+}
+
+TEST_CASE("engine: planning attention both ways (no device): materialized steps, workspace in the arena") {
+  using safeckpt::engine::detail::dry_plan;
+  for (const char* m : kGpuModels) {
+    Loaded l = load_program(std::string(m) + ".train.pt2");
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    json meta = json::parse(read_text(data_dir() + m + ".json"));
+    const auto sdpa =
+        meta["programs"]["train"]["ops_json"].value("torch.ops.aten.scaled_dot_product_attention.default", 0);
+    for (const auto& c : cases_of(l.program, *io)) {
+      std::vector<std::vector<std::int64_t>> shapes;
+      for (const auto& gi : l.program.inputs)
+        if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+      std::string what = std::string(m) + ".train " + c.prefix;
+      CAPTURE(what);
+      for (bool fuse : {true, false}) {
+        auto flash = dry_plan(l.program, shapes, fuse, 90, 0);
+        REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
+        auto mat = dry_plan(l.program, shapes, fuse, 90, ~0ull);
+        REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
+        auto count = [](const std::vector<std::string>& kinds, const std::string& k) {
+          return static_cast<int>(std::count(kinds.begin(), kinds.end(), k));
+        };
+        CHECK(count(flash->step_kinds, "attention") == sdpa);
+        CHECK(count(flash->step_kinds, "attention_gemm") == 0);
+        CHECK(count(mat->step_kinds, "attention") == 0);
+        // One group per SDPA here (batch elements share one stride, or B = 1) ... or one per batch element.
+        const int groups = count(mat->step_kinds, "attention_softmax");
+        CHECK(groups >= sdpa);
+        CHECK(count(mat->step_kinds, "attention_gemm") == 2 * groups);
+        CHECK(mat->steps.size() ==
+              flash->steps.size() + 2 * static_cast<std::size_t>(groups) + static_cast<std::size_t>(groups - sdpa));
+        CHECK(mat->arena_bytes >= flash->arena_bytes);  // the scores live in the arena (maybe in a gap)
+        for (const auto& k : mat->step_kinds) CHECK_FALSE(k.empty());
+        for (const auto& sh : mat->step_shapes) CHECK_FALSE(sh.empty());
+      }
+    }
+  }
+}
+
+namespace {
+// Both attention lowerings of every corpus program: compiled and eager,
+// against the CPU reference and PyTorch's recorded CUDA outputs.
+void check_attention_path(std::uint64_t workspace_bytes, const char* path) {
+  engine::EngineOptions o = no_cache();
+  o.attention_workspace_bytes = workspace_bytes;
+  auto eng = make_engine(o);
+  for (const char* m : kGpuModels) {
+    json meta = json::parse(read_text(data_dir() + m + ".json"));
+    double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+    double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
+      auto cp = eng.compile(l.program, l.weights);
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      for (const auto& c : cases_of(l.program, *io)) {
+        auto cpu = run_cpu(l.program, l.weights, c.inputs);
+        REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+        for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+          std::string what = std::string(m) + "." + ir + " " + (c.prefix.empty() ? "example" : c.prefix) + " " +
+                             std::string(engine::stance_name(s)) + " attention " + path;
+          CAPTURE(what);
+          engine::RunOptions ro;
+          ro.stance = s;
+          auto out = cp->run_host(c.inputs, ro);
+          REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+          REQUIRE(out->size() == l.program.outputs.size());
+          for (std::size_t i = 0; i < out->size(); ++i) {
+            std::string on = what + " output " + std::to_string(i);
+            check_close((*out)[i], tensor_of(*io, c.prefix + "output." + std::to_string(i) + ".cuda"), atol, rtol,
+                        on + " vs PyTorch CUDA");
+            check_close((*out)[i], (*cpu)[i], atol, rtol, on + " vs CPU reference");
+          }
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("engine: attention through the flash-style kernel only (workspace bound 0) matches") {
+  if (!have_device()) return;
+  check_attention_path(0, "flash");
+}
+
+TEST_CASE("engine: attention through materialized cuBLASLt scores (unbounded workspace) matches") {
+  if (!have_device()) return;
+  check_attention_path(~0ull, "materialized");
+}
+
+TEST_CASE("engine: attention materialized one batch element per group matches") {
+  if (!have_device()) return;
+  // Workspace of exactly one batch element of the corpus gpt2 (4 heads x 32 x 32 fp32 scores):
+  // several groups per SDPA in gpt2_dynbatch's batch > 1 cases.
+  check_attention_path(4 * 32 * 32 * 4, "materialized, one batch element per group");
+}
+
+// ------------------------------------------------------------- profile
+
+TEST_CASE("engine: profile times every launch of the plan; the rows sum to the whole") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  auto io = SafetensorsFile::open(data_dir() + "gpt2.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("gpt2.") + ir + ".pt2");
+    auto cp = eng.compile(l.program, l.weights);
+    REQUIRE(cp.has_value());
+    auto inputs = cases_of(l.program, *io)[0].inputs;
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) shapes.push_back(inputs.at(gi.fqn).shape);
+    for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+      std::string what = std::string("gpt2.") + ir + " " + std::string(engine::stance_name(s));
+      CAPTURE(what);
+      engine::ProfileOptions po;
+      po.stance = s;
+      po.iters = 10;
+      auto p = cp->profile_host(inputs, po);
+      REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
+      // Every launch of the plan once: the same names as the plan (dry plan of the same shapes).
+      auto dry = engine::detail::dry_plan(l.program, shapes, s != Stance::kForceEager, 90);
+      REQUIRE(dry.has_value());
+      REQUIRE(p->steps.size() == dry->steps.size());
+      CHECK(p->launches == p->steps.size());
+      std::vector<std::string> names, want = dry->steps;
+      for (const auto& st : p->steps) names.push_back(st.name);
+      std::sort(names.begin(), names.end());
+      std::sort(want.begin(), want.end());
+      CHECK(names == want);
+      double sum = 0, pct = 0, by_kind = 0;
+      for (std::size_t i = 0; i < p->steps.size(); ++i) {
+        const auto& st = p->steps[i];
+        CHECK(st.ms >= 0);
+        CHECK_FALSE(st.kind.empty());
+        if (i > 0) CHECK(st.ms <= p->steps[i - 1].ms);  // sorted, largest first
+        sum += st.ms;
+        pct += st.percent;
+      }
+      for (const auto& [k, ms] : p->ms_by_kind) by_kind += ms;
+      CHECK(std::fabs(sum - p->steps_ms) <= 1e-9 + 1e-9 * sum);
+      CHECK(std::fabs(by_kind - p->steps_ms) <= 1e-6 + 1e-6 * sum);
+      CHECK(std::fabs(pct - 100.0) < 1e-6);
+      CHECK(p->ms_by_kind.count("gemm") == 1);
+      // Medians per step against the median whole run: about the same (the
+      // sum of per-step medians is not the median of sums).
+      MESSAGE(what << ": " << p->steps.size() << " launches, steps " << p->steps_ms << " ms, whole " << p->whole_ms
+                   << " ms, graph " << p->graph_ms << " ms");
+      CHECK(p->whole_ms > 0);
+      CHECK(p->steps_ms <= 1.5 * p->whole_ms + 0.01);
+      CHECK(p->steps_ms >= 0.5 * p->whole_ms - 0.01);
+      if (s == Stance::kDefault) {
+        CHECK(p->graph_ms > 0);
+      } else {
+        CHECK(p->graph_ms == 0);
+      }
+    }
+    // Bad options are refused.
+    engine::ProfileOptions bad;
+    bad.iters = 0;
+    auto r = cp->profile_host(inputs, bad);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
   }
 }
