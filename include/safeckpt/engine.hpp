@@ -44,7 +44,9 @@
 //    second batched GEMM P V into the output. The workspace is a buffer of
 //    the activation arena, live during that step only, so ProgramStats::
 //    arena_bytes includes it.
-//  - otherwise the flash-style kernel (online softmax, no workspace).
+//  - otherwise the flash-style kernel (online softmax, no workspace; blocks
+//    of 64 query rows x 64-key tiles in shared memory, fp32 on the CUDA
+//    cores for both dtypes, src/engine/kernels.cu).
 // Both give a row of zeros where every key is masked (the CPU reference's
 // and PyTorch's math SDPA rule since _safe_softmax), never NaN.
 //  3. A static activation arena: buffers reused by liveness (first fit);
