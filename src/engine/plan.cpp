@@ -1026,7 +1026,10 @@ struct Lowering {
       m.cols = cols;
       m.ld = ld_of(t);
       m.batch_stride = bstride(t);
-      m.align = alignment(base_bytes(t), static_cast<std::uint64_t>(gb * t.strides[0]) * es);
+      // Every matrix's start (groups, batch entries) and row: what the heuristic may assume.
+      m.align = alignment(
+          base_bytes(t) | static_cast<std::uint64_t>(m.batch_stride) * es | static_cast<std::uint64_t>(m.ld) * es,
+          static_cast<std::uint64_t>(gb * t.strides[0]) * es);
       return m;
     };
     auto u = [](long long x) { return static_cast<std::uint64_t>(x); };
@@ -1037,18 +1040,21 @@ struct Lowering {
     sc.cols = u(L);
     sc.ld = S;
     sc.batch_stride = L * S;
+    sc.align = alignment(static_cast<std::uint64_t>(L * S * 4) | static_cast<std::uint64_t>(S * 4), 0);
     SAFECKPT_TRY(auto qk, make_batched_gemm(eng, ct, CUBLAS_OP_T, CUBLAS_OP_N, mat(k, u(D), u(S)), mat(q, u(D), u(L)),
                                             sc, batch));
     // O^T[Dv, L] = V^T[Dv, S] x P^T[S, L].
     LtMat pm = sc;
     pm.type = bf ? CUDA_R_16BF : CUDA_R_32F;
+    if (bf) pm.align = alignment(static_cast<std::uint64_t>(L * S * 2) | static_cast<std::uint64_t>(S * 2), 0);
     LtMat om;
     om.type = ty;
     om.rows = u(Dv);
     om.cols = u(L);
     om.ld = Dv;
     om.batch_stride = L * Dv;
-    om.align = alignment(base_bytes(y), static_cast<std::uint64_t>(gb * H * L * Dv) * es);
+    om.align = alignment(base_bytes(y) | static_cast<std::uint64_t>(L * Dv) * es | static_cast<std::uint64_t>(Dv) * es,
+                         static_cast<std::uint64_t>(gb * H * L * Dv) * es);
     SAFECKPT_TRY(auto pv, make_batched_gemm(eng, ct, CUBLAS_OP_N, CUBLAS_OP_N, mat(v, u(Dv), u(S)), pm, om, batch));
     AttnSoftmaxArgs sa{};
     sa.probs_bf16 = bf ? 1 : 0;
