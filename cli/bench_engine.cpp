@@ -203,25 +203,6 @@ Result<engine::CompiledProgram> compile_with(engine::Engine& eng, Loaded& l) {
   return eng.compile(l.program, l.weights);
 }
 
-void print_profile(const engine::Profile& p, std::uint64_t attention_workspace_bytes) {
-  std::printf(
-      "\n  profile of the compiled plan: %zu launches, each alone between cudaEvents, median of %d runs; "
-      "attention workspace bound %llu MiB\n",
-      p.launches, p.iters, static_cast<unsigned long long>(attention_workspace_bytes >> 20));
-  std::printf("  %10s %6s  %-18s %-40s %s\n", "ms", "%", "kind", "step", "shapes");
-  for (const auto& s : p.steps)
-    std::printf("  %10.4f %6.2f  %-18s %-40s %s\n", s.ms, s.percent, s.kind.c_str(), s.name.c_str(), s.shapes.c_str());
-  std::vector<std::pair<double, std::string>> kinds;
-  for (const auto& [k, ms] : p.ms_by_kind) kinds.emplace_back(ms, k);
-  std::sort(kinds.rbegin(), kinds.rend());
-  std::printf("  per kind:\n");
-  for (const auto& [ms, k] : kinds)
-    std::printf("  %10.4f %6.2f  %s\n", ms, p.steps_ms > 0 ? 100.0 * ms / p.steps_ms : 0.0, k.c_str());
-  std::printf("  %10.4f         sum of the steps\n", p.steps_ms);
-  std::printf("  %10.4f         whole run step by step (first to last event)\n", p.whole_ms);
-  std::printf("  %10.4f         CUDA graph replay of the same plan\n", p.graph_ms);
-}
-
 int bench_engine(const BenchEngineArgs& a) {
   int device = 0;
   if (a.device.rfind("cuda:", 0) == 0) device = std::atoi(a.device.c_str() + 5);
@@ -328,7 +309,7 @@ int bench_engine(const BenchEngineArgs& a) {
     po.iters = a.iters;
     auto prof = cp->profile(named, po);
     if (!prof) return bench_fail("profile", prof.error());
-    print_profile(*prof, eo.attention_workspace_bytes);
+    print_engine_profile(stdout, *prof, eo.attention_workspace_bytes);
   }
   if (!a.baselines.empty()) {
     std::string cmd = a.baselines;  // its stderr (warnings) stays on stderr
@@ -347,6 +328,28 @@ int bench_engine(const BenchEngineArgs& a) {
 #endif
 
 }  // namespace
+
+#ifdef SAFECKPT_HAVE_ENGINE
+void print_engine_profile(std::FILE* f, const engine::Profile& p, std::uint64_t attention_workspace_bytes) {
+  std::fprintf(f,
+               "\n  profile of the compiled plan: %zu launches, each alone between cudaEvents, median of %d runs; "
+               "attention workspace bound %llu MiB\n",
+               p.launches, p.iters, static_cast<unsigned long long>(attention_workspace_bytes >> 20));
+  std::fprintf(f, "  %10s %6s  %-18s %-40s %s\n", "ms", "%", "kind", "step", "shapes");
+  for (const auto& s : p.steps)
+    std::fprintf(f, "  %10.4f %6.2f  %-18s %-40s %s\n", s.ms, s.percent, s.kind.c_str(), s.name.c_str(),
+                 s.shapes.c_str());
+  std::vector<std::pair<double, std::string>> kinds;
+  for (const auto& [k, ms] : p.ms_by_kind) kinds.emplace_back(ms, k);
+  std::sort(kinds.rbegin(), kinds.rend());
+  std::fprintf(f, "  per kind:\n");
+  for (const auto& [ms, k] : kinds)
+    std::fprintf(f, "  %10.4f %6.2f  %s\n", ms, p.steps_ms > 0 ? 100.0 * ms / p.steps_ms : 0.0, k.c_str());
+  std::fprintf(f, "  %10.4f         sum of the steps\n", p.steps_ms);
+  std::fprintf(f, "  %10.4f         whole run step by step (first to last event)\n", p.whole_ms);
+  std::fprintf(f, "  %10.4f         CUDA graph replay of the same plan\n", p.graph_ms);
+}
+#endif
 
 void register_bench_engine(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchEngineArgs>();
