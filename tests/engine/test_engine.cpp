@@ -598,7 +598,7 @@ TEST_CASE("engine: profile times every launch of the plan; the rows sum to the w
       CAPTURE(what);
       engine::ProfileOptions po;
       po.stance = s;
-      po.iters = 10;
+      po.iters = 20;
       auto p = cp->profile_host(inputs, po);
       REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
       // Every launch of the plan once: the same names as the plan (dry plan of the same shapes).
@@ -631,8 +631,10 @@ TEST_CASE("engine: profile times every launch of the plan; the rows sum to the w
       MESSAGE(what << ": " << p->steps.size() << " launches, steps " << p->steps_ms << " ms, whole " << p->whole_ms
                    << " ms, graph " << p->graph_ms << " ms");
       CHECK(p->whole_ms > 0);
-      CHECK(p->steps_ms <= 1.5 * p->whole_ms + 0.01);
-      CHECK(p->steps_ms >= 0.5 * p->whole_ms - 0.01);
+      // A hiccup inside one run lands in that run's whole time but in only
+      // one step's samples (which the median drops): the sum may fall below.
+      CHECK(p->steps_ms <= 2.0 * p->whole_ms + 0.05);
+      CHECK(p->steps_ms >= 0.25 * p->whole_ms - 0.05);
       if (s == Stance::kDefault) {
         CHECK(p->graph_ms > 0);
       } else {
