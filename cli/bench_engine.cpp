@@ -22,6 +22,14 @@
 // vocabulary of at least 64), floats in [-1, 1). Latencies are medians of
 // --iters runs after 3 warm-up runs, each run() synchronizing the stream,
 // host inputs copied in.
+//
+// --profile adds a table of the compiled plan's launches
+// (CompiledProgram::profile: each step alone between cudaEvents, median of
+// --iters runs after 3 warm-up runs; a debug path): step, kind, shapes, ms,
+// % of the steps' sum, largest first, then the sum per kind and the CUDA
+// graph replay of the same plan. --attention-workspace-mib N sets
+// EngineOptions::attention_workspace_bytes (0: the flash-style attention
+// kernel only) for every engine of the run.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -51,6 +59,8 @@ struct BenchEngineArgs {
   std::int64_t batch = 0;
   int iters = 50;
   bool no_cache = false;
+  bool profile = false;
+  std::int64_t attention_workspace_mib = -1;  // -1: the engine's default
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -223,6 +233,8 @@ int bench_engine(const BenchEngineArgs& a) {
   auto dl = as_dlpack(*inputs, named);
   engine::EngineOptions eo;
   eo.device = device;
+  if (a.attention_workspace_mib >= 0)
+    eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -357,6 +369,13 @@ int bench_engine(const BenchEngineArgs& a) {
     std::printf("  compile cache: %s%s\n", eo.cache_dir.c_str(),
                 temp_cache ? " (temporary, removed after the run)" : "");
   std::fflush(stdout);
+  if (a.profile) {
+    engine::ProfileOptions po;
+    po.iters = a.iters;
+    auto prof = cp->profile(named, po);
+    if (!prof) return bench_fail("profile", prof.error());
+    print_engine_profile(stdout, *prof, eo.attention_workspace_bytes);
+  }
   if (!a.baselines.empty()) {
     std::string cmd = a.baselines;  // its stderr (warnings) stays on stderr
     std::FILE* f = ::popen(cmd.c_str(), "r");
@@ -375,6 +394,28 @@ int bench_engine(const BenchEngineArgs& a) {
 
 }  // namespace
 
+#ifdef SAFECKPT_HAVE_ENGINE
+void print_engine_profile(std::FILE* f, const engine::Profile& p, std::uint64_t attention_workspace_bytes) {
+  std::fprintf(f,
+               "\n  profile of the compiled plan: %zu launches, each alone between cudaEvents, median of %d runs; "
+               "attention workspace bound %llu MiB\n",
+               p.launches, p.iters, static_cast<unsigned long long>(attention_workspace_bytes >> 20));
+  std::fprintf(f, "  %10s %6s  %-18s %-40s %s\n", "ms", "%", "kind", "step", "shapes");
+  for (const auto& s : p.steps)
+    std::fprintf(f, "  %10.4f %6.2f  %-18s %-40s %s\n", s.ms, s.percent, s.kind.c_str(), s.name.c_str(),
+                 s.shapes.c_str());
+  std::vector<std::pair<double, std::string>> kinds;
+  for (const auto& [k, ms] : p.ms_by_kind) kinds.emplace_back(ms, k);
+  std::sort(kinds.rbegin(), kinds.rend());
+  std::fprintf(f, "  per kind:\n");
+  for (const auto& [ms, k] : kinds)
+    std::fprintf(f, "  %10.4f %6.2f  %s\n", ms, p.steps_ms > 0 ? 100.0 * ms / p.steps_ms : 0.0, k.c_str());
+  std::fprintf(f, "  %10.4f         sum of the steps\n", p.steps_ms);
+  std::fprintf(f, "  %10.4f         whole run step by step (first to last event)\n", p.whole_ms);
+  std::fprintf(f, "  %10.4f         CUDA graph replay of the same plan\n", p.graph_ms);
+}
+#endif
+
 void register_bench_engine(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchEngineArgs>();
   CLI::App* sub = app.add_subcommand("bench-engine", "Time the compiled CUDA engine on a PT2 program (one table)");
@@ -387,6 +428,10 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
                                            "compile cache directory (default: a temporary one, removed after the run)");
   sub->add_flag("--no-cache", args->no_cache, "no persistent compile cache")->excludes(cache_dir);
   sub->add_option("--baselines", args->baselines, "command printing the PyTorch rows (bench/engine_baselines.py)");
+  sub->add_flag("--profile", args->profile, "print the compiled plan's per-launch GPU times (debug path)");
+  sub->add_option("--attention-workspace-mib", args->attention_workspace_mib,
+                  "attention score workspace bound in MiB (0: flash-style kernel only; default 256)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,16 @@
 #include "safeckpt/mapped_file.hpp"
 #include "safeckpt/sign.hpp"
 
+namespace safeckpt::engine {
+struct Profile;  // safeckpt/engine.hpp (only in builds with the CUDA engine)
+}
+
 namespace safeckpt::cli {
+
+// The table of engine::CompiledProgram::profile (bench-engine --profile, run
+// --profile; cli/bench_engine.cpp): every launch largest first, the sums per
+// kind, the whole run and the CUDA-graph replay.
+void print_engine_profile(std::FILE* f, const engine::Profile& p, std::uint64_t attention_workspace_bytes);
 
 // Help text of every subcommand's --allow (resolution: cli/allow_arg.hpp).
 inline constexpr const char* kAllowHelp =

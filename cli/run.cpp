@@ -16,6 +16,9 @@
 // go through the persistent compile cache (--cache-dir DIR, default
 // $SAFECKPT_CACHE_DIR or ~/.cache/safeckpt; --no-cache: compile every time),
 // whose warnings (ignored entries, failed stores) are printed on stderr.
+// With cuda, --profile prints the plan's per-launch GPU times on stderr after
+// the run (CompiledProgram::profile: a debug path, median of 20 runs) and
+// --attention-workspace-mib N sets EngineOptions::attention_workspace_bytes.
 //
 // inspect-program (and `safeckpt inspect` on a PT2 archive): models, user inputs/outputs with shapes (symbolic dims by
 // symbol, with ranges), the op histogram, weights (name, dtype, shape,
@@ -52,7 +55,8 @@ using graph::Program;
 
 struct RunArgs {
   std::string program, inputs, outputs, weights, model = "model", device = "cpu", stance = "default", cache_dir;
-  bool force = false, no_cache = false;
+  bool force = false, no_cache = false, profile = false;
+  std::int64_t attention_workspace_mib = -1;  // -1: the engine's default
 };
 struct InspectProgramArgs {
   std::string program, model;
@@ -149,11 +153,20 @@ int run_program(const RunArgs& a) {
     eo.stance = *stance;
     eo.cache = a.no_cache ? engine::CacheMode::kOff : engine::CacheMode::kReadWrite;
     eo.cache_dir = a.cache_dir;
+    if (a.attention_workspace_mib >= 0)
+      eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
     auto eng = engine::Engine::create(eo);
     if (!eng) return fail("run", a.device, eng.error());
     auto cp = eng->compile(p, weights);
     if (!cp) return fail("run", a.program + ": not compiled", cp.error());
     out = cp->run_host(inputs);
+    if (out && a.profile) {
+      engine::ProfileOptions po;
+      po.stance = *stance == engine::Stance::kForceEager ? engine::Stance::kForceEager : engine::Stance::kDefault;
+      auto prof = cp->profile_host(inputs, po);
+      if (!prof) return fail("run", a.program + ": profile failed", prof.error());
+      print_engine_profile(stderr, *prof, eo.attention_workspace_bytes);
+    }
     auto es = eng->stats();
     for (const auto& w : es.warnings) std::fprintf(stderr, "safeckpt run: warning: %s\n", w.c_str());
     if (es.warnings_dropped != 0)
@@ -304,6 +317,10 @@ void register_run(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-cache", args->no_cache, "with cuda: no persistent compile cache (compile every time)")
       ->excludes(cache_dir);
   sub->add_flag("--force", args->force, "replace an existing output file");
+  sub->add_flag("--profile", args->profile, "with cuda: print the plan's per-launch GPU times on stderr (debug path)");
+  sub->add_option("--attention-workspace-mib", args->attention_workspace_mib,
+                  "with cuda: attention score workspace bound in MiB (0: flash-style kernel only; default 256)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   sub->callback([args, &exit_code] { exit_code = run_program(*args); });
 
   auto iargs = std::make_shared<InspectProgramArgs>();

@@ -21,11 +21,34 @@
 //     gelu(approximate='tanh') or relu fused into it; layer_norm,
 //     _softmax (last dim), any.dim / mean.dim, embedding (indices checked on
 //     the device: an out-of-range index is an error, not a fault) and
-//     scaled_dot_product_attention (one flash-style kernel, fp32 / bf16,
-//     causal and boolean / additive masks) as fixed kernels; chains of
+//     scaled_dot_product_attention (fp32 / bf16, causal and boolean /
+//     additive masks broadcast in any dim; see "Attention" below) as fixed
+//     kernels; chains of
 //     pointwise ops (add, sub, mul.Scalar, eq/le.Scalar, logical_and/not,
 //     where, gelu, relu, clone, arange, full, full_like, scalar_tensor) of
 //     one shape fused into one kernel generated and compiled with NVRTC.
+//
+// Attention (aten::scaled_dot_product_attention with query [B,H,L,D], key
+// [B,H,S,D], value [B,H,S,Dv], D and Dv <= 128; any strides with a unit last
+// dim, other ones are copied first), two lowerings:
+//  - materialized, when the float32 scores of ONE batch element, H*L*S*4
+//    bytes (bfloat16: H*L*S*6, the probabilities are stored again in
+//    bfloat16 for the second GEMM), fit EngineOptions::attention_workspace_
+//    bytes (default kDefaultAttentionWorkspaceBytes = 256 MiB): per group of
+//    batch elements (as many as fit, a divisor of B; one when the strides of
+//    query/key/value do not let b and h collapse into one batch stride)
+//    cuBLASLt strided-batched GEMM scores = scale * Q K^T (fp32 accumulate
+//    and output; bfloat16 inputs on tensor cores; float32 under the TF32
+//    policy below), one kernel for causal / boolean / additive mask +
+//    numerically stable softmax (max subtracted; in place in fp32), and a
+//    second batched GEMM P V into the output. The workspace is a buffer of
+//    the activation arena, live during that step only, so ProgramStats::
+//    arena_bytes includes it.
+//  - otherwise the flash-style kernel (online softmax, no workspace; blocks
+//    of 64 query rows x 64-key tiles in shared memory, fp32 on the CUDA
+//    cores for both dtypes, src/engine/kernels.cu).
+// Both give a row of zeros where every key is masked (the CPU reference's
+// and PyTorch's math SDPA rule since _safe_softmax), never NaN.
 //  3. A static activation arena: buffers reused by liveness (first fit);
 //     inputs and outputs live in fixed buffers outside it.
 //  4. Compiled plans are captured as one CUDA graph and replayed.
@@ -125,6 +148,11 @@ enum class CacheMode : std::uint8_t {
   kReadWrite,  // look modules up before NVRTC, store what was compiled
 };
 
+// EngineOptions::attention_workspace_bytes by default: 256 MiB, e.g. GPT-2's
+// 12 heads at 1024 x 1024 (48 MiB per batch element, float32) for up to 5
+// batch elements per group.
+inline constexpr std::uint64_t kDefaultAttentionWorkspaceBytes = 256ull << 20;
+
 struct EngineOptions {
   int device = 0;                    // CUDA device index
   Stance stance = Stance::kDefault;  // per engine; RunOptions::stance overrides per call
@@ -136,6 +164,12 @@ struct EngineOptions {
   // Fuse a gelu/relu that follows a GEMM into its cuBLASLt epilogue (compiled
   // plans only).
   bool fuse_gemm_epilogue = true;
+  // Attention's materialized-score path (see "Attention" above): the most
+  // arena bytes one attention step may take for scores (and bfloat16
+  // probabilities). 0 = always the flash-style kernel; UINT64_MAX = always
+  // materialized (one batch element at a time if need be). Tests force each
+  // path with it; plans of different values are not shared.
+  std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
   // Its directory. Empty: enginecache::CompileCache::default_dir()
@@ -197,6 +231,31 @@ struct ProgramStats {
   std::size_t gemm_heuristics_reused = 0;
 };
 
+// CompiledProgram::profile: a debug path that times each launch of a plan.
+struct ProfileOptions {
+  std::optional<Stance> stance;  // kForceEager: the eager plan (one kernel per node); else the compiled plan
+  int warmup = 3;                // untimed runs first (1..1000)
+  int iters = 20;                // timed runs; each step's time is its median (1..100000)
+};
+// One launch of the plan (a GEMM, a fixed or generated kernel, a copy).
+struct StepProfile {
+  std::string name;    // the node(s) it runs, as in the plan ("a+b+c" for a fused chain)
+  std::string kind;    // gemm, attention, attention_gemm, attention_softmax, fused, copy, layer_norm,
+                       // softmax, reduce, embedding (or the op's name for others)
+  std::string shapes;  // operand shapes, e.g. "M=1024 N=2304 K=768" or "[1,12,1024,64] S=1024"
+  double ms = 0;       // median device time between events before and after it
+  double percent = 0;  // of Profile::steps_ms
+};
+struct Profile {
+  std::vector<StepProfile> steps;            // sorted by ms, largest first; every launch of the plan once
+  std::map<std::string, double> ms_by_kind;  // sum of the steps' ms per kind
+  double steps_ms = 0;                       // sum of every step's ms
+  double whole_ms = 0;                       // median of (last event - first event) per timed run
+  double graph_ms = 0;                       // compiled plan: median of one CUDA-graph replay; eager: 0
+  std::size_t launches = 0;                  // steps.size()
+  int iters = 0;
+};
+
 // Warnings kept per ProgramStats / EngineStats; later ones are counted only.
 inline constexpr std::size_t kMaxCacheWarnings = 32;
 
@@ -249,6 +308,24 @@ class CompiledProgram {
                                                   const RunOptions& options = {});
 
   ProgramStats stats() const;
+
+  // Debug path, not for serving: plans the inputs' shape like run() (the
+  // compiled plan, or the eager one with stance kForceEager; a plan already
+  // cached is reused, a new one counts in ProgramStats), then runs its steps
+  // one at a time on the program's stream — `warmup` untimed runs, then
+  // `iters` runs with a cudaEvent recorded before the first step and after
+  // every step, synchronizing after each run — and reports each step's
+  // median time in milliseconds of device time. The events add a few
+  // microseconds per step and the steps are not in a CUDA graph, so
+  // steps_ms (~ whole_ms) exceeds graph_ms by the launch gaps; graph_ms is
+  // the replayed graph timed the same way (iters runs). Costs about
+  // (warmup + 2 * iters) runs of the program. Outputs are computed into the
+  // plan's buffers and not returned. Inputs and errors as run() (stance
+  // fail_on_recompile is not applied: profiling never recompiles an
+  // existing shape).
+  Result<Profile> profile(const std::vector<NamedInput>& inputs, const ProfileOptions& options = {});
+  Result<Profile> profile_host(const std::map<std::string, graph::HostTensor, std::less<>>& inputs,
+                               const ProfileOptions& options = {});
 
  private:
   friend class Engine;

@@ -3,6 +3,7 @@
 // DLPack in and out.
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <list>
@@ -194,9 +195,10 @@ Result<std::shared_ptr<Module>> EngineImpl::module_for(const std::string& source
 }
 
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
-                         int sm) {
+                         int sm, std::uint64_t attention_workspace_bytes) {
   EngineImpl eng;
   eng.sm = sm;
+  eng.opt.attention_workspace_bytes = attention_workspace_bytes;
   std::vector<std::optional<DevTensor>> weights(program.values.size());
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;
   std::unordered_map<std::string, std::int64_t> symbols;
@@ -230,7 +232,11 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   }
   SAFECKPT_CHECK(build_plan(program, eng, weights, inputs, symbols, fuse, plan));
   DryPlan out;
-  for (const auto& s : plan.steps) out.steps.push_back(s.name);
+  for (const auto& s : plan.steps) {
+    out.steps.push_back(s.name);
+    out.step_kinds.push_back(s.kind);
+    out.step_shapes.push_back(s.shapes);
+  }
   out.arena_bytes = plan.arena_bytes;
   out.fused_kernels = plan.fused.size();
   out.fused_launches = plan.fused_launches;
@@ -296,6 +302,7 @@ struct ProgramImpl {
                                          const std::vector<std::vector<std::int64_t>>& shapes,
                                          const std::unordered_map<std::string, std::int64_t>& symbols);
   Status execute(Plan& plan);
+  Result<Profile> profile(Plan& plan, const ProfileOptions& o);
 };
 
 Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool compiled,
@@ -382,6 +389,17 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
   return plan;
 }
 
+// A step's return code as a Status.
+Status step_status(const Step& s, int rc) {
+  if (rc >= kDnnStatusBase)
+    return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuDNN " + dnn_status_string(rc - kDnnStatusBase));
+  if (rc >= 1000)
+    return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuBLASLt " +
+                                              cublasLtGetStatusString(static_cast<cublasStatus_t>(rc - 1000)));
+  if (rc != 0) return cuda_error("step '" + s.name + "'", static_cast<cudaError_t>(rc));
+  return {};
+}
+
 Status ProgramImpl::execute(Plan& plan) {
   // Streaming start: every weight landed (once true, never asked again).
   auto all_weights = [&]() -> Status {
@@ -397,13 +415,7 @@ Status ProgramImpl::execute(Plan& plan) {
       if (wait_weights && !weights_landed)
         for (const void* w : s.weights)
           if (auto storage = pending->storage_at(w)) SAFECKPT_CHECK(pending->wait(*storage));
-      int rc = s.fn(stream);
-      if (rc >= kDnnStatusBase)
-        return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuDNN " + dnn_status_string(rc - kDnnStatusBase));
-      if (rc >= 1000)
-        return make_error(ErrorCode::kDevice, "step '" + s.name + "': cuBLASLt " +
-                                                  cublasLtGetStatusString(static_cast<cublasStatus_t>(rc - 1000)));
-      if (rc != 0) return cuda_error("step '" + s.name + "'", static_cast<cudaError_t>(rc));
+      SAFECKPT_CHECK(step_status(s, s.fn(stream)));
     }
     return {};
   };
@@ -450,6 +462,104 @@ Status ProgramImpl::execute(Plan& plan) {
                       "an index is out of range in embedding (" + names + "); the outputs are not returned");
   }
   return {};
+}
+
+// Events owned for one profile.
+struct Events {
+  Events() = default;
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  ~Events() {
+    for (auto e : ev) cudaEventDestroy(e);
+  }
+  std::vector<cudaEvent_t> ev;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
+  if (o.warmup < 1 || o.warmup > 1000 || o.iters < 1 || o.iters > 100000)
+    return make_error(ErrorCode::kInvalidArgument, "profile: warmup must be 1..1000 and iters 1..100000");
+  // Streaming start: profiles time compute, not the transfer.
+  if (!weights_landed) {
+    SAFECKPT_CHECK(pending->wait_all());
+    weights_landed = true;
+  }
+  const std::size_t n = plan.steps.size();
+  Events events;
+  for (std::size_t i = 0; i <= n; ++i) {
+    cudaEvent_t e = nullptr;
+    ENG_CUDA(cudaEventCreate(&e), "cudaEventCreate");
+    events.ev.push_back(e);
+  }
+  auto flag_check = [&]() -> Status {
+    int flag = 0;
+    ENG_CUDA(cudaMemcpyAsync(&flag, plan.error_flag, sizeof flag, cudaMemcpyDeviceToHost, stream), "error flag");
+    ENG_CUDA(cudaStreamSynchronize(stream), "profiling the program");
+    if (flag != 0) return make_error(ErrorCode::kMalformed, "an index is out of range in embedding while profiling");
+    return {};
+  };
+  auto one_run = [&](bool timed) -> Status {
+    ENG_CUDA(cudaMemsetAsync(plan.error_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+    if (timed) ENG_CUDA(cudaEventRecord(events.ev[0], stream), "cudaEventRecord");
+    for (std::size_t i = 0; i < n; ++i) {
+      SAFECKPT_CHECK(step_status(plan.steps[i], plan.steps[i].fn(stream)));
+      if (timed) ENG_CUDA(cudaEventRecord(events.ev[i + 1], stream), "cudaEventRecord");
+    }
+    return flag_check();
+  };
+  for (int i = 0; i < o.warmup; ++i) SAFECKPT_CHECK(one_run(false));
+  std::vector<std::vector<double>> t(n);
+  std::vector<double> whole;
+  for (int it = 0; it < o.iters; ++it) {
+    SAFECKPT_CHECK(one_run(true));
+    for (std::size_t i = 0; i < n; ++i) {
+      float ms = 0;
+      ENG_CUDA(cudaEventElapsedTime(&ms, events.ev[i], events.ev[i + 1]), "cudaEventElapsedTime");
+      t[i].push_back(ms);
+    }
+    float ms = 0;
+    ENG_CUDA(cudaEventElapsedTime(&ms, events.ev[0], events.ev[n]), "cudaEventElapsedTime");
+    whole.push_back(ms);
+  }
+  Profile p;
+  p.iters = o.iters;
+  p.whole_ms = median(whole);
+  for (std::size_t i = 0; i < n; ++i) {
+    StepProfile sp;
+    sp.name = plan.steps[i].name;
+    sp.kind = plan.steps[i].kind.empty() ? "other" : plan.steps[i].kind;
+    sp.shapes = plan.steps[i].shapes;
+    sp.ms = median(t[i]);
+    p.steps_ms += sp.ms;
+    p.ms_by_kind[sp.kind] += sp.ms;
+    p.steps.push_back(std::move(sp));
+  }
+  for (auto& sp : p.steps) sp.percent = p.steps_ms > 0 ? 100.0 * sp.ms / p.steps_ms : 0;
+  std::stable_sort(p.steps.begin(), p.steps.end(),
+                   [](const StepProfile& a, const StepProfile& b) { return a.ms > b.ms; });
+  p.launches = n;
+  if (plan.compiled) {
+    // The plan as run() runs it: one captured graph, timed per replay.
+    SAFECKPT_CHECK(execute(plan));
+    std::vector<double> g;
+    for (int it = 0; it < o.iters; ++it) {
+      ENG_CUDA(cudaMemsetAsync(plan.error_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+      ENG_CUDA(cudaEventRecord(events.ev[0], stream), "cudaEventRecord");
+      ENG_CUDA(cudaGraphLaunch(plan.exec, stream), "cudaGraphLaunch");
+      ENG_CUDA(cudaEventRecord(events.ev[1], stream), "cudaEventRecord");
+      SAFECKPT_CHECK(flag_check());
+      float ms = 0;
+      ENG_CUDA(cudaEventElapsedTime(&ms, events.ev[0], events.ev[1]), "cudaEventElapsedTime");
+      g.push_back(ms);
+    }
+    p.graph_ms = median(g);
+  }
+  return p;
 }
 
 }  // namespace detail
@@ -727,11 +837,13 @@ ProgramStats CompiledProgram::stats() const {
   return s;
 }
 
-Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::vector<NamedInput>& inputs,
-                                                                    const RunOptions& options) {
-  ProgramImpl& pi = *impl_;
-  std::lock_guard<std::mutex> lock(pi.mu);
-  detail::DeviceGuard g(pi.eng->opt.device);
+namespace detail {
+// Binds `inputs` (names, dtypes, ranks, sizes, symbols, ranges), applies the
+// stance (`profiling`: compiled or eager only, never a recompile refusal),
+// gets the plan and copies the inputs into its fixed buffers. pi.mu held,
+// device current.
+Result<std::shared_ptr<Plan>> prepare(ProgramImpl& pi, const std::vector<NamedInput>& inputs, Stance stance,
+                                      bool profiling) {
   const graph::Program& p = pi.prog;
   // Bind inputs: names, dtypes, ranks, static sizes, symbols and ranges.
   std::vector<const DLTensor*> given(pi.user_inputs.size(), nullptr);
@@ -807,10 +919,9 @@ Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::v
     shapes.push_back(std::move(shape));
   }
   // Stance.
-  Stance stance = options.stance.value_or(pi.eng->opt.stance);
   bool compiled = true;
   if (stance == Stance::kForceEager) compiled = false;
-  if (stance == Stance::kFailOnRecompile && pi.first_shapes && *pi.first_shapes != shapes) {
+  if (!profiling && stance == Stance::kFailOnRecompile && pi.first_shapes && *pi.first_shapes != shapes) {
     for (std::size_t k = 0; k < shapes.size(); ++k)
       for (std::size_t d = 0; d < shapes[k].size(); ++d)
         if ((*pi.first_shapes)[k][d] != shapes[k][d])
@@ -819,7 +930,7 @@ Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::v
                                 std::to_string(d) + " changed from " + std::to_string((*pi.first_shapes)[k][d]) +
                                 " to " + std::to_string(shapes[k][d]) + " (a new shape would recompile)");
   }
-  if (stance == Stance::kEagerThenCompile) {
+  if (!profiling && stance == Stance::kEagerThenCompile) {
     bool have = false;
     for (const auto& e : pi.lru) have = have || e.first == "c" + key;
     if (!have && pi.seen[key]++ == 0) compiled = false;
@@ -835,6 +946,16 @@ Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::v
     const char* src = static_cast<const char*>(t->data) + t->byte_offset;
     ENG_CUDA(cudaMemcpyAsync(plan->ptr(dst), src, bytes, cudaMemcpyDefault, pi.stream), "copying input");
   }
+  return plan;
+}
+}  // namespace detail
+
+Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::vector<NamedInput>& inputs,
+                                                                    const RunOptions& options) {
+  ProgramImpl& pi = *impl_;
+  std::lock_guard<std::mutex> lock(pi.mu);
+  detail::DeviceGuard g(pi.eng->opt.device);
+  SAFECKPT_TRY(auto plan, detail::prepare(pi, inputs, options.stance.value_or(pi.eng->opt.stance), false));
   SAFECKPT_CHECK(pi.execute(*plan));
   // Outputs: views of the fixed output buffers; each capsule keeps them.
   std::vector<DLManagedTensorVersioned*> outs;
@@ -899,6 +1020,32 @@ Result<std::vector<graph::HostTensor>> CompiledProgram::run_host(
   }
   if (!st) return unexpected(std::move(st).error());
   return host;
+}
+
+Result<Profile> CompiledProgram::profile(const std::vector<NamedInput>& inputs, const ProfileOptions& options) {
+  ProgramImpl& pi = *impl_;
+  std::lock_guard<std::mutex> lock(pi.mu);
+  detail::DeviceGuard g(pi.eng->opt.device);
+  Stance stance = options.stance == Stance::kForceEager ? Stance::kForceEager : Stance::kDefault;
+  SAFECKPT_TRY(auto plan, detail::prepare(pi, inputs, stance, true));
+  return pi.profile(*plan, options);
+}
+
+Result<Profile> CompiledProgram::profile_host(const std::map<std::string, graph::HostTensor, std::less<>>& inputs,
+                                              const ProfileOptions& options) {
+  std::vector<DLTensor> dl(inputs.size());
+  std::vector<NamedInput> named;
+  std::size_t i = 0;
+  for (const auto& [name, t] : inputs) {
+    DLTensor& d = dl[i++];
+    d.data = t.data ? const_cast<std::uint8_t*>(t.data->data()) : nullptr;
+    d.device = {kDLCPU, 0};
+    d.ndim = static_cast<std::int32_t>(t.shape.size());
+    SAFECKPT_TRY(d.dtype, cuda::dlpack_dtype(t.dtype));
+    d.shape = const_cast<std::int64_t*>(t.shape.data());
+    named.push_back({name, &d});
+  }
+  return profile(named, options);
 }
 
 }  // namespace safeckpt::engine

@@ -124,6 +124,45 @@ struct AttnArgs {
   int bf16;  // q/k/v/out bfloat16 (else float32)
 };
 int launch_attention(const AttnArgs& a, void* stream);
+// Which attention lowering a shape gets (safeckpt/engine.hpp, "Attention"):
+// host logic, tested without a device.
+struct AttnShape {
+  long long B = 0, H = 0, L = 0, S = 0, D = 0, Dv = 0;
+  bool bf16 = false;
+  // query/key/value (as the GEMMs read them) step over b and h with one
+  // stride (B == 1, H == 1 or stride(b) == H * stride(h) for each): a group
+  // may hold several batch elements.
+  bool batch_collapsible = false;
+};
+struct AttnChoice {
+  bool materialized = false;      // else the flash-style kernel
+  long long group_batches = 0;    // batch elements per group (a divisor of B)
+  long long groups = 0;           // B / group_batches: GEMM, softmax, GEMM per group
+  std::uint64_t score_bytes = 0;  // float32 scores of one group
+  std::uint64_t prob_bytes = 0;   // bfloat16 probabilities of one group (bf16 only; else in place)
+};
+// Materialized when H*L*S*(4, bf16: 6) <= max_workspace_bytes; then the most
+// batch elements per group whose workspace fits (1 if not collapsible), with
+// group_batches * H <= kMaxAttnGemmBatch.
+inline constexpr long long kMaxAttnGemmBatch = 65535;
+AttnChoice choose_attention(const AttnShape& s, std::uint64_t max_workspace_bytes);
+// Scale is applied by the first GEMM; this kernel does, per row r of
+// `rows` = group_batches * H * L: causal (key > query row masked), the mask
+// (batch element b0 + r / (H * L)), max-subtracted softmax in fp32, a row
+// with every key masked -> zeros; probabilities to `probs` (float32: may be
+// `scores` itself, or bfloat16).
+struct AttnSoftmaxArgs {
+  float* scores;
+  void* probs;
+  int probs_bf16;
+  long long rows, H, L, S, b0;
+  const void* mask;  // nullptr = none
+  int mask_kind;     // 0 none, 1 bool (true = keep), 2 additive
+  int mask_bf16;     // additive mask dtype
+  long long m_s[4];  // mask strides for b, h, l, s (0 = broadcast)
+  int causal;
+};
+int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream);
 int launch_layer_norm(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,
                       long long n, float eps, int bf16, int stats_bf16, void* stream);
 int launch_softmax(const void* x, void* y, long long rows, long long n, int in_bf16, int out_bf16, void* stream);

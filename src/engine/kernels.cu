@@ -53,100 +53,209 @@ __device__ float block_max(float v, float* scratch) {
 }
 
 // ------------------------------------------------------------- attention
-// Grid (ceil(L / 16), B * H), 128 threads: each of the 4 warps owns 4 query
-// rows; key/value tiles of 32 rows are staged in shared memory (padded rows:
-// lane j reads key j without bank conflicts), one lane per key for the
-// scores, online softmax (running max and sum), each lane accumulating
-// Dv / 32 output columns.
-constexpr int kTile = 32;
-constexpr int kRowsPerWarp = 4;
-constexpr int kWarps = 4;
+// Flash-style (online softmax, no score workspace), fp32 arithmetic on the
+// CUDA cores for both dtypes. Grid (ceil(L / 64), B * H), 256 threads as a
+// 16 x 16 grid (tx = threadIdx.x % 16, ty = threadIdx.x / 16): a block owns
+// 64 query rows, thread (ty, tx) the rows ty*4 .. ty*4+3 of it. Per tile of
+// 64 keys, staged in shared memory (K transposed, V as is): each thread
+// computes a 4 x 4 block of scores (keys tx*4 .. tx*4+3) from float4 reads,
+// the row max / sum go over the 16 threads of a row (shuffles within 16
+// lanes), the probabilities go through shared memory (in the K tile's place)
+// and each thread accumulates 4 rows x (4 or 8) output columns
+// (tx*4 + 64*c). Shared memory: Q^T, K^T and V tiles of kHeadCap x 64 floats
+// (kHeadCap = 64 or 128, the smallest >= D and Dv; the K tile's region at
+// least 64 x kPStride): 49 or 96 KiB, so 4 or 2 blocks per SM on an H200.
+constexpr int kBlockRows = 64;
+constexpr int kBlockKeys = 64;
 constexpr int kMaxHead = 128;
+constexpr int kPStride = kBlockKeys + 4;  // probability rows: float4-aligned, two rows of a warp in other banks
+// Floats of the k^T tile's region, which holds the probabilities after the scores.
+__host__ __device__ constexpr int ks_floats(int head_cap) {
+  return head_cap * kBlockKeys > kBlockKeys * kPStride ? head_cap * kBlockKeys : kBlockKeys * kPStride;
+}
+constexpr int attention_smem_bytes(int head_cap) {
+  return (head_cap * kBlockRows + ks_floats(head_cap) + kBlockKeys * head_cap) * static_cast<int>(sizeof(float));
+}
 
-__global__ void __launch_bounds__(128) attention_kernel(AttnArgs a) {
-  __shared__ float ks[kTile][kMaxHead + 1];
-  __shared__ float vs[kTile][kMaxHead + 1];
-  __shared__ float qs[kWarps * kRowsPerWarp][kMaxHead];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+template <int kHeadCap>
+__global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* qs = smem;                        // [kHeadCap][64]: q^T, pre-scaled
+  float* ks = qs + kHeadCap * kBlockRows;  // [kHeadCap][64]: k^T; then the probabilities [64][kPStride]
+  float* vs = ks + ks_floats(kHeadCap);    // [64][kHeadCap]
+  constexpr int kCols = kHeadCap / 16;     // output columns per thread
+  const int tx = static_cast<int>(threadIdx.x % 16), ty = static_cast<int>(threadIdx.x / 16);
   const long long bh = blockIdx.y;
   const long long b = bh / a.H, h = bh % a.H;
-  const long long row0 = static_cast<long long>(blockIdx.x) * kWarps * kRowsPerWarp;
-  const char* qb = static_cast<const char*>(a.q);
-  const int es = a.bf16 ? 2 : 4;
+  const long long row0 = static_cast<long long>(blockIdx.x) * kBlockRows;
   const long long D = a.D, Dv = a.Dv;
-  // Stage the block's query rows (pre-scaled).
-  for (long long i = threadIdx.x; i < kWarps * kRowsPerWarp * D; i += blockDim.x) {
-    long long r = i / D, d = i % D, row = row0 + r;
-    float v = 0.f;
-    if (row < a.L) v = ld(qb, (b * a.q_s[0] + h * a.q_s[1] + row * a.q_s[2] + d), a.bf16) * a.scale;
-    qs[r][d] = v;
+  const long long qbase = b * a.q_s[0] + h * a.q_s[1], kbase = b * a.k_s[0] + h * a.k_s[1],
+                  vbase = b * a.v_s[0] + h * a.v_s[1];
+  // q^T: consecutive threads take consecutive rows of one column (conflict-free stores).
+  for (int i = static_cast<int>(threadIdx.x); i < kHeadCap * kBlockRows; i += 256) {
+    const int d = i / kBlockRows, r = i % kBlockRows;
+    const long long row = row0 + r;
+    qs[i] = (row < a.L && d < D) ? ld(a.q, qbase + row * a.q_s[2] + d, a.bf16) * a.scale : 0.f;
   }
-  (void)es;
-  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxHead / 32];
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.f;
-    for (int c = 0; c < kMaxHead / 32; ++c) acc[r][c] = 0.f;
+  float m[4], l[4], acc[4][kCols];
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+    for (int c = 0; c < kCols; ++c) acc[i][c] = 0.f;
   }
-  long long last_row = row0 + kWarps * kRowsPerWarp - 1;
-  if (last_row >= a.L) last_row = a.L - 1;
-  // Causal (PyTorch: tril, diagonal 0, top-left aligned): key j <= row i.
   long long s_end = a.S;
-  if (a.causal && last_row + 1 < s_end) s_end = last_row + 1;
-  for (long long t0 = 0; t0 < s_end; t0 += kTile) {
-    __syncthreads();
-    for (long long i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-      long long j = i / D, d = i % D, key = t0 + j;
-      ks[j][d] = key < a.S ? ld(a.k, b * a.k_s[0] + h * a.k_s[1] + key * a.k_s[2] + d, a.bf16) : 0.f;
+  if (a.causal) {  // PyTorch's tril (diagonal 0, top-left aligned): key j <= query row i
+    const long long last_row = (row0 + kBlockRows < a.L ? row0 + kBlockRows : a.L) - 1;
+    if (last_row + 1 < s_end) s_end = last_row + 1;
+  }
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  for (long long t0 = 0; t0 < s_end; t0 += kBlockKeys) {
+    __syncthreads();  // the previous tile's probabilities and V are consumed
+    for (int i = static_cast<int>(threadIdx.x); i < kHeadCap * kBlockKeys; i += 256) {
+      const int d = i / kBlockKeys, j = i % kBlockKeys;
+      const long long key = t0 + j;
+      ks[i] = (key < a.S && d < D) ? ld(a.k, kbase + key * a.k_s[2] + d, a.bf16) : 0.f;
     }
-    for (long long i = threadIdx.x; i < kTile * Dv; i += blockDim.x) {
-      long long j = i / Dv, d = i % Dv, key = t0 + j;
-      vs[j][d] = key < a.S ? ld(a.v, b * a.v_s[0] + h * a.v_s[1] + key * a.v_s[2] + d, a.bf16) : 0.f;
+    for (int i = static_cast<int>(threadIdx.x); i < kBlockKeys * kHeadCap; i += 256) {
+      const int j = i / kHeadCap, d = i % kHeadCap;
+      const long long key = t0 + j;
+      vs[i] = (key < a.S && d < Dv) ? ld(a.v, vbase + key * a.v_s[2] + d, a.bf16) : 0.f;
     }
     __syncthreads();
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int qr = warp * kRowsPerWarp + r;
-      const long long row = row0 + qr;
-      if (row >= a.L) break;  // uniform across the warp
-      const long long key = t0 + lane;
-      float s = -INFINITY;
-      if (key < a.S && !(a.causal && key > row)) {
-        float dot = 0.f;
-        for (long long d = 0; d < D; ++d) dot += qs[qr][d] * ks[lane][d];
-        s = dot;
-        if (a.mask_kind != 0) {
-          long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
+    float sc[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
+    for (long long d = 0; d < D; ++d) {
+      const float4 qv = *reinterpret_cast<const float4*>(qs + d * kBlockRows + ty * 4);
+      const float4 kv = *reinterpret_cast<const float4*>(ks + d * kBlockKeys + tx * 4);
+      const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, ka[4] = {kv.x, kv.y, kv.z, kv.w};
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) sc[i][j] += qa[i] * ka[j];
+    }
+    float p[4][4];
+    for (int i = 0; i < 4; ++i) {
+      const long long row = row0 + ty * 4 + i;
+      float tmax = -INFINITY;
+      for (int j = 0; j < 4; ++j) {
+        const long long key = t0 + tx * 4 + j;
+        float s = sc[i][j];
+        if (row >= a.L || key >= a.S || (a.causal && key > row)) {
+          s = -INFINITY;
+        } else if (a.mask_kind != 0) {
+          const long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
           if (a.mask_kind == 1) {
-            if (!static_cast<const unsigned char*>(a.mask)[mi]) s = -INFINITY;
+            if (!mb[mi]) s = -INFINITY;
           } else {
             s += ld(a.mask, mi, a.bf16);
           }
         }
+        sc[i][j] = s;
+        tmax = fmaxf(tmax, s);
       }
-      float tmax = warp_max(s);
-      float mnew = fmaxf(m[r], tmax);
-      float p = (s == -INFINITY) ? 0.f : expf(s - mnew);
-      float corr = (m[r] == -INFINITY) ? 0.f : expf(m[r] - mnew);
-      l[r] = l[r] * corr + warp_sum(p);
-      for (int c = 0; c < kMaxHead / 32; ++c) acc[r][c] *= corr;
-      for (int jj = 0; jj < kTile; ++jj) {
-        float pj = __shfl_sync(0xffffffffu, p, jj);
-        if (pj != 0.f)
-          for (int c = 0; c < kMaxHead / 32; ++c) {
-            long long d = lane + 32 * c;
-            if (d < Dv) acc[r][c] += pj * vs[jj][d];
+      for (int o = 8; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const float mnew = fmaxf(m[i], tmax);
+      float rs = 0.f;
+      for (int j = 0; j < 4; ++j) {
+        p[i][j] = sc[i][j] == -INFINITY ? 0.f : expf(sc[i][j] - mnew);
+        rs += p[i][j];
+      }
+      for (int o = 8; o > 0; o >>= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o);
+      const float corr = m[i] == -INFINITY ? 0.f : expf(m[i] - mnew);
+      l[i] = l[i] * corr + rs;
+      for (int c = 0; c < kCols; ++c) acc[i][c] *= corr;
+      m[i] = mnew;
+    }
+    __syncthreads();  // every thread is done reading k^T: the probabilities go there
+    float* ps = ks;
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<float4*>(ps + (ty * 4 + i) * kPStride + tx * 4) =
+          make_float4(p[i][0], p[i][1], p[i][2], p[i][3]);
+    __syncthreads();
+    const long long n_keys = (s_end - t0 < kBlockKeys) ? s_end - t0 : kBlockKeys;
+    for (int k4 = 0; k4 * 4 < n_keys; ++k4) {
+      float pr[4][4];
+      for (int i = 0; i < 4; ++i) {
+        const float4 x = *reinterpret_cast<const float4*>(ps + (ty * 4 + i) * kPStride + k4 * 4);
+        pr[i][0] = x.x;
+        pr[i][1] = x.y;
+        pr[i][2] = x.z;
+        pr[i][3] = x.w;
+      }
+      for (int kk = 0; kk < 4; ++kk) {
+        const float* vrow = vs + (k4 * 4 + kk) * kHeadCap + tx * 4;
+        for (int cg = 0; cg < kCols / 4; ++cg) {
+          const float4 vv = *reinterpret_cast<const float4*>(vrow + cg * 64);
+          for (int i = 0; i < 4; ++i) {
+            acc[i][cg * 4 + 0] += pr[i][kk] * vv.x;
+            acc[i][cg * 4 + 1] += pr[i][kk] * vv.y;
+            acc[i][cg * 4 + 2] += pr[i][kk] * vv.z;
+            acc[i][cg * 4 + 3] += pr[i][kk] * vv.w;
           }
+        }
       }
-      m[r] = (mnew == -INFINITY) ? m[r] : mnew;
     }
   }
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const long long row = row0 + warp * kRowsPerWarp + r;
-    if (row >= a.L) break;
-    for (int c = 0; c < kMaxHead / 32; ++c) {
-      long long d = lane + 32 * c;
-      if (d < Dv) st(a.out, ((b * a.H + h) * a.L + row) * Dv + d, acc[r][c] / l[r], a.bf16);
-    }
+  for (int i = 0; i < 4; ++i) {
+    const long long row = row0 + ty * 4 + i;
+    if (row >= a.L) continue;
+    // Every key masked (l = 0): zeros, as the CPU reference (and math SDPA's _safe_softmax).
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    for (int cg = 0; cg < kCols / 4; ++cg)
+      for (int j = 0; j < 4; ++j) {
+        const long long d = cg * 64 + tx * 4 + j;
+        if (d < Dv) st(a.out, ((b * a.H + h) * a.L + row) * Dv + d, acc[i][cg * 4 + j] * inv, a.bf16);
+      }
+  }
+}
+
+template <int kHeadCap>
+int launch_attention_tiled(const AttnArgs& a, cudaStream_t stream) {
+  constexpr int kSmem = attention_smem_bytes(kHeadCap);
+  static_assert(ks_floats(kHeadCap) % 4 == 0, "V tile float4-aligned");
+  if (kSmem > 48 * 1024) {
+    cudaError_t e =
+        cudaFuncSetAttribute(attention_kernel<kHeadCap>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return e;
+  }
+  dim3 grid(static_cast<unsigned>((a.L + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(a.B * a.H));
+  attention_kernel<kHeadCap><<<grid, 256, kSmem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// --------------------------------------- attention, materialized scores
+// One block per score row (scale already applied by the Q K^T GEMM): mask,
+// max, sum of exp, probabilities. Each thread touches the same columns in
+// every pass, so the in-place float32 case needs no extra barrier.
+__global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
+  __shared__ float scratch[32];
+  const long long r = blockIdx.x;
+  const long long l = r % a.L, bh = r / a.L;
+  const long long b = a.b0 + bh / a.H, h = bh % a.H;
+  float* row = a.scores + r * a.S;
+  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;  // keys after it are masked
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
+  float mx = -INFINITY;
+  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
+    float x = s > last ? -INFINITY : row[s];
+    if (a.mask_kind == 1 && !mb[mrow + s * a.m_s[3]]) x = -INFINITY;
+    if (a.mask_kind == 2) x += ld(a.mask, mrow + s * a.m_s[3], a.mask_bf16);
+    row[s] = x;
+    mx = fmaxf(mx, x);
+  }
+  mx = block_max(mx, scratch);
+  float sum = 0.f;
+  if (mx != -INFINITY)
+    for (long long s = threadIdx.x; s < a.S; s += blockDim.x) sum += expf(row[s] - mx);
+  sum = block_sum(sum, scratch);
+  const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
+  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
+    const float p = mx == -INFINITY ? 0.f : expf(row[s] - mx) * inv;
+    if (a.probs_bf16)
+      static_cast<__nv_bfloat16*>(a.probs)[r * a.S + s] = __float2bfloat16_rn(p);
+    else
+      static_cast<float*>(a.probs)[r * a.S + s] = p;
   }
 }
 
@@ -254,9 +363,17 @@ unsigned blocks_for(long long n, unsigned threads) {
 
 int launch_attention(const AttnArgs& a, void* stream) {
   if (a.D > kMaxHead || a.Dv > kMaxHead || a.L <= 0 || a.B * a.H <= 0) return cudaErrorInvalidValue;
-  dim3 grid(static_cast<unsigned>((a.L + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)),
-            static_cast<unsigned>(a.B * a.H));
-  attention_kernel<<<grid, 32 * kWarps, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (a.B * a.H > 65535) return cudaErrorInvalidValue;  // grid.y
+  auto* s = static_cast<cudaStream_t>(stream);
+  if (a.D <= 64 && a.Dv <= 64) return launch_attention_tiled<64>(a, s);
+  return launch_attention_tiled<128>(a, s);
+}
+
+int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream) {
+  if (a.rows <= 0 || a.S <= 0) return cudaSuccess;
+  if (a.rows > 0x7fffffffLL) return cudaErrorInvalidValue;
+  unsigned threads = a.S >= 2048 ? 512 : (a.S >= 512 ? 256 : 128);
+  attention_softmax_kernel<<<static_cast<unsigned>(a.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(a);
   return cudaGetLastError();
 }
 

@@ -169,9 +169,38 @@ struct Lowering {
   void def(const DevTensor& t) {
     if (t.buf >= 0) first_step[static_cast<std::size_t>(t.buf)] = static_cast<std::int64_t>(plan.steps.size());
   }
-  void add_step(std::string name, std::function<int(cudaStream_t)> fn) {
-    plan.steps.push_back(Step{std::move(name), std::move(fn), std::move(step_weights)});
+  // `kind` / `shapes` empty: from the current node (its op, its tensor operands).
+  void add_step(std::string name, std::function<int(cudaStream_t)> fn, std::string kind = {}, std::string shapes = {}) {
+    if (kind.empty()) kind = node_kind();
+    if (shapes.empty()) shapes = node_shapes();
+    plan.steps.push_back(
+        Step{std::move(name), std::move(fn), std::move(kind), std::move(shapes), std::move(step_weights)});
     step_weights.clear();
+  }
+  static std::string shape_text(const std::vector<std::int64_t>& s) {
+    std::string r = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+    return r + "]";
+  }
+  std::string node_kind() const {
+    if (node == nullptr) return "other";
+    std::string op = node->schema->name;
+    if (op.rfind("aten::", 0) == 0) op = op.substr(6);
+    op = op.substr(0, op.find('.'));
+    if (op == "linear" || op == "addmm" || op == "mm" || op == "bmm") return "gemm";
+    if (op == "native_layer_norm") return "layer_norm";
+    if (op == "_softmax") return "softmax";
+    if (op == "any" || op == "mean") return "reduce";
+    if (op.find("scaled_dot_product") != std::string::npos) return "attention";
+    return op;
+  }
+  std::string node_shapes() const {
+    std::string r;
+    if (node == nullptr) return r;
+    for (const auto& a : node->args)
+      if (a.kind == Arg::Kind::kTensor && a.tensor >= 0 && vals[static_cast<std::size_t>(a.tensor)])
+        r += (r.empty() ? "" : " ") + shape_text(vals[static_cast<std::size_t>(a.tensor)]->shape);
+    return r;
   }
   std::vector<const void*> step_weights;  // use()d since the last add_step
 
@@ -227,12 +256,12 @@ struct Lowering {
     cp.a = 0;
     cp.store = 0;
     k.ops = {ld, cp};
-    emit_fused(std::move(k), {t}, {out}, t.shape, "copy(" + node->name + ")");
+    emit_fused(std::move(k), {t}, {out}, t.shape, "copy(" + node->name + ")", "copy");
     return out;
   }
 
   void emit_fused(FusedKernel k, std::vector<DevTensor> ins, std::vector<DevTensor> outs,
-                  std::vector<std::int64_t> shape, std::string name) {
+                  std::vector<std::int64_t> shape, std::string name, std::string kind = "fused") {
     for (const auto& t : ins) use(t);
     for (const auto& t : outs) def(t);
     // Each tensor's strides over the iteration space (inputs broadcast), then
@@ -272,6 +301,9 @@ struct Lowering {
       if (prm.n == 0) return 0;
       return launch_fused(pl->fns[index], prm, s);
     });
+    plan.steps.back().kind = std::move(kind);
+    plan.steps.back().shapes =
+        shape_text(shape) + " " + std::to_string(ins.size()) + " in " + std::to_string(outs.size()) + " out";
   }
 
   // --------------------------------------------------------- pointwise
@@ -621,6 +653,10 @@ struct Lowering {
                                          d, g2->lc, &g2->algo, pl->workspace, kWorkspaceBytes, s);
       return s2 == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(s2);
     });
+    plan.steps.back().kind = "gemm";
+    plan.steps.back().shapes = (batched ? "batch=" + std::to_string(batch) + " " : std::string()) +
+                               "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " " +
+                               std::string(dtype_name(a.dtype));
     return {};
   }
 
@@ -714,7 +750,7 @@ struct Lowering {
       cp.a = 0;
       cp.store = 0;
       k.ops = {ld, cp};
-      emit_fused(std::move(k), {*preset}, {out}, oshape, node->name + ".beta");
+      emit_fused(std::move(k), {*preset}, {out}, oshape, node->name + ".beta", "copy");
     }
     DevTensor g_out = out;
     if (op == "aten::linear") {
@@ -890,7 +926,16 @@ struct Lowering {
     SAFECKPT_TRY(DevTensor q, tensor("query"));
     SAFECKPT_TRY(DevTensor k, tensor("key"));
     SAFECKPT_TRY(DevTensor v, tensor("value"));
-    SAFECKPT_TRY(auto mask, opt_tensor("attn_mask"));
+    // The fused spellings of CUDA exports: the mask is attn_bias (flash: none);
+    // validate() refused dropout_p != 0 and programs reading their other
+    // outputs (logsumexp, seeds), which get no plan here.
+    const std::string& op = node->schema->name;
+    const bool fused_spelling = op != "aten::scaled_dot_product_attention";
+    std::optional<DevTensor> mask;
+    if (op != "aten::_scaled_dot_product_flash_attention") {
+      SAFECKPT_TRY(mask, opt_tensor(fused_spelling ? "attn_bias" : "attn_mask"));
+    }
+    if (fused_spelling && arg("dropout_p").f != 0.0) return fail(ErrorCode::kUnsupported, "attention dropout");
     SAFECKPT_TRY(DType od, out_dtype());
     bool causal = arg("is_causal").b;
     const Arg& sc = arg("scale");
@@ -935,6 +980,30 @@ struct Lowering {
       for (int i = 0; i < 4; ++i) aa.m_s[i] = ms[static_cast<std::size_t>(i)];
     }
     SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    if (oshape != std::vector<std::int64_t>{aa.B, aa.H, aa.L, aa.Dv})
+      return fail(ErrorCode::kInternal, "attention output shape disagrees with tensor_meta");
+    // The materialized path's GEMMs need row strides >= the head dim and
+    // non-zero batch strides (expanded operands are copied first).
+    AttnShape ash{aa.B, aa.H, aa.L, aa.S, aa.D, aa.Dv, aa.bf16 != 0, false};
+    AttnChoice choice = choose_attention(ash, eng.opt.attention_workspace_bytes);
+    if (choice.materialized) {
+      for (DevTensor* t : {&q, &k, &v}) {
+        bool ok = (t->shape[2] == 1 || t->strides[2] >= t->shape[3]) && (t->shape[1] == 1 || t->strides[1] > 0) &&
+                  (t->shape[0] == 1 || t->strides[0] > 0);
+        if (!ok) {
+          SAFECKPT_TRY(*t, contiguous(*t));
+        }
+      }
+      bool coll = true;
+      for (const DevTensor* t : {&q, &k, &v})
+        coll = coll && (aa.B == 1 || aa.H == 1 || t->strides[0] == aa.H * t->strides[1]);
+      ash.batch_collapsible = coll;
+      choice = choose_attention(ash, eng.opt.attention_workspace_bytes);
+      DevTensor y = new_tensor(od, oshape);
+      SAFECKPT_CHECK(lower_sdpa_materialized(aa, choice, q, k, v, mask, y));
+      set_out(0, y);
+      return {};
+    }
     DevTensor y = new_tensor(od, oshape);
     use(q);
     use(k);
@@ -942,16 +1011,166 @@ struct Lowering {
     if (mask) use(*mask);
     def(y);
     Plan* pl = &plan;
-    add_step(node->name, [=](cudaStream_t s) {
-      AttnArgs a = aa;
-      a.q = pl->ptr(q);
-      a.k = pl->ptr(k);
-      a.v = pl->ptr(v);
-      a.out = pl->ptr(y);
-      a.mask = mask ? pl->ptr(*mask) : nullptr;
-      return launch_attention(a, s);
-    });
+    add_step(
+        node->name,
+        [=](cudaStream_t s) {
+          AttnArgs a = aa;
+          a.q = pl->ptr(q);
+          a.k = pl->ptr(k);
+          a.v = pl->ptr(v);
+          a.out = pl->ptr(y);
+          a.mask = mask ? pl->ptr(*mask) : nullptr;
+          return launch_attention(a, s);
+        },
+        "attention", attn_shapes(aa, "flash"));
     set_out(0, y);
+    return {};
+  }
+
+  static std::string attn_shapes(const AttnArgs& aa, const char* path) {
+    return shape_text({aa.B, aa.H, aa.L, aa.D}) + " S=" + std::to_string(aa.S) + " Dv=" + std::to_string(aa.Dv) +
+           (aa.causal ? " causal" : "") +
+           (aa.mask_kind == 1   ? " bool-mask"
+            : aa.mask_kind == 2 ? " add-mask"
+                                : "") +
+           (aa.bf16 ? " bf16 " : " fp32 ") + path;
+  }
+
+  // Byte alignment (<= 256) of every address base + i * step.
+  static std::uint32_t alignment(std::uint64_t base, std::uint64_t step) {
+    std::uint64_t x = base | step | 256;
+    return static_cast<std::uint32_t>(x & (~x + 1));
+  }
+  std::uint64_t base_bytes(const DevTensor& t) const {
+    auto off = static_cast<std::uint64_t>(t.offset) * esize(t.dtype);
+    return t.buf >= 0 ? off : reinterpret_cast<std::uintptr_t>(t.direct) + off;  // arena buffers: 256-aligned
+  }
+
+  // Attention with the scores in the arena (safeckpt/engine.hpp,
+  // "Attention"): per group of `c.group_batches` batch elements, S = scale
+  // * Q K^T (fp32), mask + softmax in place (bf16: probabilities to a bf16
+  // buffer), O = P V. Column-major for cuBLASLt: a row-major [r, c] matrix
+  // with row stride ld is a column-major [c, r] one with the same ld.
+  Status lower_sdpa_materialized(const AttnArgs& aa, const AttnChoice& c, const DevTensor& q, const DevTensor& k,
+                                 const DevTensor& v, const std::optional<DevTensor>& mask, const DevTensor& y) {
+    const bool bf = aa.bf16 != 0;
+    const long long gb = c.group_batches, H = aa.H, L = aa.L, S = aa.S, D = aa.D, Dv = aa.Dv;
+    const auto batch = static_cast<std::int32_t>(gb * H);
+    DevTensor scores = new_tensor(DType::kFloat32, {gb * H, L, S});
+    std::optional<DevTensor> probs;
+    if (bf) probs = new_tensor(DType::kBFloat16, {gb * H, L, S});
+    const cudaDataType_t ty = bf ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t ct = (!bf && eng.opt.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const std::uint32_t es = esize(q.dtype);
+    // Batch stride over (b, h) pairs of a group: h's, or b's when H == 1
+    // (a group of several b with H > 1 is only formed when b's == H * h's).
+    auto bstride = [&](const DevTensor& t) { return H == 1 ? t.strides[0] : t.strides[1]; };
+    auto ld_of = [](const DevTensor& t) {
+      return t.shape[2] == 1 ? std::max<std::int64_t>(t.shape[3], 1) : t.strides[2];
+    };
+    auto mat = [&](const DevTensor& t, std::uint64_t rows, std::uint64_t cols) {
+      LtMat m;
+      m.type = ty;
+      m.rows = rows;
+      m.cols = cols;
+      m.ld = ld_of(t);
+      m.batch_stride = bstride(t);
+      // Every matrix's start (groups, batch entries) and row: what the heuristic may assume.
+      m.align = alignment(
+          base_bytes(t) | static_cast<std::uint64_t>(m.batch_stride) * es | static_cast<std::uint64_t>(m.ld) * es,
+          static_cast<std::uint64_t>(gb * t.strides[0]) * es);
+      return m;
+    };
+    auto u = [](long long x) { return static_cast<std::uint64_t>(x); };
+    // S^T[S, L] = K[S, D] (stored [D, S], transposed) x Q^T[D, L].
+    LtMat sc;
+    sc.type = CUDA_R_32F;
+    sc.rows = u(S);
+    sc.cols = u(L);
+    sc.ld = S;
+    sc.batch_stride = L * S;
+    sc.align = alignment(static_cast<std::uint64_t>(L * S * 4) | static_cast<std::uint64_t>(S * 4), 0);
+    SAFECKPT_TRY(auto qk, make_batched_gemm(eng, ct, CUBLAS_OP_T, CUBLAS_OP_N, mat(k, u(D), u(S)), mat(q, u(D), u(L)),
+                                            sc, batch));
+    // O^T[Dv, L] = V^T[Dv, S] x P^T[S, L].
+    LtMat pm = sc;
+    pm.type = bf ? CUDA_R_16BF : CUDA_R_32F;
+    if (bf) pm.align = alignment(static_cast<std::uint64_t>(L * S * 2) | static_cast<std::uint64_t>(S * 2), 0);
+    LtMat om;
+    om.type = ty;
+    om.rows = u(Dv);
+    om.cols = u(L);
+    om.ld = Dv;
+    om.batch_stride = L * Dv;
+    om.align = alignment(base_bytes(y) | static_cast<std::uint64_t>(L * Dv) * es | static_cast<std::uint64_t>(Dv) * es,
+                         static_cast<std::uint64_t>(gb * H * L * Dv) * es);
+    SAFECKPT_TRY(auto pv, make_batched_gemm(eng, ct, CUBLAS_OP_N, CUBLAS_OP_N, mat(v, u(Dv), u(S)), pm, om, batch));
+    AttnSoftmaxArgs sa{};
+    sa.probs_bf16 = bf ? 1 : 0;
+    sa.rows = gb * H * L;
+    sa.H = H;
+    sa.L = L;
+    sa.S = S;
+    sa.mask_kind = aa.mask_kind;
+    sa.mask_bf16 = bf ? 1 : 0;
+    for (int i = 0; i < 4; ++i) sa.m_s[i] = aa.m_s[i];
+    sa.causal = aa.causal;
+    const float alpha = aa.scale;
+    const std::string what = attn_shapes(aa, "materialized");
+    const std::string group_text = " group of " + std::to_string(gb) + " x " + std::to_string(H) + " heads";
+    def(scores);
+    if (probs) def(*probs);
+    def(y);
+    Plan* pl = &plan;
+    cublasLtHandle_t lt = eng.lt;
+    for (long long gi = 0; gi < c.groups; ++gi) {
+      const long long b0 = gi * gb;
+      const std::string gname = node->name + (c.groups > 1 ? "[" + std::to_string(b0) + "]" : "");
+      use(q);
+      use(k);
+      use(scores);
+      add_step(
+          gname + ".qk",
+          [pl, qk, q, k, scores, alpha, b0, lt](cudaStream_t s) {
+            const float beta = 0;
+            const char* qp = static_cast<const char*>(pl->ptr(q)) + b0 * q.strides[0] * esize(q.dtype);
+            const char* kp = static_cast<const char*>(pl->ptr(k)) + b0 * k.strides[0] * esize(k.dtype);
+            void* d = pl->ptr(scores);
+            cublasStatus_t st = cublasLtMatmul(lt, qk->op, &alpha, kp, qk->la, qp, qk->lb, &beta, d, qk->lc, d, qk->lc,
+                                               &qk->algo, pl->workspace, kWorkspaceBytes, s);
+            return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
+          },
+          "attention_gemm", "scores = Q K^T" + group_text + ": " + what);
+      use(scores);
+      if (probs) use(*probs);
+      if (mask) use(*mask);
+      add_step(
+          gname + ".softmax",
+          [pl, sa, scores, probs, mask, b0](cudaStream_t s) {
+            AttnSoftmaxArgs a = sa;
+            a.scores = static_cast<float*>(pl->ptr(scores));
+            a.probs = probs ? pl->ptr(*probs) : pl->ptr(scores);
+            a.mask = mask ? pl->ptr(*mask) : nullptr;
+            a.b0 = b0;
+            return launch_attention_softmax(a, s);
+          },
+          "attention_softmax", "softmax" + group_text + ": " + what);
+      const DevTensor& p_t = probs ? *probs : scores;
+      use(p_t);
+      use(v);
+      use(y);
+      add_step(
+          gname + ".pv",
+          [pl, pv, p_t, v, y, b0, H, L, Dv, lt](cudaStream_t s) {
+            const float one = 1, beta = 0;
+            const char* vp = static_cast<const char*>(pl->ptr(v)) + b0 * v.strides[0] * esize(v.dtype);
+            char* d = static_cast<char*>(pl->ptr(y)) + b0 * H * L * Dv * esize(y.dtype);
+            cublasStatus_t st = cublasLtMatmul(lt, pv->op, &one, vp, pv->la, pl->ptr(p_t), pv->lb, &beta, d, pv->lc, d,
+                                               pv->lc, &pv->algo, pl->workspace, kWorkspaceBytes, s);
+            return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
+          },
+          "attention_gemm", "out = P V" + group_text + ": " + what);
+    }
     return {};
   }
 
@@ -1304,7 +1523,8 @@ struct Lowering {
       SAFECKPT_CHECK(flush());
       return lower_embedding();
     }
-    if (op == "aten::scaled_dot_product_attention") {
+    if (op == "aten::scaled_dot_product_attention" || op == "aten::_scaled_dot_product_efficient_attention" ||
+        op == "aten::_scaled_dot_product_cudnn_attention" || op == "aten::_scaled_dot_product_flash_attention") {
       SAFECKPT_CHECK(flush());
       return lower_sdpa();
     }
@@ -1391,7 +1611,7 @@ struct Lowering {
     cp.a = 0;
     cp.store = 0;
     k.ops = {ld, cp};
-    emit_fused(std::move(k), {t}, {out}, t.shape, "output copy");
+    emit_fused(std::move(k), {t}, {out}, t.shape, "output copy", "copy");
     return out;
   }
 

@@ -90,10 +90,27 @@ struct GemmDesc {
   cublasLtMatmulAlgo_t algo{};
 };
 
+// One operand of a strided-batched cuBLASLt GEMM, column-major as stored.
+struct LtMat {
+  cudaDataType_t type = CUDA_R_32F;
+  std::uint64_t rows = 0, cols = 0;
+  std::int64_t ld = 0;
+  std::int64_t batch_stride = 0;  // elements
+  std::uint32_t align = 256;      // bytes every pointer passed for it is aligned to
+};
+// D = alpha * op(A) op(B) over `batch` matrices; the algorithm from
+// cuBLASLt's heuristic (none chosen when eng.lt is null: dry plans). Errors:
+// kDevice (cuBLASLt refused the layouts or found no algorithm).
+Result<std::shared_ptr<GemmDesc>> make_batched_gemm(const EngineImpl& eng, cublasComputeType_t ct,
+                                                    cublasOperation_t opa, cublasOperation_t opb, const LtMat& a,
+                                                    const LtMat& b, const LtMat& d, std::int32_t batch);
+
 struct Step {
   std::string name;
   // Returns a cudaError_t, 1000 + cublasStatus_t or kDnnStatusBase + cudnnStatus_t (conv.hpp).
   std::function<int(cudaStream_t)> fn;
+  std::string kind;                  // what StepProfile::kind reports (gemm, attention, fused, layer_norm, ...)
+  std::string shapes;                // operand shapes, for the profile
   std::vector<const void*> weights;  // device addresses of the weights it reads (streaming start waits on them)
 };
 
@@ -144,14 +161,17 @@ Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vec
 // the generated kernels with NVRTC for sm_`sm`: what tests check on a host
 // without a GPU (fusion decisions, launches, arena, generated source).
 struct DryPlan {
-  std::vector<std::string> steps;  // launch names in order
+  std::vector<std::string> steps;        // launch names in order
+  std::vector<std::string> step_kinds;   // Step::kind of each
+  std::vector<std::string> step_shapes;  // Step::shapes of each
   std::uint64_t arena_bytes = 0;
   std::size_t fused_kernels = 0;   // distinct generated kernels NVRTC compiles
   std::size_t fused_launches = 0;  // steps launching one of them (>= fused_kernels)
   std::string source;
   std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
+// `attention_workspace_bytes`: EngineOptions::attention_workspace_bytes.
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
-                         int sm);
+                         int sm, std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes);
 
 }  // namespace safeckpt::engine::detail

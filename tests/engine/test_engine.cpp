@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -755,6 +756,538 @@ TEST_CASE("engine: planning every corpus program (no device): fusion cuts launch
         CHECK(fused->steps.size() <= eager->steps.size());
         if (std::string(m) != "mlp") CHECK(fused->steps.size() < eager->steps.size());  // mlp: erf GELU stays a kernel
         CHECK(fused->arena_bytes > 0);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------- attention
+
+TEST_CASE("engine: attention path decision and score workspace (no device)") {
+  using namespace safeckpt::engine::detail;
+  const std::uint64_t mib = 1ull << 20;
+  // GPT-2 124M at 1x1024: 12 heads x 1024 x 1024 fp32 scores = 48 MiB.
+  AttnShape s{1, 12, 1024, 1024, 64, 64, false, false};
+  AttnChoice c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.materialized);
+  CHECK(c.group_batches == 1);
+  CHECK(c.groups == 1);
+  CHECK(c.score_bytes == 48 * mib);
+  CHECK(c.prob_bytes == 0);
+  // The bound is inclusive; 0 means the flash-style kernel only.
+  CHECK(choose_attention(s, 48 * mib).materialized);
+  CHECK_FALSE(choose_attention(s, 48 * mib - 1).materialized);
+  CHECK_FALSE(choose_attention(s, 0).materialized);
+  // bfloat16 stores the probabilities again (2 bytes per score).
+  s.bf16 = true;
+  c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.score_bytes == 48 * mib);
+  CHECK(c.prob_bytes == 24 * mib);
+  CHECK_FALSE(choose_attention(s, 72 * mib - 1).materialized);
+  // Batch 32: one element per group when b and h do not share one stride
+  // (GPT-2's split qkv), else the largest divisor of B that fits (5 fit, 4 divides).
+  s = AttnShape{32, 12, 1024, 1024, 64, 64, false, false};
+  c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.materialized);
+  CHECK(c.group_batches == 1);
+  CHECK(c.groups == 32);
+  CHECK(c.score_bytes == 48 * mib);
+  s.batch_collapsible = true;
+  c = choose_attention(s, engine::kDefaultAttentionWorkspaceBytes);
+  CHECK(c.group_batches == 4);
+  CHECK(c.groups == 8);
+  CHECK(c.score_bytes == 4 * 48 * mib);
+  c = choose_attention(s, ~0ull);
+  CHECK(c.group_batches == 32);
+  CHECK(c.groups == 1);
+  // Sizes whose product overflows, and empty shapes, keep the flash kernel.
+  CHECK_FALSE(choose_attention(AttnShape{1, 1ll << 20, 1ll << 30, 1ll << 30, 64, 64, false, true}, ~0ull).materialized);
+  CHECK_FALSE(choose_attention(AttnShape{1, 12, 0, 16, 64, 64, false, true}, ~0ull).materialized);
+  // L != S and a prime batch.
+  c = choose_attention(AttnShape{7, 2, 3, 5, 8, 8, false, true}, 7 * 2 * 3 * 5 * 4);
+  CHECK(c.group_batches == 7);
+  c = choose_attention(AttnShape{7, 2, 3, 5, 8, 8, false, true}, 6 * 2 * 3 * 5 * 4);
+  CHECK(c.group_batches == 1);
+  CHECK(c.groups == 7);
+}
+
+TEST_CASE("engine: planning attention both ways (no device): materialized steps, workspace in the arena") {
+  using safeckpt::engine::detail::dry_plan;
+  for (const char* m : kGpuModels) {
+    Loaded l = load_program(std::string(m) + ".train.pt2");
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    json meta = json::parse(read_text(data_dir() + m + ".json"));
+    const auto sdpa =
+        meta["programs"]["train"]["ops_json"].value("torch.ops.aten.scaled_dot_product_attention.default", 0);
+    for (const auto& c : cases_of(l.program, *io)) {
+      std::vector<std::vector<std::int64_t>> shapes;
+      for (const auto& gi : l.program.inputs)
+        if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+      std::string what = std::string(m) + ".train " + c.prefix;
+      CAPTURE(what);
+      for (bool fuse : {true, false}) {
+        auto flash = dry_plan(l.program, shapes, fuse, 90, 0);
+        REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
+        auto mat = dry_plan(l.program, shapes, fuse, 90, ~0ull);
+        REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
+        auto count = [](const std::vector<std::string>& kinds, const std::string& k) {
+          return static_cast<int>(std::count(kinds.begin(), kinds.end(), k));
+        };
+        CHECK(count(flash->step_kinds, "attention") == sdpa);
+        CHECK(count(flash->step_kinds, "attention_gemm") == 0);
+        CHECK(count(mat->step_kinds, "attention") == 0);
+        // One group per SDPA here (batch elements share one stride, or B = 1) ... or one per batch element.
+        const int groups = count(mat->step_kinds, "attention_softmax");
+        CHECK(groups >= sdpa);
+        CHECK(count(mat->step_kinds, "attention_gemm") == 2 * groups);
+        CHECK(mat->steps.size() ==
+              flash->steps.size() + 2 * static_cast<std::size_t>(groups) + static_cast<std::size_t>(groups - sdpa));
+        CHECK(mat->arena_bytes >= flash->arena_bytes);  // the scores live in the arena (maybe in a gap)
+        for (const auto& k : mat->step_kinds) CHECK_FALSE(k.empty());
+        for (const auto& sh : mat->step_shapes) CHECK_FALSE(sh.empty());
+      }
+    }
+  }
+}
+
+namespace {
+// Both attention lowerings of every corpus program: compiled and eager,
+// against the CPU reference and PyTorch's recorded CUDA outputs.
+void check_attention_path(std::uint64_t workspace_bytes, const char* path) {
+  engine::EngineOptions o = no_cache();
+  o.attention_workspace_bytes = workspace_bytes;
+  auto eng = make_engine(o);
+  for (const char* m : kGpuModels) {
+    json meta = json::parse(read_text(data_dir() + m + ".json"));
+    double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+    double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
+      auto cp = eng.compile(l.program, l.weights);
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      for (const auto& c : cases_of(l.program, *io)) {
+        auto cpu = run_cpu(l.program, l.weights, c.inputs);
+        REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+        for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+          std::string what = std::string(m) + "." + ir + " " + (c.prefix.empty() ? "example" : c.prefix) + " " +
+                             std::string(engine::stance_name(s)) + " attention " + path;
+          CAPTURE(what);
+          engine::RunOptions ro;
+          ro.stance = s;
+          auto out = cp->run_host(c.inputs, ro);
+          REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+          REQUIRE(out->size() == l.program.outputs.size());
+          for (std::size_t i = 0; i < out->size(); ++i) {
+            std::string on = what + " output " + std::to_string(i);
+            check_close((*out)[i], tensor_of(*io, c.prefix + "output." + std::to_string(i) + ".cuda"), atol, rtol,
+                        on + " vs PyTorch CUDA");
+            check_close((*out)[i], (*cpu)[i], atol, rtol, on + " vs CPU reference");
+          }
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("engine: attention through the flash-style kernel only (workspace bound 0) matches") {
+  if (!have_device()) return;
+  check_attention_path(0, "flash");
+}
+
+TEST_CASE("engine: attention through materialized cuBLASLt scores (unbounded workspace) matches") {
+  if (!have_device()) return;
+  check_attention_path(~0ull, "materialized");
+}
+
+TEST_CASE("engine: attention materialized one batch element per group matches") {
+  if (!have_device()) return;
+  // Workspace of exactly one batch element of the corpus gpt2 (4 heads x 32 x 32 fp32 scores):
+  // several groups per SDPA in gpt2_dynbatch's batch > 1 cases.
+  check_attention_path(4 * 32 * 32 * 4, "materialized, one batch element per group");
+}
+
+// ------------------------------------------------------------- profile
+
+TEST_CASE("engine: profile times every launch of the plan; the rows sum to the whole") {
+  if (!have_device()) return;
+  auto eng = make_engine();
+  auto io = SafetensorsFile::open(data_dir() + "gpt2.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* ir : {"train", "core"}) {
+    Loaded l = load_program(std::string("gpt2.") + ir + ".pt2");
+    auto cp = eng.compile(l.program, l.weights);
+    REQUIRE(cp.has_value());
+    auto inputs = cases_of(l.program, *io)[0].inputs;
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) shapes.push_back(inputs.at(gi.fqn).shape);
+    for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+      std::string what = std::string("gpt2.") + ir + " " + std::string(engine::stance_name(s));
+      CAPTURE(what);
+      engine::ProfileOptions po;
+      po.stance = s;
+      po.iters = 20;
+      auto p = cp->profile_host(inputs, po);
+      REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
+      // Every launch of the plan once: the same names as the plan (dry plan of the same shapes).
+      auto dry = engine::detail::dry_plan(l.program, shapes, s != Stance::kForceEager, 90);
+      REQUIRE(dry.has_value());
+      REQUIRE(p->steps.size() == cp->stats().steps);  // the plan just profiled is the most recent one
+      CHECK(p->launches == p->steps.size());
+      REQUIRE(p->steps.size() == dry->steps.size());
+      std::vector<std::string> names, want = dry->steps;
+      for (const auto& st : p->steps) names.push_back(st.name);
+      std::sort(names.begin(), names.end());
+      std::sort(want.begin(), want.end());
+      CHECK(names == want);
+      double sum = 0, pct = 0, by_kind = 0;
+      for (std::size_t i = 0; i < p->steps.size(); ++i) {
+        const auto& st = p->steps[i];
+        CHECK(st.ms >= 0);
+        CHECK_FALSE(st.kind.empty());
+        if (i > 0) CHECK(st.ms <= p->steps[i - 1].ms);  // sorted, largest first
+        sum += st.ms;
+        pct += st.percent;
+      }
+      for (const auto& [k, ms] : p->ms_by_kind) by_kind += ms;
+      CHECK(std::fabs(sum - p->steps_ms) <= 1e-9 + 1e-9 * sum);
+      CHECK(std::fabs(by_kind - p->steps_ms) <= 1e-6 + 1e-6 * sum);
+      CHECK(std::fabs(pct - 100.0) < 1e-6);
+      CHECK(p->ms_by_kind.count("gemm") == 1);
+      // Medians per step against the median whole run: about the same (the
+      // sum of per-step medians is not the median of sums).
+      MESSAGE(what << ": " << p->steps.size() << " launches, steps " << p->steps_ms << " ms, whole " << p->whole_ms
+                   << " ms, graph " << p->graph_ms << " ms");
+      CHECK(p->whole_ms > 0);
+      // A hiccup inside one run lands in that run's whole time but in only
+      // one step's samples (which the median drops): the sum may fall below.
+      CHECK(p->steps_ms <= 2.0 * p->whole_ms + 0.05);
+      CHECK(p->steps_ms >= 0.25 * p->whole_ms - 0.05);
+      if (s == Stance::kDefault) {
+        CHECK(p->graph_ms > 0);
+      } else {
+        CHECK(p->graph_ms == 0);
+      }
+    }
+    // Bad options are refused.
+    engine::ProfileOptions bad;
+    bad.iters = 0;
+    auto r = cp->profile_host(inputs, bad);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kInvalidArgument);
+  }
+}
+
+// ------------------------------------- attention on synthetic SDPA programs
+// One aten::scaled_dot_product_attention node over user inputs, written as
+// torch.export's JSON (the node spelling of gpt2.train), so both lowerings
+// meet shapes the corpus lacks: L != S, head dims 8..128, bfloat16, boolean
+// and additive masks broadcast in different dims, fully masked rows (the CPU
+// reference gives zeros), an explicit scale, and query/key/value that are
+// transposed views (strides of [B, L, H, D] storage) or compact.
+namespace {
+
+struct SdpaCase {
+  std::string name;
+  std::int64_t B, H, L, S, D, Dv;
+  bool bf16 = false;
+  bool causal = false;
+  bool transposed = true;                // inputs [B, L, H, D] -> transpose(1, 2)
+  std::optional<double> scale;           // None: 1/sqrt(D)
+  int mask = 0;                          // 0 none, 1 bool, 2 additive (q's dtype)
+  std::vector<std::int64_t> mask_shape;  // broadcasts to [B, H, L, S]
+};
+
+json tensor_meta(int dtype, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
+  json m;
+  m["dtype"] = dtype;
+  m["sizes"] = json::array();
+  m["strides"] = json::array();
+  for (auto s : sizes) m["sizes"].push_back({{"as_int", s}});
+  for (auto s : strides) m["strides"].push_back({{"as_int", s}});
+  m["requires_grad"] = false;
+  m["device"] = {{"type", "cpu"}, {"index", nullptr}};
+  m["storage_offset"] = {{"as_int", 0}};
+  m["layout"] = 7;
+  return m;
+}
+
+std::vector<std::int64_t> row_major(const std::vector<std::int64_t>& s) {
+  std::vector<std::int64_t> st(s.size(), 1);
+  for (std::size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  return st;
+}
+
+// The program JSON of `c` (torch.export schema 8.17, as gpt2.train's).
+std::string sdpa_program_json(const SdpaCase& c) {
+  const int dt = c.bf16 ? 13 : 7;  // ScalarType FLOAT = 7, BFLOAT16 = 13, BOOL = 12
+  json g;
+  g["nodes"] = json::array();
+  g["tensor_values"] = json::object();
+  g["inputs"] = json::array();
+  json specs = json::array();
+  auto add_input = [&](const std::string& n, int dtype, const std::vector<std::int64_t>& sizes) {
+    g["tensor_values"][n] = tensor_meta(dtype, sizes, row_major(sizes));
+    g["inputs"].push_back({{"as_tensor", {{"name", n}}}});
+    specs.push_back({{"user_input", {{"arg", {{"as_tensor", {{"name", n}}}}}}}});
+  };
+  std::map<std::string, std::string> bhld;  // q/k/v -> the [B, H, *, *] value
+  for (auto [n, rows, cols] : {std::tuple{"q", c.L, c.D}, std::tuple{"k", c.S, c.D}, std::tuple{"v", c.S, c.Dv}}) {
+    if (!c.transposed) {
+      add_input(n, dt, {c.B, c.H, rows, cols});
+      bhld[n] = n;
+      continue;
+    }
+    std::vector<std::int64_t> in{c.B, rows, c.H, cols};
+    add_input(n, dt, in);
+    auto st = row_major(in);
+    std::string t = std::string(n) + "_t";
+    g["tensor_values"][t] = tensor_meta(dt, {c.B, c.H, rows, cols}, {st[0], st[2], st[1], st[3]});
+    json node;
+    node["target"] = "torch.ops.aten.transpose.int";
+    node["inputs"] = {{{"name", "self"}, {"arg", {{"as_tensor", {{"name", n}}}}}, {"kind", 1}},
+                      {{"name", "dim0"}, {"arg", {{"as_int", 1}}}, {"kind", 1}},
+                      {{"name", "dim1"}, {"arg", {{"as_int", 2}}}, {"kind", 1}}};
+    node["outputs"] = {{{"as_tensor", {{"name", t}}}}};
+    node["metadata"] = json::object();
+    node["is_hop_single_tensor_return"] = nullptr;
+    node["name"] = t;
+    g["nodes"].push_back(node);
+    bhld[n] = t;
+  }
+  if (c.mask != 0) add_input("mask", c.mask == 1 ? 12 : dt, c.mask_shape);
+  json node;
+  node["target"] = "torch.ops.aten.scaled_dot_product_attention.default";
+  node["inputs"] = {{{"name", "query"}, {"arg", {{"as_tensor", {{"name", bhld["q"]}}}}}, {"kind", 1}},
+                    {{"name", "key"}, {"arg", {{"as_tensor", {{"name", bhld["k"]}}}}}, {"kind", 1}},
+                    {{"name", "value"}, {"arg", {{"as_tensor", {{"name", bhld["v"]}}}}}, {"kind", 1}}};
+  node["inputs"].push_back({{"name", "attn_mask"},
+                            {"arg", c.mask != 0 ? json{{"as_tensor", {{"name", "mask"}}}} : json{{"as_none", true}}},
+                            {"kind", 1}});
+  node["inputs"].push_back({{"name", "dropout_p"}, {"arg", {{"as_float", 0.0}}}, {"kind", 1}});
+  node["inputs"].push_back({{"name", "is_causal"}, {"arg", {{"as_bool", c.causal}}}, {"kind", 1}});
+  if (c.scale) node["inputs"].push_back({{"name", "scale"}, {"arg", {{"as_float", *c.scale}}}, {"kind", 2}});
+  node["outputs"] = {{{"as_tensor", {{"name", "out"}}}}};
+  node["metadata"] = json::object();
+  node["is_hop_single_tensor_return"] = nullptr;
+  node["name"] = "sdpa";
+  g["nodes"].push_back(node);
+  g["tensor_values"]["out"] = tensor_meta(dt, {c.B, c.H, c.L, c.Dv}, row_major({c.B, c.H, c.L, c.Dv}));
+  g["outputs"] = {{{"as_tensor", {{"name", "out"}}}}};
+  for (const char* k : {"sym_int_values", "sym_bool_values", "custom_obj_values", "sym_float_values"})
+    g[k] = json::object();
+  g["is_single_tensor_return"] = false;
+  json gm;
+  gm["graph"] = g;
+  gm["signature"] = {{"input_specs", specs},
+                     {"output_specs", {{{"user_output", {{"arg", {{"as_tensor", {{"name", "out"}}}}}}}}}}};
+  gm["module_call_graph"] = json::array();
+  gm["metadata"] = json::object();
+  gm["treespec_namedtuple_fields"] = json::object();
+  json j;
+  j["graph_module"] = gm;
+  j["opset_version"] = {{"aten", 10}};
+  j["range_constraints"] = json::object();
+  j["schema_version"] = {{"major", 8}, {"minor", 17}};
+  j["verifiers"] = {"TRAINING"};
+  j["torch_version"] = "2.11.0";
+  j["guards_code"] = json::array();
+  return j.dump();
+}
+
+std::uint16_t to_bf16(float f) {
+  std::uint32_t x = 0;
+  std::memcpy(&x, &f, 4);
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even (finite values only here)
+  return static_cast<std::uint16_t>(x >> 16);
+}
+float from_bf16(std::uint16_t h) {
+  std::uint32_t x = static_cast<std::uint32_t>(h) << 16;
+  float f = 0;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// Deterministic values in [-2, 2) (masks: about 1 in 4 keys masked; row 1
+// of every (b, h) fully masked when the mask has an L dim, else batch 0
+// fully masked; additive masks use -inf there and small values elsewhere).
+HostTensor sdpa_input(DType d, const std::vector<std::int64_t>& shape, std::uint32_t seed, int mask_kind) {
+  std::uint64_t n = 1;
+  for (auto s : shape) n *= static_cast<std::uint64_t>(s);
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(n * dtype_size(d));
+  std::uint32_t x = seed * 2654435761u + 12345u;
+  const auto st = row_major(shape);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    float f = static_cast<float>(x >> 8) / static_cast<float>(1u << 24) * 4.f - 2.f;
+    if (mask_kind != 0) {
+      // Index along the L dim (second to last) of the mask, or of its dim 0.
+      const std::int64_t r =
+          shape.size() >= 2 ? static_cast<std::int64_t>(i) / st[shape.size() - 2] % shape[shape.size() - 2] : 0;
+      const bool has_l = shape.size() >= 2 && shape[shape.size() - 2] > 1;
+      const bool dead = has_l ? r == 1 : static_cast<std::int64_t>(i) / st[0] == 0;
+      const bool keep = !dead && (x >> 30) != 0;
+      if (mask_kind == 1) {
+        (*bytes)[i] = keep ? 1 : 0;
+        continue;
+      }
+      f = keep ? f * 0.5f : -INFINITY;
+    }
+    if (d == DType::kBFloat16) {
+      std::uint16_t h = std::isinf(f) ? static_cast<std::uint16_t>(0xff80u) : to_bf16(f);
+      std::memcpy(bytes->data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(bytes->data() + 4 * i, &f, 4);
+    }
+  }
+  HostTensor t;
+  t.dtype = d;
+  t.shape = shape;
+  t.data = bytes;
+  return t;
+}
+
+HostTensor as_float32(const HostTensor& t) {
+  if (t.dtype == DType::kFloat32) return t;
+  HostTensor f;
+  f.dtype = DType::kFloat32;
+  f.shape = t.shape;
+  f.data = std::make_shared<std::vector<std::uint8_t>>(t.numel() * 4);
+  for (std::uint64_t i = 0; i < t.numel(); ++i) {
+    std::uint16_t h = 0;
+    std::memcpy(&h, t.data->data() + 2 * i, 2);
+    float v = from_bf16(h);
+    std::memcpy(f.data->data() + 4 * i, &v, 4);
+  }
+  return f;
+}
+
+std::vector<SdpaCase> sdpa_cases() {
+  std::vector<SdpaCase> v;
+  v.push_back({"fp32 L<S no mask", 2, 3, 5, 7, 16, 8});
+  SdpaCase c{"fp32 causal L>S D=Dv=128 scale", 1, 2, 9, 6, 128, 128};
+  c.causal = true;
+  c.scale = 0.3;
+  v.push_back(c);
+  c = SdpaCase{"fp32 bool mask [L,S]", 2, 2, 6, 40, 64, 64};
+  c.mask = 1;
+  c.mask_shape = {6, 40};
+  v.push_back(c);
+  c = SdpaCase{"fp32 additive mask [B,1,1,S] compact", 3, 2, 4, 33, 32, 24};
+  c.mask = 2;
+  c.mask_shape = {3, 1, 1, 33};
+  c.transposed = false;
+  v.push_back(c);
+  c = SdpaCase{"fp32 causal L=S=70 compact (several batch elements per group)", 4, 2, 70, 70, 64, 64};
+  c.causal = true;
+  c.transposed = false;
+  v.push_back(c);
+  c = SdpaCase{"bf16 causal additive mask [1,H,L,S]", 2, 2, 33, 33, 64, 64};
+  c.bf16 = true;
+  c.mask = 2;
+  c.mask_shape = {1, 2, 33, 33};
+  v.push_back(c);
+  c = SdpaCase{"bf16 bool mask [B,1,L,S] D=128 Dv=64", 2, 3, 3, 130, 128, 64};
+  c.bf16 = true;
+  c.mask = 1;
+  c.mask_shape = {2, 1, 3, 130};
+  v.push_back(c);
+  return v;
+}
+
+struct SdpaProgram {
+  Program program;
+  Inputs inputs;
+};
+SdpaProgram make_sdpa_program(const SdpaCase& c) {
+  auto p = parse_program_json(sdpa_program_json(c), "model");
+  REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
+  auto st = validate(*p);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  SdpaProgram sp{std::move(*p), {}};
+  const DType d = c.bf16 ? DType::kBFloat16 : DType::kFloat32;
+  std::uint32_t seed = 1;
+  for (auto [n, rows, cols] : {std::tuple{"q", c.L, c.D}, std::tuple{"k", c.S, c.D}, std::tuple{"v", c.S, c.Dv}})
+    sp.inputs[n] = sdpa_input(d,
+                              c.transposed ? std::vector<std::int64_t>{c.B, rows, c.H, cols}
+                                           : std::vector<std::int64_t>{c.B, c.H, rows, cols},
+                              seed++, 0);
+  if (c.mask != 0) sp.inputs["mask"] = sdpa_input(c.mask == 1 ? DType::kBool : d, c.mask_shape, seed, c.mask);
+  return sp;
+}
+
+}  // namespace
+
+TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)") {
+  using safeckpt::engine::detail::dry_plan;
+  for (const auto& c : sdpa_cases()) {
+    CAPTURE(c.name);
+    SdpaProgram sp = make_sdpa_program(c);
+    // The CPU reference runs them (and defines the expected values below).
+    auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
+    REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+    if (c.mask != 0) {
+      // The inputs do mask whole rows: the reference has rows of zeros.
+      auto o = floats(as_float32((*cpu)[0]));
+      std::size_t zero_rows = 0;
+      for (std::size_t r = 0; r * static_cast<std::size_t>(c.Dv) < o.size(); ++r)
+        zero_rows +=
+            std::all_of(o.begin() + static_cast<std::ptrdiff_t>(r * c.Dv),
+                        o.begin() + static_cast<std::ptrdiff_t>((r + 1) * c.Dv), [](float f) { return f == 0; });
+      CHECK(zero_rows > 0);
+      CHECK(zero_rows < o.size() / static_cast<std::size_t>(c.Dv));
+    }
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const auto& gi : sp.program.inputs)
+      if (gi.kind == InputKind::kUserInput) shapes.push_back(sp.inputs.at(gi.fqn).shape);
+    auto flash = dry_plan(sp.program, shapes, true, 90, 0);
+    REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
+    CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == 1);
+    auto mat = dry_plan(sp.program, shapes, true, 90, ~0ull);
+    REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
+    CHECK(std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention") == 0);
+    const auto groups = std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention_softmax");
+    // Transposed views of [B, L, H, D] cannot share one batch stride: one group per batch element.
+    CHECK(groups == (c.transposed && c.L > 1 ? c.B : 1));
+    const std::uint64_t scores = static_cast<std::uint64_t>(c.B / groups * c.H * c.L * c.S);
+    CHECK(mat->arena_bytes >= scores * (c.bf16 ? 6 : 4));
+  }
+}
+
+TEST_CASE("engine: synthetic SDPA programs match the CPU reference through both attention paths") {
+  if (!have_device()) return;
+  for (std::uint64_t ws : {std::uint64_t{0}, ~std::uint64_t{0}}) {
+    engine::EngineOptions o = no_cache();
+    o.attention_workspace_bytes = ws;
+    auto eng = make_engine(o);
+    for (const auto& c : sdpa_cases()) {
+      std::string what = c.name + (ws == 0 ? " flash" : " materialized");
+      CAPTURE(what);
+      SdpaProgram sp = make_sdpa_program(c);
+      auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
+      REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+      auto cp = eng.compile(sp.program, WeightMap{});
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+        engine::RunOptions ro;
+        ro.stance = s;
+        auto out = cp->run_host(sp.inputs, ro);
+        REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+        REQUIRE(out->size() == 1);
+        // fp32: fp32 accumulation vs the reference's double; bf16: rounding
+        // of the output (and, materialized, of the probabilities) to bf16.
+        const double tol = c.bf16 ? 2e-2 : 1e-4;
+        HostTensor got = as_float32((*out)[0]);
+        HostTensor want = as_float32((*cpu)[0]);
+        check_close(got, want, tol, tol, what + " " + std::string(engine::stance_name(s)));
+        // Fully masked rows are zeros, never NaN.
+        bool finite = true;
+        for (float f : floats(got)) finite = finite && std::isfinite(f);
+        CHECK_MESSAGE(finite, what << ": a NaN or inf in the output");
       }
     }
   }
