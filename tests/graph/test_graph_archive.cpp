@@ -127,6 +127,34 @@ TEST_CASE("graph archive: weights that are strided views of their records are co
   }
 }
 
+TEST_CASE("graph archive: a large archive's records are read in parallel with the same results and errors") {
+  // fc1.weight as a 72 MiB record (over the parallel threshold): its bytes
+  // arrive whole; a bad record elsewhere is still the error, naming it.
+  const std::size_t rows = 72 * 1024, cols = 256;
+  std::string big(rows * cols * 4, '\0');
+  for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i / 4096);
+  json c = weights_config();
+  json& m = c["config"]["fc1.weight"]["tensor_meta"];
+  m["sizes"] = json::array({{{"as_int", rows}}, {{"as_int", cols}}});
+  m["strides"] = json::array({{{"as_int", cols}}, {{"as_int", 1}}});
+  auto b = crafted({{"data/weights/model_weights_config.json", c.dump()}, {"data/weights/weight_0", big}});
+  auto a = Pt2Archive::open(Bytes(b.data(), b.size()));
+  REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
+  auto w = archive_weights(*a);
+  REQUIRE(w.has_value());
+  const HostTensor& t = w->at("fc1.weight");
+  REQUIRE(t.data->size() == big.size());
+  CHECK(std::memcmp(t.data->data(), big.data(), big.size()) == 0);
+  CHECK(w->at("fc2.weight").shape == std::vector<std::int64_t>{256, 256});
+  auto bad = crafted({{"data/weights/model_weights_config.json", c.dump()},
+                      {"data/weights/weight_0", big},
+                      {"data/weights/weight_2", std::string(1026, '\0')}});
+  auto e = Pt2Archive::open(Bytes(bad.data(), bad.size()));
+  REQUIRE_FALSE(e.has_value());
+  CHECK(e.error().code() == ErrorCode::kMalformed);
+  CHECK(e.error().to_string().find("fc2.weight") != std::string::npos);
+}
+
 TEST_CASE("graph archive: each rule of the archive grammar with its ErrorCode") {
   SUBCASE("no archive_format: not a PT2 archive") {
     auto b = crafted({{"archive_format", std::nullopt}});
