@@ -226,7 +226,9 @@ struct ProgramStats {
   double last_capture_seconds = 0;    // CUDA-graph capture + instantiate (compiled plans, at the first run)
   // cuBLASLt heuristic queries of this program's plans. A GEMM of the same
   // shape, layout, dtype and epilogue as one the engine planned before (the
-  // next layer's) reuses that algorithm: one query per distinct GEMM.
+  // next layer's) or one in the persistent cache (EngineStats::
+  // choices_from_cache; re-checked with cublasLtMatmulAlgoCheck) reuses that
+  // algorithm: at most one query per distinct GEMM.
   std::size_t gemm_heuristics = 0;
   std::size_t gemm_heuristics_reused = 0;
 };
@@ -263,7 +265,11 @@ inline constexpr std::size_t kMaxCacheWarnings = 32;
 struct EngineStats {
   std::filesystem::path cache_dir;   // the persistent cache in use; empty: none (kOff or unusable)
   std::size_t modules_compiled = 0;  // NVRTC compiles
-  std::size_t cache_hits = 0, cache_misses = 0, cache_stores = 0;  // as in ProgramStats
+  std::size_t cache_hits = 0, cache_misses = 0, cache_stores = 0;  // as in ProgramStats (modules)
+  // Algorithm choices (cuBLASLt per GEMM, cuDNN per convolution) written to
+  // the persistent cache, and found there (and accepted by the library's
+  // re-check) instead of asking the library's heuristics.
+  std::size_t choices_stored = 0, choices_from_cache = 0;
   // Cache problems: the default directory unusable at create(), ignored
   // entries, failed loads and stores (the first kMaxCacheWarnings).
   std::vector<std::string> warnings;

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,55 @@ Result<std::shared_ptr<ConvPlan>> conv_prepare(std::shared_ptr<DnnHandle> handle
   return make_error(ErrorCode::kDevice, "cuDNN has no forward algorithm for this convolution within " +
                                             std::to_string(max_workspace >> 20) + " MiB of workspace (" +
                                             std::to_string(found) + " candidates)");
+}
+
+std::string conv_choice_key(const ConvGeometry& g, std::uint64_t max_workspace) {
+  std::string k = "conv cudnn " + std::to_string(cudnnGetVersion()) + ":";
+  for (long long v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.oh, g.ow}) k += std::to_string(v) + ",";
+  for (int v : {g.pad[0], g.pad[1], g.stride[0], g.stride[1], g.dilation[0], g.dilation[1], g.groups})
+    k += std::to_string(v) + ",";
+  k += std::string(g.bf16 ? "bf16," : "fp32,") + (g.allow_tf32 ? "tf32," : "fma,") + std::to_string(max_workspace);
+  return k;
+}
+
+std::vector<std::uint8_t> conv_choice_bytes(const ConvPlan& c) {
+  std::vector<std::uint8_t> b(16);
+  const auto algo = static_cast<std::int32_t>(c.algo);
+  const auto math = static_cast<std::int32_t>(c.math);
+  std::memcpy(b.data(), &algo, 4);
+  std::memcpy(b.data() + 4, &math, 4);
+  std::memcpy(b.data() + 8, &c.workspace, 8);
+  return b;
+}
+
+Result<std::shared_ptr<ConvPlan>> conv_prepare_known(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                                     std::uint64_t max_workspace,
+                                                     const std::vector<std::uint8_t>& choice) {
+  if (choice.size() != 16) return std::shared_ptr<ConvPlan>();
+  auto c = std::make_shared<ConvPlan>();
+  c->handle = std::move(handle);
+  SAFECKPT_CHECK(describe(*c, g));
+  std::int32_t algo = 0, math = 0;
+  std::uint64_t ws_saved = 0;
+  std::memcpy(&algo, choice.data(), 4);
+  std::memcpy(&math, choice.data() + 4, 4);
+  std::memcpy(&ws_saved, choice.data() + 8, 8);
+  if (algo < 0 || algo >= static_cast<std::int32_t>(CUDNN_CONVOLUTION_FWD_ALGO_COUNT) || math < 0 || math > 3)
+    return std::shared_ptr<ConvPlan>();
+  const bool fma_only = !g.bf16 && !g.allow_tf32;
+  const auto m = static_cast<cudnnMathType_t>(math);
+  if (fma_only && m != CUDNN_FMA_MATH) return std::shared_ptr<ConvPlan>();  // the policy forbids it
+  if (cudnnSetConvolutionMathType(c->conv, m) != CUDNN_STATUS_SUCCESS) return std::shared_ptr<ConvPlan>();
+  std::size_t ws = 0;
+  if (cudnnGetConvolutionForwardWorkspaceSize(c->handle->h, c->x, c->w, c->conv, c->y,
+                                              static_cast<cudnnConvolutionFwdAlgo_t>(algo),
+                                              &ws) != CUDNN_STATUS_SUCCESS ||
+      ws > max_workspace || ws != ws_saved)
+    return std::shared_ptr<ConvPlan>();
+  c->algo = static_cast<cudnnConvolutionFwdAlgo_t>(algo);
+  c->math = m;
+  c->workspace = ws;
+  return c;
 }
 
 std::uint64_t conv_workspace_bytes(const ConvPlan& c) {

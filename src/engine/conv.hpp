@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "safeckpt/error.hpp"
 
@@ -51,6 +52,18 @@ struct ConvPlan;
 Result<std::shared_ptr<ConvPlan>> conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
                                                std::uint64_t max_workspace);
 std::uint64_t conv_workspace_bytes(const ConvPlan& c);
+// The algorithm choice as a cache value (EngineImpl::find_choice /
+// store_choice): its key is every field of `g`, the workspace cap and cuDNN's
+// version; its bytes the algorithm, math type and workspace size.
+std::string conv_choice_key(const ConvGeometry& g, std::uint64_t max_workspace);
+std::vector<std::uint8_t> conv_choice_bytes(const ConvPlan& c);
+// conv_prepare with a remembered choice instead of cuDNN's heuristics:
+// nullptr when the bytes do not apply any more (wrong size, an algorithm
+// cuDNN refuses for these descriptors now, or a workspace above the cap).
+// Errors: as conv_prepare's descriptor errors.
+Result<std::shared_ptr<ConvPlan>> conv_prepare_known(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                                     std::uint64_t max_workspace,
+                                                     const std::vector<std::uint8_t>& choice);
 // e.g. "IMPLICIT_PRECOMP_GEMM/tensor-op" (for step names and messages).
 std::string conv_algo_name(const ConvPlan& c);
 

@@ -84,6 +84,19 @@ extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
                        : kLtUnavailable;
 }
 
+extern "C" cublasStatus_t CUBLASWINAPI
+cublasLtMatmulAlgoCheck(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+                        cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                        const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result) {
+  static const auto fn = resolve<decltype(&cublasLtMatmulAlgoCheck)>(cublaslt(), "cublasLtMatmulAlgoCheck");
+  return fn != nullptr ? fn(lightHandle, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, algo, result) : kLtUnavailable;
+}
+
+extern "C" size_t CUBLASWINAPI cublasLtGetVersion(void) {
+  static const auto fn = resolve<decltype(&cublasLtGetVersion)>(cublaslt(), "cublasLtGetVersion");
+  return fn != nullptr ? fn() : 0;
+}
+
 extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
                                                                 cublasComputeType_t computeType,
                                                                 cudaDataType_t scaleType) {

@@ -34,6 +34,19 @@ enginecache::CacheKey module_cache_key(std::string_view source, const DeviceFact
   return k;
 }
 
+enginecache::CacheKey choice_cache_key(std::string_view choice, const DeviceFacts& device) {
+  const std::string text = "choice\n" + std::string(choice);
+  enginecache::CacheKey k;
+  k.program_hash = sha256_hex(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  k.device_name = device.name;
+  k.sm = device.sm;
+  k.driver_version = device.driver_version;
+  k.runtime_version = device.runtime_version;
+  k.engine_version = engine_version();
+  k.options = "choice";
+  return k;
+}
+
 enginecache::CacheEntry module_cache_entry(const enginecache::CacheKey& key, std::vector<std::uint8_t> cubin) {
   enginecache::CacheEntry e;
   e.key = key;

@@ -66,6 +66,17 @@ std::string engine_version();
 //   options        nvrtc_options(device.sm).
 enginecache::CacheKey module_cache_key(std::string_view source, const DeviceFacts& device);
 
+// Algorithm choices (a cuBLASLt algorithm, a cuDNN algorithm + math type +
+// workspace) are cached too: `choice` is everything that decided one — the
+// GEMM or convolution's dtypes, sizes, layouts, epilogue, math policy and the
+// library's version — and program_hash = SHA-256 of "choice\n" + choice,
+// options "choice", the device fields as for modules, shapes empty (they are
+// in `choice`). The blob holds the library's own bytes for it; the engine
+// re-checks them with the library before use (cublasLtMatmulAlgoCheck, the
+// workspace query), so a stale entry is a miss, never a wrong kernel.
+inline constexpr const char* kChoiceBlob = "choice";
+enginecache::CacheKey choice_cache_key(std::string_view choice, const DeviceFacts& device);
+
 // An entry holding `cubin` under `key`, and the cubin of a loaded entry
 // (nullptr when the blob is missing or empty: a miss for the engine).
 enginecache::CacheEntry module_cache_entry(const enginecache::CacheKey& key, std::vector<std::uint8_t> cubin);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -605,16 +606,26 @@ struct Lowering {
     int found = 0;
     // Everything the heuristic sees (pointers aside: cuBLASLt assumes
     // 256-byte alignment by default, which every buffer here has).
-    std::string key;
-    for (std::int64_t x :
-         {std::int64_t{ty}, std::int64_t{ct}, std::int64_t{opa}, std::int64_t{opb}, std::int64_t{epi}, M, N, K,
-          std::int64_t{lb->ld}, std::int64_t{la->ld}, batch, batched ? a.strides[0] : 0, batched ? b.strides[0] : 0})
+    // The choice is keyed by all of that and cuBLASLt's version; one found
+    // in this engine or the persistent cache is re-checked by cuBLASLt
+    // (cublasLtMatmulAlgoCheck) before it is used.
+    std::string key = "gemm cublasLt " + std::to_string(eng.lt != nullptr ? cublasLtGetVersion() : 0) + ":";
+    for (std::int64_t x : {std::int64_t{ty}, std::int64_t{ct}, std::int64_t{opa}, std::int64_t{opb}, std::int64_t{epi},
+                           M, N, K, std::int64_t{lb->ld}, std::int64_t{la->ld}, batch, batched ? a.strides[0] : 0,
+                           batched ? b.strides[0] : 0, static_cast<std::int64_t>(ws)})
       key += std::to_string(x) + ",";
     std::optional<cublasLtMatmulAlgo_t> known;
     if (eng.lt != nullptr) {
-      std::lock_guard<std::mutex> lock(eng.mu);
-      auto it = eng.gemm_algos.find(key);
-      if (it != eng.gemm_algos.end()) known = it->second;
+      bool from_cache = false;
+      if (auto bytes = eng.find_choice(key, &from_cache); bytes && bytes->size() == sizeof(cublasLtMatmulAlgo_t)) {
+        cublasLtMatmulAlgo_t algo{};
+        std::memcpy(&algo, bytes->data(), sizeof algo);
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, &algo, &check) ==
+                CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= ws)
+          known = algo;
+      }
     }
     if (known) {
       found = 1;
@@ -626,8 +637,9 @@ struct Lowering {
       plan.heuristic_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
       ++plan.gemm_heuristics;
       if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-        std::lock_guard<std::mutex> lock(eng.mu);
-        eng.gemm_algos.emplace(key, res.algo);
+        std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
+        std::memcpy(bytes.data(), &res.algo, sizeof res.algo);
+        eng.store_choice(key, std::move(bytes));
       }
     } else {
       found = 1;  // dry plan (no device): no algorithm is chosen, nothing runs
@@ -1350,9 +1362,21 @@ struct Lowering {
         if (!h) return fail(h.error().code(), h.error().message());
         dnn = *h;
       }
-      auto c = conv_prepare(dnn, cg, kMaxConvWorkspaceBytes);
-      if (!c) return fail(c.error().code(), c.error().message());
-      cp = *c;
+      // A choice this engine or the persistent cache remembers (re-checked
+      // by cuDNN), else cuDNN's heuristics (then remembered).
+      const std::string key = conv_choice_key(cg, kMaxConvWorkspaceBytes);
+      bool from_cache = false;
+      if (auto bytes = eng.find_choice(key, &from_cache)) {
+        auto c = conv_prepare_known(dnn, cg, kMaxConvWorkspaceBytes, *bytes);
+        if (!c) return fail(c.error().code(), c.error().message());
+        cp = *c;
+      }
+      if (!cp) {
+        auto c = conv_prepare(dnn, cg, kMaxConvWorkspaceBytes);
+        if (!c) return fail(c.error().code(), c.error().message());
+        cp = *c;
+        eng.store_choice(key, conv_choice_bytes(*cp));
+      }
       plan.workspace_bytes = std::max(plan.workspace_bytes, conv_workspace_bytes(*cp));
       plan.warmup_before_capture = true;
     }

@@ -69,9 +69,15 @@ struct EngineImpl {
   std::optional<enginecache::CompileCache> cache;  // none: kOff or unusable
   mutable std::mutex mu;                           // guards modules and stats
   std::map<std::string, std::shared_ptr<Module>> modules;
-  // cuBLASLt algorithm per GEMM key (plan.cpp gemm(): dtypes, compute type,
-  // transposes, epilogue, layouts, batch); the heuristic is asked once per key.
-  std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;
+  // Algorithm choices by what decided them (module_cache.hpp choice_cache_key:
+  // "gemm ..." for cuBLASLt, "conv ..." for cuDNN): this engine's map, then the
+  // persistent cache. Callers re-check a found choice with the library.
+  std::map<std::string, std::vector<std::uint8_t>> choices;
+  // The bytes of `choice`, if this engine or the cache has them (mu taken
+  // inside); `from_cache` says which. Cache trouble: a warning, a miss.
+  std::optional<std::vector<std::uint8_t>> find_choice(const std::string& choice, bool* from_cache);
+  // Remembers (and stores) `bytes` for `choice`.
+  void store_choice(const std::string& choice, std::vector<std::uint8_t> bytes);
   EngineStats stats;
   // The module for `source`: the in-process map, else the persistent cache
   // (a cubin the driver loads), else NVRTC (then stored). Cache trouble is a

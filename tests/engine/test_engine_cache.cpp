@@ -206,6 +206,33 @@ TEST_CASE("engine cache: the module key follows the source, the device and the v
   CHECK(others[2].options.find("sm_100") != std::string::npos);
 }
 
+TEST_CASE(
+    "engine cache: an algorithm choice's key follows the choice and the device, apart from modules' (no device)") {
+  const ed::DeviceFacts f = h200();
+  const std::string gemm = "gemm cublasLt 130100:0,68,0,0,1,2048,2304,768,768,768,1,0,0,33554432,";
+  const enginecache::CacheKey k = ed::choice_cache_key(gemm, f);
+  CHECK(k.options == "choice");
+  CHECK(k.device_name == "NVIDIA H200");
+  CHECK(k.shapes.empty());
+  CHECK(ed::choice_cache_key(gemm, h200()).digest() == k.digest());
+  // Not the key of a module whose source happens to be the same text.
+  CHECK(ed::module_cache_key(gemm, f).digest() != k.digest());
+  std::vector<enginecache::CacheKey> others;
+  others.push_back(ed::choice_cache_key(gemm + "1", f));
+  others.push_back(ed::choice_cache_key("gemm cublasLt 130200" + gemm.substr(19), f));  // another cuBLASLt
+  auto g = f;
+  g.sm = 100;
+  others.push_back(ed::choice_cache_key(gemm, g));
+  g = f;
+  g.driver_version = 13010;
+  others.push_back(ed::choice_cache_key(gemm, g));
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    CAPTURE(i);
+    CHECK(others[i].digest() != k.digest());
+    for (std::size_t j = 0; j < i; ++j) CHECK(others[i].digest() != others[j].digest());
+  }
+}
+
 TEST_CASE("engine cache: a module entry (a real NVRTC cubin) round-trips through CompileCache (no device)") {
   ScratchDir dir("safeckpt-engine-cache");
   const std::string src = small_source();
@@ -287,7 +314,9 @@ TEST_CASE("engine cache: a second engine on the same directory loads every modul
   CHECK(first.program.cache_misses > 0);
   CHECK(first.program.cache_stores == first.program.cache_misses);
   CHECK(first.engine.modules_compiled == first.program.cache_stores);
-  CHECK(entry_files(dir.path).size() == first.program.cache_stores);
+  REQUIRE(first.engine.choices_stored > 0);  // gpt2.core's GEMMs (cuBLASLt algorithms)
+  CHECK(first.engine.choices_from_cache == 0);
+  CHECK(entry_files(dir.path).size() == first.program.cache_stores + first.engine.choices_stored);
   CHECK(fs::exists(dir.path / "hmac.key"));
 
   Run second = run_once(g, cached(dir.path));
@@ -298,6 +327,11 @@ TEST_CASE("engine cache: a second engine on the same directory loads every modul
   CHECK(second.program.cache_stores == 0);
   CHECK(second.program.kernels_compiled == 0);
   CHECK(second.engine.modules_compiled == 0);
+  // Every cuBLASLt algorithm from the cache (re-checked), none asked again.
+  CHECK(second.engine.choices_from_cache == first.engine.choices_stored);
+  CHECK(second.engine.choices_stored == 0);
+  CHECK(second.program.gemm_heuristics == 0);
+  CHECK(second.program.gemm_heuristics_reused == first.program.gemm_heuristics + first.program.gemm_heuristics_reused);
   check_same_bits(first, second);
 
   // And against an engine without the cache: the same bits too.
@@ -325,21 +359,30 @@ TEST_CASE("engine cache: a tampered entry is a warning; the module is compiled a
     io.seekp(-1, std::ios::end);
     io.put(static_cast<char>(c ^ 0x01));
   }
+  const std::size_t modules = first.program.cache_stores, choices = first.engine.choices_stored;
+  REQUIRE(files.size() == modules + choices);
   Run second = run_once(g, cached(dir.path));
   REQUIRE(!second.engine.warnings.empty());
   MESSAGE("warning: " << second.engine.warnings[0]);
   CHECK(second.engine.warnings[0].find("MAC") != std::string::npos);
-  CHECK(second.program.cache_warnings.size() == std::min(files.size(), engine::kMaxCacheWarnings));
+  CHECK(second.engine.warnings.size() == std::min(files.size(), engine::kMaxCacheWarnings));
+  CHECK(second.program.cache_warnings.size() == std::min(modules, engine::kMaxCacheWarnings));
   CHECK(second.program.cache_hits == 0);
-  CHECK(second.program.cache_misses == files.size());
-  CHECK(second.program.cache_stores == files.size());
+  CHECK(second.program.cache_misses == modules);
+  CHECK(second.program.cache_stores == modules);
   CHECK(second.program.kernels_compiled == first.program.kernels_compiled);
+  // Tampered choices are ignored: the heuristics are asked again, rewritten.
+  CHECK(second.engine.choices_from_cache == 0);
+  CHECK(second.engine.choices_stored == choices);
+  CHECK(second.program.gemm_heuristics == first.program.gemm_heuristics);
   check_same_bits(first, second);
   // The rewritten entries serve the next engine.
   Run third = run_once(g, cached(dir.path));
   CHECK(third.engine.warnings.empty());
-  CHECK(third.program.cache_hits == files.size());
+  CHECK(third.program.cache_hits == modules);
   CHECK(third.program.kernels_compiled == 0);
+  CHECK(third.engine.choices_from_cache == choices);
+  CHECK(third.program.gemm_heuristics == 0);
   check_same_bits(first, third);
 }
 
