@@ -988,7 +988,13 @@ Status batch_norm(Ctx& c, Outs& outs, bool native) {
   }
   outs.push_back(std::move(y));
   if (native) {  // save_mean / save_invstd are empty in inference (aten batch_norm_cpu)
-    DType sd = x->dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+    // Their dtype is the parameters' (aten/src/ATen/native/Normalization.cpp
+    // batch_norm_cpu: `param_scalar_type`, the running stats' type): float32
+    // for a float32 model or bf16 input with float32 statistics (mixed type),
+    // bfloat16 for an all-bfloat16 one, as torch.export records them
+    // (ResNet-50 exported in bfloat16; before, float32 was assumed and the
+    // program was refused).
+    DType sd = is_float(rm->dtype) ? rm->dtype : DType::kFloat32;
     SAFECKPT_TRY(HostTensor m, c.alloc(sd, {0}));
     SAFECKPT_TRY(HostTensor s, c.alloc(sd, {0}));
     outs.push_back(std::move(m));
