@@ -1040,10 +1040,14 @@ Result<std::vector<DLManagedTensorVersioned*>> CompiledProgram::run(const std::v
   return outs;
 }
 
-Result<std::vector<graph::HostTensor>> CompiledProgram::run_host(
-    const std::map<std::string, graph::HostTensor, std::less<>>& inputs, const RunOptions& options) {
-  std::vector<DLTensor> dl(inputs.size());
-  std::vector<NamedInput> named;
+namespace {
+
+// Host tensors as (non-owning) DLPack CPU tensors named for run()/profile();
+// `dl` must outlive `named`.
+Status host_inputs(const std::map<std::string, graph::HostTensor, std::less<>>& inputs, std::vector<DLTensor>& dl,
+                   std::vector<NamedInput>& named) {
+  dl.assign(inputs.size(), DLTensor{});
+  named.clear();
   std::size_t i = 0;
   for (const auto& [name, t] : inputs) {
     DLTensor& d = dl[i++];
@@ -1056,6 +1060,16 @@ Result<std::vector<graph::HostTensor>> CompiledProgram::run_host(
     d.byte_offset = 0;
     named.push_back({name, &d});
   }
+  return {};
+}
+
+}  // namespace
+
+Result<std::vector<graph::HostTensor>> CompiledProgram::run_host(
+    const std::map<std::string, graph::HostTensor, std::less<>>& inputs, const RunOptions& options) {
+  std::vector<DLTensor> dl;
+  std::vector<NamedInput> named;
+  SAFECKPT_CHECK(host_inputs(inputs, dl, named));
   SAFECKPT_TRY(auto outs, run(named, options));
   std::vector<graph::HostTensor> host;
   Status st;
@@ -1094,18 +1108,9 @@ Result<Profile> CompiledProgram::profile(const std::vector<NamedInput>& inputs, 
 
 Result<Profile> CompiledProgram::profile_host(const std::map<std::string, graph::HostTensor, std::less<>>& inputs,
                                               const ProfileOptions& options) {
-  std::vector<DLTensor> dl(inputs.size());
+  std::vector<DLTensor> dl;
   std::vector<NamedInput> named;
-  std::size_t i = 0;
-  for (const auto& [name, t] : inputs) {
-    DLTensor& d = dl[i++];
-    d.data = t.data ? const_cast<std::uint8_t*>(t.data->data()) : nullptr;
-    d.device = {kDLCPU, 0};
-    d.ndim = static_cast<std::int32_t>(t.shape.size());
-    SAFECKPT_TRY(d.dtype, cuda::dlpack_dtype(t.dtype));
-    d.shape = const_cast<std::int64_t*>(t.shape.data());
-    named.push_back({name, &d});
-  }
+  SAFECKPT_CHECK(host_inputs(inputs, dl, named));
   return profile(named, options);
 }
 

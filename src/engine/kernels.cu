@@ -7,21 +7,12 @@
 
 #include <cmath>
 
+#include "engine/device_io.cuh"
 #include "engine/internal.hpp"
 
 namespace safeckpt::engine::detail {
 namespace {
 
-__device__ __forceinline__ float ld(const void* p, long long i, int bf16) {
-  if (bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void st(void* p, long long i, float v, int bf16) {
-  if (bf16)
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else
-    static_cast<float*>(p)[i] = v;
-}
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -21,28 +21,31 @@ std::string engine_version() {
   return std::string("safeckpt ") + SAFECKPT_VERSION_STRING + " codegen " + std::to_string(kCodegenRevision);
 }
 
-enginecache::CacheKey module_cache_key(std::string_view source, const DeviceFacts& device) {
+namespace {
+
+// The device and engine fields every key of the engine carries.
+enginecache::CacheKey device_key(std::string_view hashed, const DeviceFacts& device) {
   enginecache::CacheKey k;
-  k.program_hash = sha256_hex(std::span(reinterpret_cast<const std::uint8_t*>(source.data()), source.size()));
+  k.program_hash = sha256_hex(std::span(reinterpret_cast<const std::uint8_t*>(hashed.data()), hashed.size()));
   k.device_name = device.name;
   k.sm = device.sm;
   k.driver_version = device.driver_version;
   k.runtime_version = device.runtime_version;
-  k.nvrtc_version = device.nvrtc_version;
   k.engine_version = engine_version();
+  return k;
+}
+
+}  // namespace
+
+enginecache::CacheKey module_cache_key(std::string_view source, const DeviceFacts& device) {
+  enginecache::CacheKey k = device_key(source, device);
+  k.nvrtc_version = device.nvrtc_version;
   for (const auto& o : nvrtc_options(static_cast<int>(device.sm))) k.options += (k.options.empty() ? "" : " ") + o;
   return k;
 }
 
 enginecache::CacheKey choice_cache_key(std::string_view choice, const DeviceFacts& device) {
-  const std::string text = "choice\n" + std::string(choice);
-  enginecache::CacheKey k;
-  k.program_hash = sha256_hex(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
-  k.device_name = device.name;
-  k.sm = device.sm;
-  k.driver_version = device.driver_version;
-  k.runtime_version = device.runtime_version;
-  k.engine_version = engine_version();
+  enginecache::CacheKey k = device_key("choice\n" + std::string(choice), device);
   k.options = "choice";
   return k;
 }

@@ -8,20 +8,10 @@
 #include <cmath>
 
 #include "engine/conv.hpp"
+#include "engine/device_io.cuh"
 
 namespace safeckpt::engine::detail {
 namespace {
-
-__device__ __forceinline__ float ld(const void* p, long long i, int bf16) {
-  if (bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void st(void* p, long long i, float v, int bf16) {
-  if (bf16)
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else
-    static_cast<float*>(p)[i] = v;
-}
 
 // One warp per output element: the lanes stride over its window, then a
 // warp sum (a 7x7 or 56x56 window alike).
