@@ -5,6 +5,8 @@
 //   1. sources.size() < 2^32; swap_unit in {1, 2, 4, 8}; nbytes % swap_unit == 0;
 //   2. a file range has file_offset + nbytes <= file size (no overflow);
 //   3. a source with host_bytes needs no file; a non-empty file range needs one;
+//      load_into: its file index names one of `files`, its destination lies in
+//      the caller's memory, does not overlap another's, is swap-aligned;
 //   4. options: chunk_bytes a multiple of 4096 in [64 KiB, 1 GiB];
 //      chunk_bytes <= ring_bytes <= 16 GiB; 1..256 readers; 1..64 streams.
 //
@@ -30,12 +32,7 @@ namespace safeckpt::cuda {
 
 using namespace detail;  // the engine internals (transfer_internal.hpp)
 
-// One load(). The file is `given_fd` when >= 0 (borrowed: the
-// descriptor the host loader validated, MappedFile::fd()), else `file` opened
-// here once. Either way every read of this load uses that one open file:
-// buffered pread on it, its own MAP_SHARED mapping of it, and for O_DIRECT a
-// reopen of /proc/self/fd/N, which yields a new open file description of the
-// SAME inode (not a lookup of the path name, which may have been replaced).
+// load(): one file, an arena allocated here (load_impl below).
 Result<DeviceArena> TransferEngine::load_from(const std::filesystem::path& file, int given_fd,
                                               std::span<const StorageSource> sources, LoadStats* stats) {
   const LoadInput in[1] = {LoadInput{file, given_fd}};
