@@ -163,9 +163,8 @@ class PendingDeviceCheckpoint {
   // to the end of the transfer); zero until wait_all() returned.
   LoadStats stats() const;
 
-  struct State;  // src/cuda/pending_checkpoint.cpp
-
  private:
+  struct State;  // src/cuda/pending_checkpoint.cpp
   explicit PendingDeviceCheckpoint(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };

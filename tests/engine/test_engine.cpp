@@ -98,6 +98,26 @@ std::vector<Case> cases_of(const Program& prog, const SafetensorsFile& io) {
   return out;
 }
 
+// `l` compiled twice on `eng` and run once each on `inputs`: the compiled
+// stance and force_eager, with both programs' stats after the call.
+struct CompiledAndEager {
+  std::vector<HostTensor> compiled, eager;
+  engine::ProgramStats compiled_stats, eager_stats;
+};
+CompiledAndEager compiled_and_eager(engine::Engine& eng, const Loaded& l, const Inputs& inputs) {
+  auto a = eng.compile(l.program, l.weights);
+  auto b = eng.compile(l.program, l.weights);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  engine::RunOptions eager;
+  eager.stance = Stance::kForceEager;
+  auto oa = a->run_host(inputs);
+  auto ob = b->run_host(inputs, eager);
+  REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
+  REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
+  return {std::move(oa).value(), std::move(ob).value(), a->stats(), b->stats()};
+}
+
 // Engines of these cases run without the persistent compile cache (so they
 // compile every time and never touch ~/.cache); test_engine_cache.cpp tests it.
 // The corpus's CUDA references were recorded with TF32 off for matmuls and
@@ -324,18 +344,9 @@ TEST_CASE("engine: compiled plans fuse (fewer launches than eager) and the arena
   REQUIRE(io.has_value());
   for (const char* ir : {"train", "core"}) {
     Loaded l = load_program(std::string("gpt2.") + ir + ".pt2");
-    auto cases = cases_of(l.program, *io);
-    auto a = eng.compile(l.program, l.weights);
-    auto b = eng.compile(l.program, l.weights);
-    REQUIRE(a.has_value());
-    REQUIRE(b.has_value());
-    engine::RunOptions eager;
-    eager.stance = Stance::kForceEager;
-    auto oa = a->run_host(cases[0].inputs);
-    auto ob = b->run_host(cases[0].inputs, eager);
-    REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
-    REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
-    auto sa = a->stats(), sb = b->stats();
+    const CompiledAndEager r = compiled_and_eager(eng, l, cases_of(l.program, *io)[0].inputs);
+    const auto &oa = r.compiled, &ob = r.eager;
+    const auto &sa = r.compiled_stats, &sb = r.eager_stats;
     MESSAGE("gpt2." << ir << ": compiled " << sa.steps << " launches, eager " << sb.steps << ", arena "
                     << sa.arena_bytes << " B, weights " << sa.weight_bytes << " B, kernels " << sa.kernels_compiled);
     CHECK(sa.steps < sb.steps);
@@ -344,7 +355,7 @@ TEST_CASE("engine: compiled plans fuse (fewer launches than eager) and the arena
     std::uint64_t sum = 0;
     for (const auto& [n, t] : l.weights) sum += t.bytes().size();
     CHECK(sa.weight_bytes < sum);
-    check_close((*oa)[0], (*ob)[0], 1e-4, 1e-4, std::string("gpt2.") + ir + " compiled vs eager");
+    check_close(oa[0], ob[0], 1e-4, 1e-4, std::string("gpt2.") + ir + " compiled vs eager");
   }
 }
 
@@ -538,23 +549,14 @@ TEST_CASE("engine: cnn with PyTorch's TF32 default for convolutions (cudnn_allow
   REQUIRE(io.has_value());
   for (const char* ir : {"train", "core"}) {
     Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
-    auto cases = cases_of(l.program, *io);
-    auto a = eng.compile(l.program, l.weights);
-    auto b = eng.compile(l.program, l.weights);
-    REQUIRE(a.has_value());
-    REQUIRE(b.has_value());
-    engine::RunOptions eager;
-    eager.stance = Stance::kForceEager;
-    auto oa = a->run_host(cases[0].inputs);
-    auto ob = b->run_host(cases[0].inputs, eager);
-    REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
-    REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
-    auto sa = a->stats(), sb = b->stats();
+    const CompiledAndEager r = compiled_and_eager(eng, l, cases_of(l.program, *io)[0].inputs);
+    const auto& oa = r.compiled;
+    const auto &sa = r.compiled_stats, &sb = r.eager_stats;
     MESSAGE((std::string("cnn.") + ir) << " (TF32 convolutions): compiled " << sa.steps << " launches, eager "
                                        << sb.steps << ", arena " << sa.arena_bytes << " B");
     CHECK(sa.steps < sb.steps);
     // TF32 (10-bit mantissa) products: a looser bound than the TF32-off corpus tolerance.
-    double d = check_close((*oa)[0], tensor_of(*io, "output.0.cuda"), 1e-2, 1e-2, std::string("cnn.") + ir + " TF32");
+    double d = check_close(oa[0], tensor_of(*io, "output.0.cuda"), 1e-2, 1e-2, std::string("cnn.") + ir + " TF32");
     MESSAGE((std::string("cnn.") + ir) << " TF32 convolutions: max|out - PyTorch CUDA (TF32 off)| = " << d);
   }
 }
@@ -621,15 +623,9 @@ TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch
     for (const char* ir : {"train", "core"}) {
       std::string what = std::string("resnet50 ") + dt + " " + ir;
       CAPTURE(what);
-      auto a = Pt2Archive::open_file(base + "." + ir + ".pt2");
-      REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
-      auto p = a->program("model");
-      REQUIRE(p.has_value());
-      Program prog = **p;
-      auto st = validate(prog);
-      REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
-      auto w = archive_weights(*a);
-      REQUIRE_MESSAGE(w.has_value(), (w ? "" : w.error().to_string()));
+      auto l = test_support::load_program_at(base + "." + ir + ".pt2", true);
+      const Program& prog = l.program;
+      const WeightMap* w = &l.weights;
       auto cp = eng.compile(prog, *w);
       REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
       Inputs in{{"x", tensor_of(*io, "input.x")}};

@@ -85,10 +85,11 @@ struct LoadedProgram {
   safeckpt::graph::WeightMap weights;
 };
 
-inline LoadedProgram load_program(const std::string& file, bool with_weights = false,
-                                  const std::string& dir = "pt2-2.11") {
+// The same for an archive anywhere (`path`: e.g. a program made on the GPU
+// machine, not committed).
+inline LoadedProgram load_program_at(const std::string& path, bool with_weights) {
   using namespace safeckpt::graph;
-  auto a = Pt2Archive::open_file(test_data_dir(dir) + file);
+  auto a = Pt2Archive::open_file(path);
   REQUIRE_MESSAGE(a.has_value(), (a ? "" : a.error().to_string()));
   auto p = a->program("model");
   REQUIRE(p.has_value());
@@ -102,6 +103,11 @@ inline LoadedProgram load_program(const std::string& file, bool with_weights = f
     weights = std::move(w).value();
   }
   return LoadedProgram{std::move(a).value(), std::move(prog), std::move(weights)};
+}
+
+inline LoadedProgram load_program(const std::string& file, bool with_weights = false,
+                                  const std::string& dir = "pt2-2.11") {
+  return load_program_at(test_data_dir(dir) + file, with_weights);
 }
 
 // The tensor `name` of an io.safetensors file as a HostTensor (a copy).
