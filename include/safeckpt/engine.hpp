@@ -13,20 +13,27 @@
 //  1. Symbols bound from the user inputs' sizes (range_constraints checked:
 //     an out-of-range size is refused before anything is launched) and every
 //     value's concrete shape evaluated from its validated tensor_meta.
-//  2. Steps in program order: view ops (view, flatten, unsqueeze, permute,
-//     transpose, expand, split, split_with_sizes) are strided aliases and
+//  2. Steps in program order: view ops (view, reshape, flatten, unsqueeze,
+//     permute, transpose, expand, split, split_with_sizes, slice.Tensor,
+//     select.int; bounds as aten's TensorShape.cpp) are strided aliases and
 //     launch nothing (a view of a non-contiguous tensor that needs new
 //     strides is a copy); GEMMs (linear, addmm, mm, bmm) through cuBLASLt
 //     with the bias in the epilogue and, when compiled, a following
 //     gelu(approximate='tanh') or relu fused into it; layer_norm,
-//     _softmax (last dim), any.dim / mean.dim, embedding (indices checked on
-//     the device: an out-of-range index is an error, not a fault) and
+//     _softmax (last dim), any.dim / mean.dim, embedding, gather and
+//     index.Tensor (integer indices on the leading dims; indices checked on
+//     the device: an out-of-range index is an error, not a fault), cat (one
+//     copy per input into its slice of the output) and
 //     scaled_dot_product_attention (fp32 / bf16, causal and boolean /
 //     additive masks broadcast in any dim; see "Attention" below) as fixed
 //     kernels; chains of
-//     pointwise ops (add, sub, mul.Scalar, eq/le.Scalar, logical_and/not,
-//     where, gelu, relu, clone, arange, full, full_like, scalar_tensor) of
-//     one shape fused into one kernel generated and compiled with NVRTC.
+//     pointwise ops (add, sub, mul.Tensor/Scalar, neg, pow.Tensor_Scalar,
+//     rsqrt, silu, sigmoid, tanh, eq/le/ge.Scalar, logical_and/not,
+//     bitwise_and, where, gelu, relu, clone, _to_copy / to, dropout (eval),
+//     arange, full, full_like, new_ones, scalar_tensor; a Python-number
+//     operand is a constant, float for floating results as ATen's opmath) of
+//     one shape fused into one kernel generated and compiled with NVRTC;
+//     _assert_tensor_metadata is checked when planning and launches nothing.
 //
 // Attention (aten::scaled_dot_product_attention with query [B,H,L,D], key
 // [B,H,S,D], value [B,H,S,Dv], D and Dv <= 128; any strides with a unit last
@@ -302,8 +309,9 @@ class CompiledProgram {
   //                     range), sizes disagreeing with one symbol; with stance
   //                     fail_on_recompile, a new shape (names the input, the
   //                     dimension and both sizes);
-  //   kMalformed        an index out of range in embedding (names the node
-  //                     and the table size; outputs are not returned);
+  //   kMalformed        an index out of range in embedding, gather or
+  //                     index.Tensor (names the nodes; outputs are not
+  //                     returned; the bounds are the CPU interpreter's);
   //   kUnsupported      an op or dtype the engine has no kernel for;
   //   kDevice           a CUDA, cuBLASLt or NVRTC failure (the message says which).
   Result<std::vector<DLManagedTensorVersioned*>> run(const std::vector<NamedInput>& inputs,

@@ -493,7 +493,7 @@ Status ProgramImpl::execute(Plan& plan) {
     std::string names;
     for (const auto& n : plan.checked_nodes) names += (names.empty() ? "" : ", ") + n;
     return make_error(ErrorCode::kMalformed,
-                      "an index is out of range in embedding (" + names + "); the outputs are not returned");
+                      "an index is out of range in an indexing op (" + names + "); the outputs are not returned");
   }
   return {};
 }
@@ -534,7 +534,8 @@ Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
     int flag = 0;
     ENG_CUDA(cudaMemcpyAsync(&flag, plan.error_flag, sizeof flag, cudaMemcpyDeviceToHost, stream), "error flag");
     ENG_CUDA(cudaStreamSynchronize(stream), "profiling the program");
-    if (flag != 0) return make_error(ErrorCode::kMalformed, "an index is out of range in embedding while profiling");
+    if (flag != 0)
+      return make_error(ErrorCode::kMalformed, "an index is out of range in an indexing op while profiling");
     return {};
   };
   auto one_run = [&](bool timed) -> Status {

@@ -138,7 +138,48 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
     case MicroKind::kCast:
       if (d == DType::kBool) return "(" + A() + " != 0)";
       return round_to(d, as(d, A()));
-    case MicroKind::kMul: return round_to(d, "(" + F(A()) + " * " + F(B()) + ")");
+    case MicroKind::kMul:
+      if (d == DType::kBool) return "((" + A() + " != 0) && (" + B() + " != 0))";
+      if (!is_floating(d))  // two's complement wrap, as ATen's integer mul
+        return as(d, "(unsigned long long)" + as(d, A()) + " * (unsigned long long)" + as(d, B()));
+      return round_to(d, "(" + F(A()) + " * " + F(B()) + ")");
+    case MicroKind::kNeg:
+      if (is_floating(d)) return round_to(d, "(-" + F(A()) + ")");
+      return as(d, "0ull - (unsigned long long)" + as(d, A()));
+    case MicroKind::kPowScalar: {
+      // ATen's pow_tensor_scalar_kernel (aten/src/ATen/native/cuda/PowKernel.cu):
+      // exponents 2 and 3 as products, 0.5 / -0.5 as sqrt / rsqrt, -1 / -2 as
+      // reciprocals; others powf, all in float (opmath for bfloat16).
+      const std::string x = F(A());
+      const double e = o.s0;
+      std::string r;
+      if (e == 2.0)
+        r = "(" + x + " * " + x + ")";
+      else if (e == 3.0)
+        r = "(" + x + " * " + x + " * " + x + ")";
+      else if (e == 0.5)
+        r = "sqrtf(" + x + ")";
+      else if (e == -0.5)
+        r = "rsqrtf(" + x + ")";
+      else if (e == -1.0)
+        r = "(1.0f / " + x + ")";
+      else if (e == -2.0)
+        r = "(1.0f / (" + x + " * " + x + "))";
+      else if (e == 1.0)
+        r = x;
+      else
+        r = "powf(" + x + ", " + F(lit(e)) + ")";
+      return round_to(d, r);
+    }
+    case MicroKind::kRsqrt: return round_to(d, "rsqrtf(" + F(A()) + ")");
+    // ATen's silu / sigmoid CUDA kernels: x / (1 + exp(-x)), 1 / (1 + exp(-x)) in float.
+    case MicroKind::kSilu: return round_to(d, "(" + F(A()) + " / (1.0f + expf(-" + F(A()) + ")))");
+    case MicroKind::kSigmoid: return round_to(d, "(1.0f / (1.0f + expf(-" + F(A()) + ")))");
+    case MicroKind::kTanh: return round_to(d, "tanhf(" + F(A()) + ")");
+    case MicroKind::kGeScalar: return "((double)" + A() + " >= " + lit(o.s0) + ")";
+    case MicroKind::kBitAnd:
+      if (d == DType::kBool) return "((" + A() + " != 0) && (" + B() + " != 0))";
+      return as(d, as(d, A()) + " & " + as(d, B()));
     case MicroKind::kInvSqrt:
       // ATen's batch_norm_transform_input: invstd = 1 / sqrt(var + eps) in
       // float (correctly rounded sqrtf and division: NVRTC without fast math).

@@ -63,9 +63,17 @@ enum class MicroKind : std::uint8_t {
   kGeluErf,
   kGeluTanh,
   kRelu,
-  kCast,     // a converted to dtype (clone, copies)
-  kMul,      // a * b (floating; batch_norm's per-channel scale)
-  kInvSqrt,  // 1 / sqrt(a + s0) (floating; batch_norm's 1/sqrt(running_var + eps))
+  kCast,       // a converted to dtype (clone, copies)
+  kMul,        // a * b (mul.Tensor; bool: a && b; integers wrap like ATen's)
+  kInvSqrt,    // 1 / sqrt(a + s0) (floating; batch_norm's 1/sqrt(running_var + eps))
+  kNeg,        // -a (integers wrap)
+  kPowScalar,  // a ** s0 (floating; ATen's pow_tensor_scalar special cases 2, 3, 0.5, -0.5, -1, -2)
+  kRsqrt,      // rsqrt(a) (floating)
+  kSilu,       // a / (1 + exp(-a)) (floating)
+  kSigmoid,    // 1 / (1 + exp(-a)) (floating)
+  kTanh,       // tanh(a) (floating)
+  kGeScalar,   // a >= s0
+  kBitAnd,     // a & b (integers), a && b (bool)
 };
 struct MicroOp {
   MicroKind kind = MicroKind::kLoad;
@@ -180,6 +188,33 @@ struct ReduceArgs {
   int out_dtype;
 };
 int launch_reduce(const ReduceArgs& a, void* stream);
+// Gathers of whole elements (raw bits, `elem_bytes` 1/2/4/8) with indices
+// read from int64/int32 tensors: gather(self, dim, index) and
+// index.Tensor(self, indices). For output element at position pos (rank
+// `rank`, contiguous output of shape `shape`): source offset =
+// sum_d pos[d] * x_strides[d] + sum_k idx_k(pos) * idx_x_stride[k], where
+// idx_k(pos) = index tensor k at sum_d pos[d] * idx_strides[k][d]; an index
+// outside [0, size_k) (negative ones first wrapped by + size_k when
+// `negative_wraps`) sets *error_flag and stores zero bits.
+inline constexpr int kMaxIndexTensors = 8;
+struct IndexGatherArgs {
+  const void* x;
+  void* out;
+  int elem_bytes;
+  int rank;
+  long long n;  // output elements
+  long long shape[kMaxRank];
+  long long x_strides[kMaxRank];
+  int n_index;
+  const void* idx[kMaxIndexTensors];
+  int idx_int32[kMaxIndexTensors];
+  long long idx_strides[kMaxIndexTensors][kMaxRank];
+  long long idx_x_stride[kMaxIndexTensors];
+  long long idx_size[kMaxIndexTensors];
+  int negative_wraps;
+  int* error_flag;
+};
+int launch_index_gather(const IndexGatherArgs& a, void* stream);
 int launch_embedding(const void* weight, long long rows, long long dim, long long row_stride, int bf16,
                      const long long* idx, long long n, void* out, int* error_flag, void* stream);
 int launch_fused(void* function, const FusedParams& p, void* stream);

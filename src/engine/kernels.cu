@@ -1,10 +1,11 @@
 // src/engine/kernels.cu — the engine's fixed kernels: flash-style attention,
-// layer norm, softmax over the last dimension, reductions, embedding with
+// layer norm, softmax over the last dimension, reductions, embedding, gather / index.Tensor with
 // device-side bounds checks. Every kernel computes in fp32 and stores the
 // value's dtype (float32 or bfloat16, round to nearest even).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/device_io.cuh"
@@ -346,6 +347,52 @@ __global__ void embedding_kernel(const void* weight, long long rows, long long d
   st(out, i, ld(weight, k * row_stride + c, bf16), bf16);
 }
 
+// ------------------------------------------------- gather / index.Tensor
+__device__ __forceinline__ void copy_elem(const char* src, char* dst, int bytes) {
+  switch (bytes) {
+    case 8: *reinterpret_cast<unsigned long long*>(dst) = *reinterpret_cast<const unsigned long long*>(src); break;
+    case 4: *reinterpret_cast<unsigned*>(dst) = *reinterpret_cast<const unsigned*>(src); break;
+    case 2: *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src); break;
+    default: *dst = *src; break;
+  }
+}
+__device__ __forceinline__ void zero_elem(char* dst, int bytes) {
+  for (int b = 0; b < bytes; ++b) dst[b] = 0;
+}
+__global__ void index_gather_kernel(IndexGatherArgs a) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    long long pos[kMaxRank];
+    long long r = i;
+    for (int d = a.rank - 1; d >= 0; --d) {
+      pos[d] = r % a.shape[d];
+      r /= a.shape[d];
+    }
+    long long off = 0;
+    for (int d = 0; d < a.rank; ++d) off += pos[d] * a.x_strides[d];
+    bool ok = true;
+    for (int k = 0; k < a.n_index; ++k) {
+      long long at = 0;
+      for (int d = 0; d < a.rank; ++d) at += pos[d] * a.idx_strides[k][d];
+      long long v = a.idx_int32[k] ? static_cast<long long>(static_cast<const int*>(a.idx[k])[at])
+                                   : static_cast<const long long*>(a.idx[k])[at];
+      if (v < 0 && a.negative_wraps) v += a.idx_size[k];
+      if (v < 0 || v >= a.idx_size[k]) {
+        ok = false;
+        break;
+      }
+      off += v * a.idx_x_stride[k];
+    }
+    char* dst = static_cast<char*>(a.out) + i * a.elem_bytes;
+    if (!ok) {
+      atomicExch(a.error_flag, 1);
+      zero_elem(dst, a.elem_bytes);
+      continue;
+    }
+    copy_elem(static_cast<const char*>(a.x) + off * a.elem_bytes, dst, a.elem_bytes);
+  }
+}
+
 unsigned blocks_for(long long n, unsigned threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
@@ -396,6 +443,14 @@ int launch_embedding(const void* weight, long long rows, long long dim, long lon
   if (n * dim == 0) return cudaSuccess;
   embedding_kernel<<<blocks_for(n * dim, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
       weight, rows, dim, row_stride, bf16, idx, n, out, error_flag);
+  return cudaGetLastError();
+}
+
+int launch_index_gather(const IndexGatherArgs& a, void* stream) {
+  if (a.n == 0) return cudaSuccess;
+  if (a.rank > kMaxRank || a.n_index > kMaxIndexTensors) return cudaErrorInvalidValue;
+  const long long blocks = std::min<long long>((a.n + 255) / 256, 65535LL * 8);
+  index_gather_kernel<<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
   return cudaGetLastError();
 }
 

@@ -354,6 +354,19 @@ struct Lowering {
     std::vector<std::int32_t> regs;
     for (auto n : tensor_args) {
       const Arg& a = arg(n);
+      if (a.kind == Arg::Kind::kFloat || a.kind == Arg::Kind::kInt || a.kind == Arg::Kind::kBool) {
+        // A Python number operand (add.Tensor(x, 1e-6), mul.Tensor(x, 0.5)):
+        // a constant, kept in float for floating results (ATen's opmath: a
+        // bfloat16 op computes with the scalar as float, unrounded).
+        SAFECKPT_TRY(double sv, scalar(n));
+        MicroOp c;
+        c.kind = MicroKind::kConst;
+        c.dtype = floating(od) ? DType::kFloat32 : od;
+        c.s0 = sv;
+        g.k.ops.push_back(c);
+        regs.push_back(static_cast<std::int32_t>(g.k.ops.size() - 1));
+        continue;
+      }
       if (a.kind != Arg::Kind::kTensor)
         return fail(ErrorCode::kMalformed, "argument '" + std::string(n) + "' is not a tensor");
       auto r = g.reg_of_value.find(a.tensor);
@@ -418,6 +431,58 @@ struct Lowering {
                                               : MicroKind::kLeScalar;
       return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(k, r[0], -1, -1, s); });
     }
+    if (op == "aten::mul.Tensor")
+      return pointwise({"self", "other"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kMul, r[0], r[1]); });
+    if (op == "aten::bitwise_and.Tensor" || op == "aten::__and__.Tensor") {
+      SAFECKPT_TRY(DType od, out_dtype());
+      if (floating(od)) return fail(ErrorCode::kMalformed, "bitwise_and of floating tensors");
+      return pointwise({"self", "other"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kBitAnd, r[0], r[1]); });
+    }
+    if (op == "aten::ge.Scalar") {
+      SAFECKPT_TRY(double s, scalar("other"));
+      return pointwise({"self"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kGeScalar, r[0], -1, -1, s); });
+    }
+    if (op == "aten::neg")
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kNeg, r[0]); });
+    if (op == "aten::pow.Tensor_Scalar" || op == "aten::rsqrt" || op == "aten::silu" || op == "aten::sigmoid" ||
+        op == "aten::tanh") {
+      SAFECKPT_TRY(DType od, out_dtype());
+      if (!floating(od)) return fail(ErrorCode::kUnsupported, "a float-only op on a non-float tensor");
+      double e = 0;
+      MicroKind k = MicroKind::kRsqrt;
+      if (op == "aten::pow.Tensor_Scalar") {
+        SAFECKPT_TRY(e, scalar("exponent"));
+        k = MicroKind::kPowScalar;
+      } else if (op == "aten::silu") {
+        k = MicroKind::kSilu;
+      } else if (op == "aten::sigmoid") {
+        k = MicroKind::kSigmoid;
+      } else if (op == "aten::tanh") {
+        k = MicroKind::kTanh;
+      }
+      return pointwise({"self"}, [&](const auto& r) -> Result<MicroOp> { return mk(k, r[0], -1, -1, e); });
+    }
+    // Copies and dtype conversions: _to_copy / to.dtype_layout / to.device
+    // (device, pin_memory, non_blocking and memory_format change no value:
+    // outputs are dense) and dropout (validate() admits train=False only:
+    // the identity).
+    if (op == "aten::_to_copy" || op == "aten::to.dtype_layout" || op == "aten::to.device" || op == "aten::dropout") {
+      if (const Arg& lay = arg("layout"); lay.kind == Arg::Kind::kLayout && lay.code != 7)
+        return fail(ErrorCode::kUnsupported, "a layout other than strided");
+      return pointwise({op == "aten::dropout" ? "input" : "self"},
+                       [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kCast, r[0]); });
+    }
+    if (op == "aten::new_ones") {
+      if (const Arg& lay = arg("layout"); lay.kind == Arg::Kind::kLayout && lay.code != 7)
+        return fail(ErrorCode::kUnsupported, "a layout other than strided");
+      return pointwise({}, [&](const auto&) -> Result<MicroOp> { return mk(MicroKind::kConst, -1, -1, -1, 1.0); });
+    }
+    if (op == "aten::arange")
+      return pointwise({},
+                       [&](const auto&) -> Result<MicroOp> { return mk(MicroKind::kArange, -1, -1, -1, 0.0, 1.0); });
     if (op == "aten::logical_and")
       return pointwise({"self", "other"},
                        [&](const auto& r) -> Result<MicroOp> { return mk(MicroKind::kLogicalAnd, r[0], r[1]); });
@@ -485,7 +550,43 @@ struct Lowering {
     DevTensor t = x;
     std::int32_t out_id = node->outputs[0];
     SAFECKPT_TRY(auto shape, shape_of(out_id));
-    if (op == "aten::view" || op == "aten::flatten.using_ints") {
+    if (op == "aten::slice.Tensor" || op == "aten::select.int") {
+      // PyTorch's clamping (aten/src/ATen/native/TensorShape.cpp slice /
+      // select), as the CPU interpreter: slice's negative start/end count
+      // from the end and clamp to [0, size], step > 0; select's index in
+      // [-size, size).
+      if (x.shape.empty()) return fail(ErrorCode::kMalformed, "slice/select of a 0-d tensor");
+      SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+      SAFECKPT_TRY(std::int64_t dd, norm_dim(d0, x.shape.size()));
+      const auto d = static_cast<std::size_t>(dd);
+      const std::int64_t size = x.shape[d];
+      if (op == "aten::select.int") {
+        SAFECKPT_TRY(std::int64_t k, integer("index"));
+        if (k < -size || k >= size) return fail(ErrorCode::kMalformed, "select index out of range");
+        if (k < 0) k += size;
+        t.offset = x.offset + k * x.strides[d];
+        t.shape.erase(t.shape.begin() + dd);
+        t.strides.erase(t.strides.begin() + dd);
+      } else {
+        std::int64_t start = 0, end = size;
+        if (arg("start").kind == Arg::Kind::kInt) {
+          SAFECKPT_TRY(start, integer("start"));
+        }
+        if (arg("end").kind == Arg::Kind::kInt) {
+          SAFECKPT_TRY(end, integer("end"));
+        }
+        SAFECKPT_TRY(std::int64_t step, integer("step"));
+        if (step <= 0) return fail(ErrorCode::kMalformed, "slice step must be positive");
+        if (start < 0) start = start < -size ? 0 : start + size;
+        if (end < 0) end = end < -size ? 0 : end + size;
+        start = std::min(start, size);
+        end = std::min(end, size);
+        end = std::max(end, start);
+        t.shape[d] = (end - start + step - 1) / step;
+        t.offset = x.offset + start * x.strides[d];
+        t.strides[d] = x.strides[d] * step;
+      }
+    } else if (op == "aten::view" || op == "aten::reshape" || op == "aten::flatten.using_ints") {
       if (!x.contiguous()) {
         SAFECKPT_TRY(t, contiguous(x));
       }
@@ -931,6 +1032,164 @@ struct Lowering {
                               pl->error_flag, s);
     });
     set_out(0, y);
+    return {};
+  }
+
+  // cat(tensors, dim): one copy kernel per input into its slice of the
+  // output (a strided view). Legacy empty 1-d inputs are skipped as ATen
+  // and the CPU interpreter do.
+  Status lower_cat() {
+    SAFECKPT_TRY(DType od, out_dtype());
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    std::vector<DevTensor> ins;
+    for (auto id : arg("tensors").tensors) {
+      SAFECKPT_TRY(DevTensor t, value(id));
+      if (t.shape.size() == 1 && t.shape[0] == 0) continue;
+      ins.push_back(std::move(t));
+    }
+    if (ins.empty() || oshape.empty()) return fail(ErrorCode::kUnsupported, "cat of no non-empty tensors");
+    SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+    SAFECKPT_TRY(std::int64_t dd, norm_dim(d0, oshape.size()));
+    const auto dim = static_cast<std::size_t>(dd);
+    std::int64_t total = 0;
+    for (const auto& t : ins) {
+      if (t.shape.size() != oshape.size() || t.dtype != od)
+        return fail(ErrorCode::kMalformed, "cat input disagrees with the output's tensor_meta");
+      for (std::size_t d = 0; d < oshape.size(); ++d)
+        if (d != dim && t.shape[d] != oshape[d]) return fail(ErrorCode::kMalformed, "cat: sizes differ off dim");
+      total += t.shape[dim];
+    }
+    if (total != oshape[dim]) return fail(ErrorCode::kMalformed, "cat: sizes do not add up to the output's");
+    DevTensor y = new_tensor(od, oshape);
+    const std::int64_t first = static_cast<std::int64_t>(plan.steps.size());
+    std::int64_t at = 0;
+    for (const auto& t : ins) {
+      DevTensor part = y;
+      part.shape[dim] = t.shape[dim];
+      part.offset = y.offset + at * y.strides[dim];
+      at += t.shape[dim];
+      if (part.numel() == 0) continue;
+      FusedKernel k;
+      k.in_dtypes = {t.dtype};
+      k.out_dtypes = {od};
+      MicroOp ld;
+      ld.kind = MicroKind::kLoad;
+      ld.dtype = t.dtype;
+      ld.a = 0;
+      MicroOp cp;
+      cp.kind = MicroKind::kCast;
+      cp.dtype = od;
+      cp.a = 0;
+      cp.store = 0;
+      k.ops = {ld, cp};
+      emit_fused(std::move(k), {t}, {part}, part.shape, "cat(" + node->name + ")", "cat");
+    }
+    // Live from the first piece's copy (def() of the later pieces moved it).
+    first_step[static_cast<std::size_t>(y.buf)] = first;
+    set_out(0, y);
+    return {};
+  }
+
+  // gather(self, dim, index) and index.Tensor(self, indices) as one
+  // indexed-load kernel (IndexGatherArgs), the bounds the CPU interpreter
+  // checks enforced on the device (the run's error flag).
+  Status lower_index(bool is_gather) {
+    SAFECKPT_TRY(DevTensor x, tensor("self"));
+    SAFECKPT_TRY(DType od, out_dtype());
+    SAFECKPT_TRY(auto oshape, shape_of(node->outputs[0]));
+    if (od != x.dtype || !supported_dtype(x.dtype)) return fail(ErrorCode::kUnsupported, "indexing dtype");
+    if (oshape.size() > static_cast<std::size_t>(kMaxRank) || x.shape.size() > static_cast<std::size_t>(kMaxRank))
+      return fail(ErrorCode::kUnsupported, "rank above 8");
+    IndexGatherArgs ga{};
+    ga.elem_bytes = static_cast<int>(esize(x.dtype));
+    ga.rank = static_cast<int>(oshape.size());
+    std::vector<DevTensor> idx;
+    if (is_gather) {
+      SAFECKPT_TRY(DevTensor ix, tensor("index"));
+      SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+      SAFECKPT_TRY(std::int64_t dd, norm_dim(d0, x.shape.size()));
+      const auto dim = static_cast<std::size_t>(dd);
+      if (ix.dtype != DType::kInt64 || ix.shape.size() != x.shape.size() || ix.shape != oshape)
+        return fail(ErrorCode::kMalformed, "gather: index must be int64 of the output's shape and self's rank");
+      for (std::size_t d = 0; d < x.shape.size(); ++d) {
+        if (d != dim && ix.shape[d] > x.shape[d]) return fail(ErrorCode::kMalformed, "gather: index larger than self");
+        ga.x_strides[d] = d == dim ? 0 : x.strides[d];
+        ga.idx_strides[0][d] = ix.shape[d] == 1 ? 0 : ix.strides[d];
+      }
+      ga.idx_x_stride[0] = x.strides[dim];
+      ga.idx_size[0] = x.shape[dim];
+      ga.negative_wraps = 0;
+      idx.push_back(ix);
+    } else {
+      for (auto id : arg("indices").tensors) {
+        if (id < 0) return fail(ErrorCode::kUnsupported, "index.Tensor with None indices");
+        SAFECKPT_TRY(DevTensor ix, value(id));
+        if (ix.dtype != DType::kInt64 && ix.dtype != DType::kInt32)
+          return fail(ErrorCode::kUnsupported, "index.Tensor with a non-integer (mask) index");
+        idx.push_back(ix);
+      }
+      if (idx.empty() || idx.size() > x.shape.size() || idx.size() > static_cast<std::size_t>(kMaxIndexTensors))
+        return fail(ErrorCode::kUnsupported, "index.Tensor: no indices, or more than self's rank or 8");
+      const std::size_t rest = x.shape.size() - idx.size();
+      if (oshape.size() < rest) return fail(ErrorCode::kMalformed, "index.Tensor output rank");
+      const std::size_t nb = oshape.size() - rest;  // the broadcast index shape's rank
+      std::vector<std::int64_t> bshape(oshape.begin(), oshape.begin() + static_cast<std::ptrdiff_t>(nb));
+      for (std::size_t j = 0; j < rest; ++j) {
+        if (oshape[nb + j] != x.shape[idx.size() + j]) return fail(ErrorCode::kMalformed, "index.Tensor output shape");
+        ga.x_strides[nb + j] = x.strides[idx.size() + j];
+      }
+      for (std::size_t k = 0; k < idx.size(); ++k) {
+        if (idx[k].shape.size() > nb) return fail(ErrorCode::kMalformed, "index.Tensor index rank");
+        auto bs = bstrides(idx[k], bshape);
+        for (std::size_t d = 0; d < nb; ++d) {
+          std::size_t off = nb - idx[k].shape.size();
+          if (d >= off && idx[k].shape[d - off] != 1 && idx[k].shape[d - off] != bshape[d])
+            return fail(ErrorCode::kMalformed, "index.Tensor indices do not broadcast");
+          ga.idx_strides[k][d] = bs[d];
+        }
+        ga.idx_x_stride[k] = x.strides[k];
+        ga.idx_size[k] = x.shape[k];
+        ga.idx_int32[k] = idx[k].dtype == DType::kInt32;
+      }
+      ga.negative_wraps = 1;
+    }
+    ga.n_index = static_cast<int>(idx.size());
+    ga.n = 1;
+    for (std::size_t d = 0; d < oshape.size(); ++d) {
+      ga.shape[d] = oshape[d];
+      ga.n *= oshape[d];
+    }
+    DevTensor y = new_tensor(od, oshape);
+    use(x);
+    for (const auto& t : idx) use(t);
+    def(y);
+    Plan* pl = &plan;
+    plan.checked_nodes.push_back(node->name);
+    add_step(node->name, [=](cudaStream_t s) {
+      IndexGatherArgs a = ga;
+      a.x = pl->ptr(x);
+      a.out = pl->ptr(y);
+      for (std::size_t k = 0; k < idx.size(); ++k) a.idx[k] = pl->ptr(idx[k]);
+      a.error_flag = pl->error_flag;
+      return launch_index_gather(a, s);
+    });
+    set_out(0, y);
+    return {};
+  }
+
+  // _assert_tensor_metadata(a, size?, stride?, dtype?, ...): checked here,
+  // once per plan, on what the plan knows (dtype, sizes); no launch.
+  Status lower_assert_metadata() {
+    SAFECKPT_TRY(DevTensor a, tensor("a"));
+    if (const Arg& d = arg("dtype"); d.kind == Arg::Kind::kScalarType && d.dtype != a.dtype)
+      return fail(ErrorCode::kMalformed, "_assert_tensor_metadata: the tensor is " + std::string(dtype_name(a.dtype)) +
+                                             ", expected " + std::string(dtype_name(d.dtype)));
+    if (arg("size").kind != Arg::Kind::kNone) {
+      SAFECKPT_TRY(auto sz, ints("size"));
+      if (sz != a.shape) return fail(ErrorCode::kMalformed, "_assert_tensor_metadata: sizes differ");
+    }
+    if (const Arg& l = arg("layout"); l.kind == Arg::Kind::kLayout && l.code != 7)
+      return fail(ErrorCode::kMalformed, "_assert_tensor_metadata: the layout is strided");
     return {};
   }
 
@@ -1554,8 +1813,18 @@ struct Lowering {
     }
     if (op == "aten::view" || op == "aten::flatten.using_ints" || op == "aten::permute" ||
         op == "aten::transpose.int" || op == "aten::unsqueeze" || op == "aten::expand" || op == "aten::split.Tensor" ||
-        op == "aten::split_with_sizes")
+        op == "aten::split_with_sizes" || op == "aten::reshape" || op == "aten::slice.Tensor" ||
+        op == "aten::select.int")
       return lower_view(op);
+    if (op == "aten::cat") {
+      SAFECKPT_CHECK(flush());
+      return lower_cat();
+    }
+    if (op == "aten::gather" || op == "aten::index.Tensor") {
+      SAFECKPT_CHECK(flush());
+      return lower_index(op == "aten::gather");
+    }
+    if (op == "aten::_assert_tensor_metadata") return lower_assert_metadata();
     if (op == "aten::conv2d" || op == "aten::convolution") {
       SAFECKPT_CHECK(flush());
       return lower_conv();

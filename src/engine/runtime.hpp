@@ -141,7 +141,7 @@ struct Plan {
   bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
   std::vector<ConvGeometry> convs;                  // each convolution step's geometry, in order
   int* error_flag = nullptr;
-  std::vector<std::string> checked_nodes;                  // embedding nodes whose indices the flag reports
+  std::vector<std::string> checked_nodes;  // embedding / gather / index nodes whose indices the flag reports
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;  // user input value id -> fixed buffer
   std::vector<DevTensor> outputs;
   std::vector<std::vector<std::int64_t>> input_shapes;  // per user input (signature order)

@@ -1288,3 +1288,115 @@ TEST_CASE("engine: synthetic SDPA programs match the CPU reference through both 
     }
   }
 }
+
+// ------------------------------------------- the programs of pt2-2.11-extra
+
+// LLaMA (RMSNorm as pow/mean/rsqrt, rotary slices + cat, silu, GQA by
+// expand + reshape), HF BERT (gather, index.Tensor, select, tanh, bitwise
+// and, _to_copy, _assert_tensor_metadata), CUDA exports with their SDPA
+// spellings, bfloat16, the 2.6 flat layout.
+const char* const kExtraGpuPrograms[] = {
+    "llama.train",           "llama.core",           "llama.flat",        "llama_cuda.train", "llama_cuda.core",
+    "llama_cuda_bf16.train", "llama_cuda_bf16.core", "bert.train",        "bert.core",        "mlp_small.train",
+    "mlp_small.core",        "mlp_small.flat",       "resnet_tiny.train", "resnet_tiny.core"};
+
+TEST_CASE(
+    "engine: planning every pt2-2.11-extra program (no device): NVRTC accepts the kernels, fusion cuts launches") {
+  using safeckpt::engine::detail::dry_plan;
+  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+  for (const char* name : kExtraGpuPrograms) {
+    const std::string n = name;
+    const std::string model = n.substr(0, n.find('.'));
+    auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
+    REQUIRE(io.has_value());
+    auto l = test_support::load_program(n + ".pt2", true, "pt2-2.11-extra");
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const auto& gi : l.program.inputs)
+      if (gi.kind == InputKind::kUserInput) shapes.push_back(tensor_of(*io, "input." + gi.fqn).shape);
+    CAPTURE(n);
+    auto fused = dry_plan(l.program, shapes, true, 90);
+    REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
+    auto eager = dry_plan(l.program, shapes, false, 90);
+    REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
+    MESSAGE(n << ": " << fused->steps.size() << " launches compiled (" << fused->fused_kernels << " generated), "
+              << eager->steps.size() << " eager; arena " << fused->arena_bytes << " B");
+    CHECK(fused->steps.size() <= eager->steps.size());
+    if (model != "mlp_small") CHECK(fused->steps.size() < eager->steps.size());
+  }
+}
+
+// Every program above on the GPU, every stance, against PyTorch's CUDA eager
+// outputs (output.<i>.cuda, TF32 off) and the CPU reference, within the
+// tolerance recorded in <model>.json; the captured graph's replay is
+// bit-identical to its first run.
+TEST_CASE("engine: every pt2-2.11-extra program matches PyTorch CUDA and the CPU reference in every stance") {
+  if (!have_device()) return;
+  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+  auto eng = make_engine();
+  for (const char* name : kExtraGpuPrograms) {
+    const std::string n = name;
+    const std::string model = n.substr(0, n.find('.'));
+    json meta = json::parse(read_text(dir + model + ".json"));
+    double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+    double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
+    REQUIRE(io.has_value());
+    auto l = test_support::load_program(n + ".pt2", true, "pt2-2.11-extra");
+    auto cases = cases_of(l.program, *io);
+    auto cpu = run_cpu(l.program, l.weights, cases[0].inputs);
+    REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+    for (Stance s : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile}) {
+      auto cp = eng.compile(l.program, l.weights);
+      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      engine::RunOptions ro;
+      ro.stance = s;
+      std::vector<HostTensor> first;
+      for (int call = 0; call < 2; ++call) {
+        auto out = cp->run_host(cases[0].inputs, ro);
+        REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+        REQUIRE(out->size() == l.program.outputs.size());
+        for (std::size_t i = 0; i < out->size(); ++i) {
+          std::string what = n + " " + std::string(engine::stance_name(s)) + " call " + std::to_string(call) +
+                             " output " + std::to_string(i);
+          double d = check_close(as_f32((*out)[i]), as_f32(tensor_of(*io, "output." + std::to_string(i) + ".cuda")),
+                                 atol, rtol, what + " vs PyTorch CUDA");
+          check_close(as_f32((*out)[i]), as_f32((*cpu)[i]), atol, rtol, what + " vs CPU reference");
+          if (call == 1) MESSAGE(what << ": max|out - PyTorch CUDA| = " << d);
+        }
+        if (call == 0) {
+          first = *out;
+        } else if (s == Stance::kDefault) {
+          for (std::size_t i = 0; i < out->size(); ++i) CHECK(*(*out)[i].data == *first[i].data);
+        }
+      }
+    }
+  }
+}
+
+// An out-of-range index of gather / index.Tensor (HF BERT's position and
+// token-type buffers are indexed by them) is an error value naming the node,
+// not a fault; the program stays usable.
+TEST_CASE("engine: bert with an out-of-range token id is an error value on the GPU") {
+  if (!have_device()) return;
+  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+  auto eng = make_engine();
+  auto io = SafetensorsFile::open(dir + "bert.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* ir : {"bert.train.pt2", "bert.core.pt2"}) {
+    auto l = test_support::load_program(ir, true, "pt2-2.11-extra");
+    auto cp = eng.compile(l.program, l.weights);
+    REQUIRE(cp.has_value());
+    Inputs bad = cases_of(l.program, *io)[0].inputs;
+    HostTensor& ids = bad.at("input_ids");
+    auto copy = std::make_shared<std::vector<std::uint8_t>>(*ids.data);
+    ids.data = copy;
+    std::int64_t v = 100000;
+    std::memcpy(copy->data() + 8 * 3, &v, 8);
+    auto r = cp->run_host(bad);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kMalformed);
+    CHECK(r.error().message().find("out of range") != std::string::npos);
+    auto ok = cp->run_host(cases_of(l.program, *io)[0].inputs);
+    REQUIRE_MESSAGE(ok.has_value(), (ok ? "" : ok.error().to_string()));
+  }
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Exports HF transformers BERT-base (BertConfig() defaults: 12 layers, hidden 768, 12 heads,
+intermediate 3072, vocab 30522, SDPA attention) with random seeded weights as PT2 archives
+(torch.export.save, training IR), inputs input_ids / attention_mask [B, 128] (static shapes, one
+archive per batch), outputs (last_hidden_state, pooler_output). Run on the GPU machine with
+PyTorch 2.11 + transformers: python3 bench/export_bert_base.py OUTDIR [--dtype float32|bfloat16]
+[--batch 1,32] -> OUTDIR/bert_base_<dtype>_b<B>.train.pt2. Not committed (~420 MiB each)."""
+import argparse, os, time
+import torch
+import torch.nn as nn
+
+
+class BertWrap(nn.Module):
+    """(last_hidden_state, pooler_output) as a tuple (tests/gen/gen_pt2_extra.py's wrapper)."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        o = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+        return o.last_hidden_state, o.pooler_output
+
+
+def main():
+    from transformers import BertConfig, BertModel
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batch", default="1,32")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    cfg = BertConfig()
+    cfg._attn_implementation = "sdpa"
+    m = BertWrap(BertModel(cfg)).eval().to(getattr(torch, a.dtype))
+    for b in [int(x) for x in a.batch.split(",")]:
+        ids = torch.randint(0, 30522, (b, 128), generator=torch.Generator().manual_seed(4))
+        mask = torch.ones(b, 128, dtype=torch.int64)
+        t0 = time.time()
+        ep = torch.export.export(m, (ids, mask))
+        path = os.path.join(a.outdir, f"bert_base_{a.dtype}_b{b}.train.pt2")
+        torch.export.save(ep, path)
+        print(f"exported {path} in {time.time() - t0:.1f} s ({os.path.getsize(path) / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
