@@ -7,21 +7,12 @@ tests/data/pt2-2.11-extra/llama_cuda): exported on CPU, the lifted position_ids 
 constants stay on the CPU in ep.module().to("cuda"), which PyTorch's own baseline cannot run. Run on the GPU machine with
 PyTorch 2.11 + transformers: python3 bench/export_bert_base.py OUTDIR [--dtype float32|bfloat16]
 [--batch 1,32] -> OUTDIR/bert_base_<dtype>_b<B>.train.pt2. Not committed (~420 MiB each)."""
-import argparse, os, time
+import argparse, os, sys, time
 import torch
-import torch.nn as nn
 
-
-class BertWrap(nn.Module):
-    """(last_hidden_state, pooler_output) as a tuple (tests/gen/gen_pt2_extra.py's wrapper)."""
-
-    def __init__(self, bert):
-        super().__init__()
-        self.bert = bert
-
-    def forward(self, input_ids, attention_mask):
-        o = self.bert(input_ids=input_ids, attention_mask=attention_mask)
-        return o.last_hidden_state, o.pooler_output
+# The wrapper the committed BERT programs were made with ((last_hidden_state, pooler_output)).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gen"))
+from gen_pt2_extra import BertWrap  # noqa: E402
 
 
 def main():

@@ -239,25 +239,32 @@ struct Lowering {
     return d;
   }
 
-  // A contiguous copy of `t` (a one-op pointwise kernel), or `t` itself.
-  Result<DevTensor> contiguous(const DevTensor& t) {
-    if (t.contiguous()) return t;
-    DevTensor out = new_tensor(t.dtype, t.shape);
+  // `in` (broadcast to `shape`) copied into `out` (any strides, `out`'s
+  // dtype): a one-op generated kernel.
+  void emit_copy(const DevTensor& in, const DevTensor& out, std::vector<std::int64_t> shape, std::string name,
+                 std::string kind) {
     FusedKernel k;
-    k.rank = static_cast<int>(t.shape.size());
-    k.in_dtypes = {t.dtype};
-    k.out_dtypes = {t.dtype};
+    k.rank = static_cast<int>(shape.size());
+    k.in_dtypes = {in.dtype};
+    k.out_dtypes = {out.dtype};
     MicroOp ld;
     ld.kind = MicroKind::kLoad;
-    ld.dtype = t.dtype;
+    ld.dtype = in.dtype;
     ld.a = 0;
     MicroOp cp;
     cp.kind = MicroKind::kCast;
-    cp.dtype = t.dtype;
+    cp.dtype = out.dtype;
     cp.a = 0;
     cp.store = 0;
     k.ops = {ld, cp};
-    emit_fused(std::move(k), {t}, {out}, t.shape, "copy(" + node->name + ")", "copy");
+    emit_fused(std::move(k), {in}, {out}, std::move(shape), std::move(name), std::move(kind));
+  }
+
+  // A contiguous copy of `t`, or `t` itself.
+  Result<DevTensor> contiguous(const DevTensor& t) {
+    if (t.contiguous()) return t;
+    DevTensor out = new_tensor(t.dtype, t.shape);
+    emit_copy(t, out, t.shape, "copy(" + node->name + ")", "copy");
     return out;
   }
 
@@ -849,21 +856,7 @@ struct Lowering {
     DevTensor out = new_tensor(od, oshape);
     if (preset) {
       // out = beta-scaled later: copy self broadcast into out first.
-      FusedKernel k;
-      k.rank = static_cast<int>(oshape.size());
-      k.in_dtypes = {preset->dtype};
-      k.out_dtypes = {od};
-      MicroOp ld;
-      ld.kind = MicroKind::kLoad;
-      ld.dtype = preset->dtype;
-      ld.a = 0;
-      MicroOp cp;
-      cp.kind = MicroKind::kCast;
-      cp.dtype = od;
-      cp.a = 0;
-      cp.store = 0;
-      k.ops = {ld, cp};
-      emit_fused(std::move(k), {*preset}, {out}, oshape, node->name + ".beta", "copy");
+      emit_copy(*preset, out, oshape, node->name + ".beta", "copy");
     }
     DevTensor g_out = out;
     if (op == "aten::linear") {
@@ -1069,20 +1062,7 @@ struct Lowering {
       part.offset = y.offset + at * y.strides[dim];
       at += t.shape[dim];
       if (part.numel() == 0) continue;
-      FusedKernel k;
-      k.in_dtypes = {t.dtype};
-      k.out_dtypes = {od};
-      MicroOp ld;
-      ld.kind = MicroKind::kLoad;
-      ld.dtype = t.dtype;
-      ld.a = 0;
-      MicroOp cp;
-      cp.kind = MicroKind::kCast;
-      cp.dtype = od;
-      cp.a = 0;
-      cp.store = 0;
-      k.ops = {ld, cp};
-      emit_fused(std::move(k), {t}, {part}, part.shape, "cat(" + node->name + ")", "cat");
+      emit_copy(t, part, part.shape, "cat(" + node->name + ")", "cat");
     }
     // Live from the first piece's copy (def() of the later pieces moved it).
     first_step[static_cast<std::size_t>(y.buf)] = first;
@@ -1902,21 +1882,7 @@ struct Lowering {
   }
   Result<DevTensor> contiguous_copy(const DevTensor& t) {
     DevTensor out = new_tensor(t.dtype, t.shape);
-    FusedKernel k;
-    k.rank = static_cast<int>(t.shape.size());
-    k.in_dtypes = {t.dtype};
-    k.out_dtypes = {t.dtype};
-    MicroOp ld;
-    ld.kind = MicroKind::kLoad;
-    ld.dtype = t.dtype;
-    ld.a = 0;
-    MicroOp cp;
-    cp.kind = MicroKind::kCast;
-    cp.dtype = t.dtype;
-    cp.a = 0;
-    cp.store = 0;
-    k.ops = {ld, cp};
-    emit_fused(std::move(k), {t}, {out}, t.shape, "output copy", "copy");
+    emit_copy(t, out, t.shape, "output copy", "copy");
     return out;
   }
 

@@ -98,6 +98,14 @@ std::vector<Case> cases_of(const Program& prog, const SafetensorsFile& io) {
   return out;
 }
 
+// The user inputs' shapes in signature order (what dry_plan takes).
+std::vector<std::vector<std::int64_t>> user_shapes(const Program& prog, const Inputs& inputs) {
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& gi : prog.inputs)
+    if (gi.kind == InputKind::kUserInput) shapes.push_back(inputs.at(gi.fqn).shape);
+  return shapes;
+}
+
 // `l` compiled twice on `eng` and run once each on `inputs`: the compiled
 // stance and force_eager, with both programs' stats after the call.
 struct CompiledAndEager {
@@ -706,9 +714,7 @@ TEST_CASE("engine: the blocks of a transformer launch the same generated kernels
     for (const char* ir : {"train", "core"}) {
       Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
       const auto c = cases_of(l.program, *io).at(0);
-      std::vector<std::vector<std::int64_t>> shapes;
-      for (const auto& gi : l.program.inputs)
-        if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+      auto shapes = user_shapes(l.program, c.inputs);
       const std::string what = std::string(m) + "." + ir;
       CAPTURE(what);
       for (bool fuse : {true, false}) {
@@ -738,9 +744,7 @@ TEST_CASE("engine: planning every corpus program (no device): fusion cuts launch
     for (const char* ir : {"train", "core"}) {
       Loaded l = load_program(std::string(m) + "." + ir + ".pt2");
       for (const auto& c : cases_of(l.program, *io)) {
-        std::vector<std::vector<std::int64_t>> shapes;
-        for (const auto& gi : l.program.inputs)
-          if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+        auto shapes = user_shapes(l.program, c.inputs);
         std::string what = std::string(m) + "." + ir + " " + c.prefix;
         CAPTURE(what);
         auto fused = dry_plan(l.program, shapes, true, 90);
@@ -817,9 +821,7 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
     const auto sdpa =
         meta["programs"]["train"]["ops_json"].value("torch.ops.aten.scaled_dot_product_attention.default", 0);
     for (const auto& c : cases_of(l.program, *io)) {
-      std::vector<std::vector<std::int64_t>> shapes;
-      for (const auto& gi : l.program.inputs)
-        if (gi.kind == InputKind::kUserInput) shapes.push_back(c.inputs.at(gi.fqn).shape);
+      auto shapes = user_shapes(l.program, c.inputs);
       std::string what = std::string(m) + ".train " + c.prefix;
       CAPTURE(what);
       for (bool fuse : {true, false}) {
@@ -928,9 +930,7 @@ TEST_CASE("engine: profile times every launch of the plan; the rows sum to the w
     auto cp = eng.compile(l.program, l.weights);
     REQUIRE(cp.has_value());
     auto inputs = cases_of(l.program, *io)[0].inputs;
-    std::vector<std::vector<std::int64_t>> shapes;
-    for (const auto& gi : l.program.inputs)
-      if (gi.kind == InputKind::kUserInput) shapes.push_back(inputs.at(gi.fqn).shape);
+    auto shapes = user_shapes(l.program, inputs);
     for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
       std::string what = std::string("gpt2.") + ir + " " + std::string(engine::stance_name(s));
       CAPTURE(what);
@@ -1247,9 +1247,7 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
       CHECK(zero_rows > 0);
       CHECK(zero_rows < o.size() / static_cast<std::size_t>(c.Dv));
     }
-    std::vector<std::vector<std::int64_t>> shapes;
-    for (const auto& gi : sp.program.inputs)
-      if (gi.kind == InputKind::kUserInput) shapes.push_back(sp.inputs.at(gi.fqn).shape);
+    auto shapes = user_shapes(sp.program, sp.inputs);
     auto flash = dry_plan(sp.program, shapes, true, 90, 0);
     REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
     CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == 1);
@@ -1320,9 +1318,7 @@ TEST_CASE(
     auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
     REQUIRE(io.has_value());
     auto l = test_support::load_program(n + ".pt2", true, "pt2-2.11-extra");
-    std::vector<std::vector<std::int64_t>> shapes;
-    for (const auto& gi : l.program.inputs)
-      if (gi.kind == InputKind::kUserInput) shapes.push_back(tensor_of(*io, "input." + gi.fqn).shape);
+    auto shapes = user_shapes(l.program, cases_of(l.program, *io)[0].inputs);
     CAPTURE(n);
     auto fused = dry_plan(l.program, shapes, true, 90);
     REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
