@@ -589,7 +589,7 @@ struct Lowering {
         start = std::min(start, size);
         end = std::min(end, size);
         end = std::max(end, start);
-        t.shape[d] = (end - start + step - 1) / step;
+        t.shape[d] = end == start ? 0 : (end - start - 1) / step + 1;  // no overflow for any step > 0
         t.offset = x.offset + start * x.strides[d];
         t.strides[d] = x.strides[d] * step;
       }

@@ -1374,7 +1374,7 @@ Status slice(Ctx& c, Outs& outs) {
   end = std::min(end, size);
   if (end < start) end = start;
   std::vector<std::int64_t> shape = x->shape;
-  shape[dim] = (end - start + step - 1) / step;
+  shape[dim] = end == start ? 0 : (end - start - 1) / step + 1;  // no overflow for any step > 0
   auto st = contiguous_strides(x->shape);
   const std::int64_t offset = start * st[dim];
   st[dim] *= step;
