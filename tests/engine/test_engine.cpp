@@ -106,6 +106,23 @@ std::vector<std::vector<std::int64_t>> user_shapes(const Program& prog, const In
   return shapes;
 }
 
+// Dry plans (no device) of `prog` at `shapes`, compiled and force_eager:
+// both plan and NVRTC-compile, fusion never adds launches (and removes
+// some when `fewer`), the arena is reported.
+void check_fused_and_eager_plans(const Program& prog, const std::vector<std::vector<std::int64_t>>& shapes,
+                                 const std::string& what, bool fewer) {
+  using safeckpt::engine::detail::dry_plan;
+  auto fused = dry_plan(prog, shapes, true, 90);
+  REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
+  auto eager = dry_plan(prog, shapes, false, 90);
+  REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
+  MESSAGE(what << ": " << fused->steps.size() << " launches compiled (" << fused->fused_kernels << " generated), "
+               << eager->steps.size() << " eager; arena " << fused->arena_bytes << " B");
+  CHECK(fused->steps.size() <= eager->steps.size());
+  if (fewer) CHECK(fused->steps.size() < eager->steps.size());
+  CHECK(fused->arena_bytes > 0);
+}
+
 // `l` compiled twice on `eng` and run once each on `inputs`: the compiled
 // stance and force_eager, with both programs' stats after the call.
 struct CompiledAndEager {
@@ -737,7 +754,6 @@ TEST_CASE("engine: the blocks of a transformer launch the same generated kernels
 }
 
 TEST_CASE("engine: planning every corpus program (no device): fusion cuts launches, NVRTC accepts the kernels") {
-  using safeckpt::engine::detail::dry_plan;
   for (const char* m : kGpuModels) {
     auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
     REQUIRE(io.has_value());
@@ -747,15 +763,7 @@ TEST_CASE("engine: planning every corpus program (no device): fusion cuts launch
         auto shapes = user_shapes(l.program, c.inputs);
         std::string what = std::string(m) + "." + ir + " " + c.prefix;
         CAPTURE(what);
-        auto fused = dry_plan(l.program, shapes, true, 90);
-        REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
-        auto eager = dry_plan(l.program, shapes, false, 90);
-        REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
-        MESSAGE(what << ": " << fused->steps.size() << " launches compiled (" << fused->fused_kernels << " generated), "
-                     << eager->steps.size() << " eager; arena " << fused->arena_bytes << " B");
-        CHECK(fused->steps.size() <= eager->steps.size());
-        if (std::string(m) != "mlp") CHECK(fused->steps.size() < eager->steps.size());  // mlp: erf GELU stays a kernel
-        CHECK(fused->arena_bytes > 0);
+        check_fused_and_eager_plans(l.program, shapes, what, std::string(m) != "mlp");  // mlp: erf GELU stays a kernel
       }
     }
   }
@@ -1310,7 +1318,6 @@ const char* const kExtraGpuPrograms[] = {
 
 TEST_CASE(
     "engine: planning every pt2-2.11-extra program (no device): NVRTC accepts the kernels, fusion cuts launches") {
-  using safeckpt::engine::detail::dry_plan;
   const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
   for (const char* name : kExtraGpuPrograms) {
     const std::string n = name;
@@ -1320,14 +1327,7 @@ TEST_CASE(
     auto l = test_support::load_program(n + ".pt2", true, "pt2-2.11-extra");
     auto shapes = user_shapes(l.program, cases_of(l.program, *io)[0].inputs);
     CAPTURE(n);
-    auto fused = dry_plan(l.program, shapes, true, 90);
-    REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
-    auto eager = dry_plan(l.program, shapes, false, 90);
-    REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
-    MESSAGE(n << ": " << fused->steps.size() << " launches compiled (" << fused->fused_kernels << " generated), "
-              << eager->steps.size() << " eager; arena " << fused->arena_bytes << " B");
-    CHECK(fused->steps.size() <= eager->steps.size());
-    if (model != "mlp_small") CHECK(fused->steps.size() < eager->steps.size());
+    check_fused_and_eager_plans(l.program, shapes, n, model != "mlp_small");
   }
 }
 
