@@ -586,45 +586,6 @@ TEST_CASE("engine: cnn with PyTorch's TF32 default for convolutions (cudnn_allow
   }
 }
 
-// pt2-2.11-extra/resnet_tiny (tests/gen/gen_pt2_extra.py --only resnet_tiny:
-// max_pool2d with ceil_mode, a conv bias, grouped, strided and dilated
-// convolutions, residual add_): every stance vs PyTorch CUDA (TF32 off) and
-// the CPU reference; SKIP until its files are in tests/data.
-TEST_CASE("engine: ResNetTiny from pt2-2.11-extra matches PyTorch CUDA and the CPU reference in every stance") {
-  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
-  if (!std::filesystem::exists(dir + "resnet_tiny.json")) {
-    MESSAGE("SKIP: no pt2-2.11-extra/resnet_tiny (tests/gen/gen_pt2_extra.py --only resnet_tiny)");
-    return;
-  }
-  if (!have_device()) return;
-  auto eng = make_engine();
-  json meta = json::parse(read_text(dir + "resnet_tiny.json"));
-  double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
-  double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
-  auto io = SafetensorsFile::open(dir + "resnet_tiny.io.safetensors");
-  REQUIRE(io.has_value());
-  for (const char* ir : {"train", "core"}) {
-    auto l = test_support::load_program(std::string("resnet_tiny.") + ir + ".pt2", true, "pt2-2.11-extra");
-    auto cases = cases_of(l.program, *io);
-    auto cpu = run_cpu(l.program, l.weights, cases[0].inputs);
-    REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
-    for (Stance s : {Stance::kDefault, Stance::kForceEager, Stance::kEagerThenCompile}) {
-      auto cp = eng.compile(l.program, l.weights);
-      REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
-      engine::RunOptions ro;
-      ro.stance = s;
-      for (int call = 0; call < 2; ++call) {
-        auto out = cp->run_host(cases[0].inputs, ro);
-        REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
-        std::string what = std::string("resnet_tiny.") + ir + " " + std::string(engine::stance_name(s)) + " call " +
-                           std::to_string(call);
-        check_close((*out)[0], tensor_of(*io, "output.0.cuda"), atol, rtol, what + " vs PyTorch CUDA");
-        check_close((*out)[0], (*cpu)[0], atol, rtol, what + " vs CPU reference");
-      }
-    }
-  }
-}
-
 // bench/export_resnet50.py's archives and io file (made on the GPU machine,
 // not committed): set SAFECKPT_RESNET50_DIR to its output directory.
 TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch CUDA eager, compiled and eager") {
@@ -1310,7 +1271,9 @@ TEST_CASE("engine: synthetic SDPA programs match the CPU reference through both 
 // LLaMA (RMSNorm as pow/mean/rsqrt, rotary slices + cat, silu, GQA by
 // expand + reshape), HF BERT (gather, index.Tensor, select, tanh, bitwise
 // and, _to_copy, _assert_tensor_metadata), CUDA exports with their SDPA
-// spellings, bfloat16, the 2.6 flat layout.
+// spellings, bfloat16, the 2.6 flat layout, ResNetTiny (max_pool2d with
+// ceil_mode, a conv bias, grouped, strided and dilated convolutions,
+// residual add_).
 const char* const kExtraGpuPrograms[] = {
     "llama.train",           "llama.core",           "llama.flat",        "llama_cuda.train", "llama_cuda.core",
     "llama_cuda_bf16.train", "llama_cuda_bf16.core", "bert.train",        "bert.core",        "mlp_small.train",
