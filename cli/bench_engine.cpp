@@ -29,7 +29,8 @@
 // % of the steps' sum, largest first, then the sum per kind and the CUDA
 // graph replay of the same plan. --attention-workspace-mib N sets
 // EngineOptions::attention_workspace_bytes (0: the flash-style attention
-// kernel only) for every engine of the run.
+// kernel only) for every engine of the run; --conv-layout auto|nchw|
+// channels-last sets EngineOptions::conv_layout.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -61,6 +62,7 @@ struct BenchEngineArgs {
   bool no_cache = false;
   bool profile = false;
   std::int64_t attention_workspace_mib = -1;  // -1: the engine's default
+  std::string conv_layout = "auto";
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -235,6 +237,9 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.device = device;
   if (a.attention_workspace_mib >= 0)
     eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
+  eo.conv_layout = a.conv_layout == "nchw"            ? engine::ConvLayout::kNchw
+                   : a.conv_layout == "channels-last" ? engine::ConvLayout::kChannelsLast
+                                                      : engine::ConvLayout::kAuto;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -289,10 +294,11 @@ int bench_engine(const BenchEngineArgs& a) {
   for (const auto& w : eng->stats().warnings) std::fprintf(stderr, "safeckpt bench-engine: warning: %s\n", w.c_str());
   std::printf(
       "  plan: %zu launches compiled (%zu generated kernels NVRTC-compiled), %zu eager; activation arena %.2f MiB; "
-      "all plan memory (arena + I/O + workspace) %.2f MiB; weights uploaded %.1f MiB%s\n",
+      "all plan memory (arena + I/O + weight copies + workspace) %.2f MiB, of which channels-last weight copies "
+      "%.2f MiB; weights uploaded %.1f MiB%s\n",
       s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
-      static_cast<double>(s1.plan_device_bytes) / (1 << 20), static_cast<double>(s1.weight_bytes) / (1 << 20),
-      l->device_weights ? " (rest read in place)" : "");
+      static_cast<double>(s1.plan_device_bytes) / (1 << 20), static_cast<double>(s1.prepared_bytes) / (1 << 20),
+      static_cast<double>(s1.weight_bytes) / (1 << 20), l->device_weights ? " (rest read in place)" : "");
   std::printf("  %-58s %12s\n", "row", "ms");
   std::printf("  %-58s %12.3f\n", "safeckpt eager (force_eager, median)", *eager_ms);
   std::printf("  %-58s %12.3f\n", "safeckpt compiled, warm (CUDA graph replay, median)", *warm);
@@ -432,6 +438,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_option("--attention-workspace-mib", args->attention_workspace_mib,
                   "attention score workspace bound in MiB (0: flash-style kernel only; default 256)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  sub->add_option("--conv-layout", args->conv_layout,
+                  "convolutions' memory format: auto (channels-last on tensor cores), nchw, channels-last")
+      ->check(CLI::IsMember({"auto", "nchw", "channels-last"}));
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

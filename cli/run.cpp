@@ -18,7 +18,8 @@
 // whose warnings (ignored entries, failed stores) are printed on stderr.
 // With cuda, --profile prints the plan's per-launch GPU times on stderr after
 // the run (CompiledProgram::profile: a debug path, median of 20 runs) and
-// --attention-workspace-mib N sets EngineOptions::attention_workspace_bytes.
+// --attention-workspace-mib N sets EngineOptions::attention_workspace_bytes;
+// --conv-layout auto|nchw|channels-last sets EngineOptions::conv_layout.
 //
 // inspect-program (and `safeckpt inspect` on a PT2 archive): models, user inputs/outputs with shapes (symbolic dims by
 // symbol, with ranges), the op histogram, weights (name, dtype, shape,
@@ -57,6 +58,7 @@ struct RunArgs {
   std::string program, inputs, outputs, weights, model = "model", device = "cpu", stance = "default", cache_dir;
   bool force = false, no_cache = false, profile = false;
   std::int64_t attention_workspace_mib = -1;  // -1: the engine's default
+  std::string conv_layout = "auto";
 };
 struct InspectProgramArgs {
   std::string program, model;
@@ -155,6 +157,9 @@ int run_program(const RunArgs& a) {
     eo.cache_dir = a.cache_dir;
     if (a.attention_workspace_mib >= 0)
       eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
+    eo.conv_layout = a.conv_layout == "nchw"            ? engine::ConvLayout::kNchw
+                     : a.conv_layout == "channels-last" ? engine::ConvLayout::kChannelsLast
+                                                        : engine::ConvLayout::kAuto;
     auto eng = engine::Engine::create(eo);
     if (!eng) return fail("run", a.device, eng.error());
     auto cp = eng->compile(p, weights);
@@ -321,6 +326,9 @@ void register_run(CLI::App& app, int& exit_code) {
   sub->add_option("--attention-workspace-mib", args->attention_workspace_mib,
                   "with cuda: attention score workspace bound in MiB (0: flash-style kernel only; default 256)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  sub->add_option("--conv-layout", args->conv_layout,
+                  "with cuda: convolutions' memory format: auto (channels-last on tensor cores), nchw, channels-last")
+      ->check(CLI::IsMember({"auto", "nchw", "channels-last"}));
   sub->callback([args, &exit_code] { exit_code = run_program(*args); });
 
   auto iargs = std::make_shared<InspectProgramArgs>();

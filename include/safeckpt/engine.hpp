@@ -89,6 +89,18 @@
 // adaptive_avg_pool2d and max_pool2d (values; max_pool2d_with_indices only
 // when its indices are not read) as fixed kernels. A plan with cuDNN steps
 // runs once eagerly before its CUDA graph is captured.
+// Memory format (EngineOptions::conv_layout; inductor's layout_optimization,
+// torch/_inductor/config.py, for the same reason): by default a convolution
+// cuDNN runs on tensor cores (bfloat16, or float32 under cudnn_allow_tf32)
+// reads and writes channels-last tensors (torch.channels_last: N,H,W,C in
+// memory), which its tensor-core kernels take without transposing. An NCHW
+// operand (the program's input) is copied to channels-last first; pointwise
+// kernels, batch_norm, the pools and residual adds keep the layout of their
+// channels-last operands (ATen's TensorIterator rule), and whatever needs
+// another layout (a view, a GEMM operand, a program output) gets a copy, so
+// results are the same tensors in either layout. Each such plan keeps its
+// own K,R,S,C copy of every convolution weight, made on the plan's first run
+// (ProgramStats::prepared_bytes; the checkpoint's weights stay untouched).
 //
 // Not implemented on the GPU (kUnsupported when compiling, naming the node):
 // transposed convolutions, float16 and other dtypes than float32 / bfloat16 /
@@ -160,11 +172,21 @@ enum class CacheMode : std::uint8_t {
 // batch elements per group.
 inline constexpr std::uint64_t kDefaultAttentionWorkspaceBytes = 256ull << 20;
 
+// EngineOptions::conv_layout.
+enum class ConvLayout : std::uint8_t {
+  kAuto,          // channels-last where cuDNN uses tensor cores (bfloat16; float32 with cudnn_allow_tf32)
+  kNchw,          // contiguous NCHW everywhere
+  kChannelsLast,  // channels-last for every convolution (full-fp32 ones too)
+};
+
 struct EngineOptions {
   int device = 0;                    // CUDA device index
   Stance stance = Stance::kDefault;  // per engine; RunOptions::stance overrides per call
   bool allow_tf32 = false;           // float32 GEMMs (cuBLASLt); see "TF32 policy" above
   bool cudnn_allow_tf32 = true;      // float32 convolutions (cuDNN); see "TF32 policy" above
+  // Memory format of convolutions (see "Memory format" above): kAuto =
+  // channels-last for tensor-core convolutions, NCHW for full-fp32 ones.
+  ConvLayout conv_layout = ConvLayout::kAuto;
   // Concrete shapes kept compiled per CompiledProgram (plans + CUDA graphs),
   // least recently used dropped first. 1..4096.
   std::size_t max_plans = 16;
@@ -221,7 +243,11 @@ struct ProgramStats {
   // input/output buffers, the GEMM/convolution workspace (what to compare
   // with PyTorch's peak memory of a call over weights and inputs).
   std::uint64_t plan_device_bytes = 0;
-  std::uint64_t weight_bytes = 0;    // device bytes the engine allocated for weights (0 = all in place)
+  std::uint64_t weight_bytes = 0;  // device bytes the engine allocated for weights (0 = all in place)
+  // Weight copies the most recent plan made for its kernels (channels-last
+  // convolution filters; made on its first run), included in
+  // plan_device_bytes.
+  std::uint64_t prepared_bytes = 0;
   double weight_upload_seconds = 0;  // compile(): allocating and copying those weights (synchronous)
   std::size_t steps = 0;             // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
   double last_compile_seconds = 0;   // plan + NVRTC + capture of the most recent plan

@@ -113,13 +113,13 @@ Status describe(ConvPlan& c, const ConvGeometry& g) {
   SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c.y), "cudnnCreateTensorDescriptor"));
   SAFECKPT_CHECK(dnn_ok(cudnnCreateFilterDescriptor(&c.w), "cudnnCreateFilterDescriptor"));
   SAFECKPT_CHECK(dnn_ok(cudnnCreateConvolutionDescriptor(&c.conv), "cudnnCreateConvolutionDescriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c.x, CUDNN_TENSOR_NCHW, ty, i(g.n), i(g.c), i(g.h), i(g.w)),
-                        "input descriptor"));
-  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c.y, CUDNN_TENSOR_NCHW, ty, i(g.n), i(g.k), i(g.oh), i(g.ow)),
-                        "output descriptor"));
+  // The format names the memory order; the sizes are N, C, H, W either way.
+  const cudnnTensorFormat_t fmt = g.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  SAFECKPT_CHECK(dnn_ok(cudnnSetTensor4dDescriptor(c.x, fmt, ty, i(g.n), i(g.c), i(g.h), i(g.w)), "input descriptor"));
   SAFECKPT_CHECK(
-      dnn_ok(cudnnSetFilter4dDescriptor(c.w, ty, CUDNN_TENSOR_NCHW, i(g.k), i(g.c / g.groups), i(g.r), i(g.s)),
-             "filter descriptor"));
+      dnn_ok(cudnnSetTensor4dDescriptor(c.y, fmt, ty, i(g.n), i(g.k), i(g.oh), i(g.ow)), "output descriptor"));
+  SAFECKPT_CHECK(
+      dnn_ok(cudnnSetFilter4dDescriptor(c.w, ty, fmt, i(g.k), i(g.c / g.groups), i(g.r), i(g.s)), "filter descriptor"));
   SAFECKPT_CHECK(
       dnn_ok(cudnnSetConvolution2dDescriptor(c.conv, g.pad[0], g.pad[1], g.stride[0], g.stride[1], g.dilation[0],
                                              g.dilation[1], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
@@ -192,7 +192,8 @@ std::string conv_choice_key(const ConvGeometry& g, std::uint64_t max_workspace) 
   for (long long v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.oh, g.ow}) k += std::to_string(v) + ",";
   for (int v : {g.pad[0], g.pad[1], g.stride[0], g.stride[1], g.dilation[0], g.dilation[1], g.groups})
     k += std::to_string(v) + ",";
-  k += std::string(g.bf16 ? "bf16," : "fp32,") + (g.allow_tf32 ? "tf32," : "fma,") + std::to_string(max_workspace);
+  k += std::string(g.bf16 ? "bf16," : "fp32,") + (g.allow_tf32 ? "tf32," : "fma,") + (g.nhwc ? "nhwc," : "nchw,") +
+       std::to_string(max_workspace);
   return k;
 }
 

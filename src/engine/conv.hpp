@@ -14,7 +14,9 @@
 namespace safeckpt::engine::detail {
 
 // One 2-D convolution at concrete sizes: NCHW input, KCRS weight (C/groups
-// input channels per filter), NKHW output, all contiguous; PyTorch's
+// input channels per filter), NKHW output, all contiguous — or, with `nhwc`,
+// all three channels-last (PyTorch's torch.channels_last: input N,H,W,C,
+// weight K,R,S,C/groups, output N,OH,OW,K in memory); PyTorch's
 // cross-correlation with zero padding.
 struct ConvGeometry {
   long long n = 0, c = 0, h = 0, w = 0;  // input
@@ -24,6 +26,7 @@ struct ConvGeometry {
   int groups = 1;
   bool bf16 = false;        // tensors bfloat16 (else float32); accumulation is float32 either way
   bool allow_tf32 = false;  // float32 only: cuDNN may use TF32 tensor cores (EngineOptions::cudnn_allow_tf32)
+  bool nhwc = false;        // channels-last tensors (EngineOptions::conv_layout)
 };
 
 // A cuDNN handle (destroyed with its last owner, on the device it was made on).
@@ -79,11 +82,13 @@ const char* dnn_status_string(int status);
 
 // ------------------------------------------------------------ pool.cu
 // NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous
-// [planes, oh, ow]. Return a cudaError_t value.
+// [planes, oh, ow] — or, with `channels` > 0, channels-last: x N,H,W,C and
+// y N,OH,OW,C in memory (`planes` = N*C, C = `channels`). Return a
+// cudaError_t value.
 // adaptive_avg_pool2d: aten/src/ATen/native/AdaptiveAveragePooling.cpp
 // windows [floor(o*H/OH), ceil((o+1)*H/OH)), float32 sums.
 int launch_adaptive_avg_pool2d(const void* x, void* y, long long planes, long long h, long long w, long long oh,
-                               long long ow, int bf16, void* stream);
+                               long long ow, int bf16, long long channels, void* stream);
 // max_pool2d values (PyTorch's CUDA kernel: a NaN wins; padding never does).
 struct MaxPoolArgs {
   const void* x;
@@ -91,6 +96,7 @@ struct MaxPoolArgs {
   long long planes, h, w, oh, ow;
   int kh, kw, sh, sw, ph, pw, dh, dw;
   int bf16;
+  long long channels;  // > 0: channels-last x and y with this many channels (planes = N * channels)
 };
 int launch_max_pool2d(const MaxPoolArgs& a, void* stream);
 

@@ -229,10 +229,11 @@ void EngineImpl::store_choice(const std::string& choice, std::vector<std::uint8_
 }
 
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
-                         int sm, std::uint64_t attention_workspace_bytes) {
+                         int sm, std::uint64_t attention_workspace_bytes, ConvLayout conv_layout) {
   EngineImpl eng;
   eng.sm = sm;
   eng.opt.attention_workspace_bytes = attention_workspace_bytes;
+  eng.opt.conv_layout = conv_layout;
   std::vector<std::optional<DevTensor>> weights(program.values.size());
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;
   std::unordered_map<std::string, std::int64_t> symbols;
@@ -271,6 +272,8 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
     out.step_kinds.push_back(s.kind);
     out.step_shapes.push_back(s.shapes);
   }
+  for (const auto& s : plan.prep_steps) out.prep_steps.push_back(s.name);
+  out.prepared_bytes = plan.prepared_bytes;
   out.arena_bytes = plan.arena_bytes;
   out.fused_kernels = plan.fused.size();
   out.fused_launches = plan.fused_launches;
@@ -383,12 +386,16 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
   SAFECKPT_TRY(plan->arena, device_alloc(eng->opt.device, plan->arena_bytes));
   SAFECKPT_TRY(plan->io, device_alloc(eng->opt.device, io_bytes));
   SAFECKPT_TRY(plan->scratch, device_alloc(eng->opt.device, plan->workspace_bytes + 256));
-  plan->device_bytes = plan->arena_bytes + io_bytes + plan->workspace_bytes + 256;
+  if (plan->prepared_bytes > 0) {
+    SAFECKPT_TRY(plan->prep, device_alloc(eng->opt.device, plan->prepared_bytes));
+  }
+  plan->device_bytes = plan->arena_bytes + io_bytes + plan->prepared_bytes + plan->workspace_bytes + 256;
   plan->workspace = plan->scratch->p;
   plan->error_flag = reinterpret_cast<int*>(static_cast<char*>(plan->scratch->p) + plan->workspace_bytes);
   std::size_t k = 0;
   for (auto& b : plan->bufs) {
     if (b.kind == BufKind::kArena) b.ptr = static_cast<char*>(plan->arena->p) + b.offset;
+    if (b.kind == BufKind::kPrepared) b.ptr = static_cast<char*>(plan->prep->p) + b.offset;
     if (b.kind == BufKind::kInput || b.kind == BufKind::kOutput) b.ptr = static_cast<char*>(plan->io->p) + in_off[k++];
   }
   plan->alloc_seconds = since(t_phase);
@@ -442,6 +449,16 @@ Status ProgramImpl::execute(Plan& plan) {
     weights_landed = true;
     return {};
   };
+  // The plan's weight copies, before anything reads them (same stream).
+  if (!plan.prepared) {
+    for (const auto& s : plan.prep_steps) {
+      if (!weights_landed)
+        for (const void* w : s.weights)
+          if (auto storage = pending->storage_at(w)) SAFECKPT_CHECK(pending->wait(*storage));
+      SAFECKPT_CHECK(step_status(s, s.fn(stream)));
+    }
+    plan.prepared = true;
+  }
   auto launch_steps = [&](bool wait_weights) -> Status {
     ENG_CUDA(cudaMemsetAsync(plan.error_flag, 0, sizeof(int), stream), "cudaMemsetAsync");
     for (const auto& s : plan.steps) {
@@ -522,6 +539,10 @@ Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
   if (!weights_landed) {
     SAFECKPT_CHECK(pending->wait_all());
     weights_landed = true;
+  }
+  if (!plan.prepared) {
+    for (const auto& s : plan.prep_steps) SAFECKPT_CHECK(step_status(s, s.fn(stream)));
+    plan.prepared = true;
   }
   const std::size_t n = plan.steps.size();
   Events events;
@@ -890,6 +911,7 @@ ProgramStats CompiledProgram::stats() const {
     const detail::Plan& p = *impl_->lru.front().second;
     s.last_compile_seconds = p.compile_seconds;
     s.plan_device_bytes = p.device_bytes;
+    s.prepared_bytes = p.prepared_bytes;
     s.last_lowering_seconds = p.lowering_seconds;
     s.last_heuristic_seconds = p.heuristic_seconds;
     s.last_module_seconds = p.module_seconds;

@@ -10,6 +10,7 @@
 // so one source serves every concrete shape of a program (the rank is that
 // of the collapsed iteration space, collapse_dims; shapes of 2^31 elements
 // or more get 64-bit index arithmetic).
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -200,6 +201,12 @@ std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& sh
   return s;
 }
 
+std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>& shape) {
+  if (shape.size() != 4) return contiguous_strides(shape);
+  const std::int64_t c = shape[1], h = shape[2], w = shape[3];
+  return {h * w * c, 1, w * c, c};
+}
+
 bool same_code(const FusedKernel& a, const FusedKernel& b) {
   // Doubles compared by bits: the source prints them exactly (%a).
   const auto same_bits = [](double x, double y) {
@@ -237,6 +244,21 @@ void collapse_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std
   }
   shape = std::move(sh);
   strides = std::move(st);
+}
+
+void order_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides, std::size_t ref) {
+  if (ref >= strides.size()) return;
+  std::vector<std::size_t> perm(shape.size());
+  for (std::size_t d = 0; d < perm.size(); ++d) perm[d] = d;
+  const auto& key = strides[ref];
+  std::stable_sort(perm.begin(), perm.end(), [&](std::size_t x, std::size_t y) { return key[x] > key[y]; });
+  auto apply = [&](std::vector<std::int64_t>& v) {
+    std::vector<std::int64_t> out(v.size());
+    for (std::size_t d = 0; d < perm.size(); ++d) out[d] = v[perm[d]];
+    v = std::move(out);
+  };
+  apply(shape);
+  for (auto& s : strides) apply(s);
 }
 
 std::string fused_source(const std::vector<FusedKernel>& kernels) {

@@ -14,7 +14,9 @@ inline constexpr int kMaxRank = 8;
 
 // Where a tensor's bytes are: a buffer of the plan (resolved to a device
 // pointer when the plan is bound) plus an element offset and strides.
-enum class BufKind : std::uint8_t { kArena, kWeight, kInput, kOutput };
+// kPrepared: a copy of weights the plan made for its kernels (channels-last
+// filters), written by Plan::prep_steps once and read by every run.
+enum class BufKind : std::uint8_t { kArena, kWeight, kInput, kOutput, kPrepared };
 struct Buf {
   BufKind kind = BufKind::kArena;
   std::uint64_t bytes = 0;
@@ -33,6 +35,14 @@ struct DevTensor {
     for (auto s : shape) n *= static_cast<std::uint64_t>(s);
     return n;
   }
+  // Channels-last (torch.channels_last): rank 4, N,H,W,C in memory — and
+  // not also contiguous (C == 1 or H == W == 1 are both).
+  bool channels_last() const noexcept {
+    if (shape.size() != 4 || contiguous()) return false;
+    const std::int64_t c = shape[1], h = shape[2], w = shape[3];
+    auto ok = [&](std::size_t d, std::int64_t want) { return shape[d] == 1 || strides[d] == want; };
+    return ok(1, 1) && ok(3, c) && ok(2, c * w) && ok(0, c * w * h);
+  }
   bool contiguous() const noexcept {
     std::int64_t want = 1;
     for (std::size_t d = shape.size(); d-- > 0;) {
@@ -43,6 +53,8 @@ struct DevTensor {
   }
 };
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
+// The channels-last strides of a rank-4 shape (N,H,W,C in memory).
+std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>& shape);
 
 // ------------------------------------------------------------ fused kernels
 
@@ -100,6 +112,12 @@ bool same_code(const FusedKernel& a, const FusedKernel& b);
 // (contiguous runs, and broadcast runs of stride 0). `strides` holds one
 // vector per tensor, of shape's rank. A shape with a 0 stays as it is.
 void collapse_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides);
+// The iteration space's dimensions reordered so that tensor `ref`'s strides
+// do not increase (ATen's TensorIterator::reorder_dimensions): the thread
+// index then walks `ref` — the first output — in memory order, coalesced for
+// a channels-last output too. Only for kernels whose ops do not depend on the
+// linear index (no kArange). Size-1 dimensions may land anywhere.
+void order_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides, std::size_t ref);
 // The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
 // numbers reach the text.
 std::string fused_source(const std::vector<FusedKernel>& kernels);

@@ -70,6 +70,10 @@ struct Lowering {
 
   // Liveness per buffer: first and last step.
   std::vector<std::int64_t> first_step, last_step;
+  // add_step() appends to plan.prep_steps instead of plan.steps.
+  bool prep = false;
+  // Weight value id -> its channels-last copy (a kPrepared buffer).
+  std::map<std::int32_t, DevTensor> prepared_of;
 
   // The open pointwise group.
   struct Group {
@@ -151,10 +155,10 @@ struct Lowering {
     last_step.push_back(static_cast<std::int64_t>(plan.steps.size()));
     return static_cast<std::int32_t>(plan.bufs.size() - 1);
   }
-  DevTensor new_tensor(DType d, std::vector<std::int64_t> shape) {
+  DevTensor new_tensor(DType d, std::vector<std::int64_t> shape, bool channels_last = false) {
     DevTensor t;
     t.dtype = d;
-    t.strides = contiguous_strides(shape);
+    t.strides = channels_last && shape.size() == 4 ? channels_last_strides(shape) : contiguous_strides(shape);
     t.shape = std::move(shape);
     t.buf = new_buf(t.numel() * esize(d));
     return t;
@@ -174,8 +178,8 @@ struct Lowering {
   void add_step(std::string name, std::function<int(cudaStream_t)> fn, std::string kind = {}, std::string shapes = {}) {
     if (kind.empty()) kind = node_kind();
     if (shapes.empty()) shapes = node_shapes();
-    plan.steps.push_back(
-        Step{std::move(name), std::move(fn), std::move(kind), std::move(shapes), std::move(step_weights)});
+    (prep ? plan.prep_steps : plan.steps)
+        .push_back(Step{std::move(name), std::move(fn), std::move(kind), std::move(shapes), std::move(step_weights)});
     step_weights.clear();
   }
   static std::string shape_text(const std::vector<std::int64_t>& s) {
@@ -278,6 +282,13 @@ struct Lowering {
     strides.reserve(ins.size() + outs.size());
     for (const auto& x : ins) strides.push_back(bstrides(x, shape));
     for (const auto& x : outs) strides.push_back(x.strides);
+    const std::string shapes_text =
+        shape_text(shape) + " " + std::to_string(ins.size()) + " in " + std::to_string(outs.size()) + " out";
+    // Threads walk the first output in memory order (a channels-last output
+    // too), unless an op reads the linear index.
+    bool by_index = false;
+    for (const auto& op : k.ops) by_index = by_index || op.kind == MicroKind::kArange;
+    if (!by_index && !outs.empty()) order_dims(shape, strides, ins.size());
     collapse_dims(shape, strides);
     std::uint64_t n = 1;
     for (auto d : shape) n *= static_cast<std::uint64_t>(d);
@@ -292,26 +303,26 @@ struct Lowering {
     }
     ++plan.fused_launches;
     Plan* pl = &plan;
-    add_step(std::move(name), [pl, index, ins, outs, shape, strides](cudaStream_t s) {
-      FusedParams prm{};
-      prm.n = 1;
-      for (std::size_t d = 0; d < shape.size(); ++d) {
-        prm.shape[d] = shape[d];
-        prm.n *= shape[d];
-      }
-      std::size_t t = 0;
-      for (const auto* list : {&ins, &outs})
-        for (const auto& x : *list) {
-          prm.t[t].ptr = pl->ptr(x);
-          for (std::size_t d = 0; d < strides[t].size(); ++d) prm.t[t].strides[d] = strides[t][d];
-          ++t;
-        }
-      if (prm.n == 0) return 0;
-      return launch_fused(pl->fns[index], prm, s);
-    });
-    plan.steps.back().kind = std::move(kind);
-    plan.steps.back().shapes =
-        shape_text(shape) + " " + std::to_string(ins.size()) + " in " + std::to_string(outs.size()) + " out";
+    add_step(
+        std::move(name),
+        [pl, index, ins, outs, shape, strides](cudaStream_t s) {
+          FusedParams prm{};
+          prm.n = 1;
+          for (std::size_t d = 0; d < shape.size(); ++d) {
+            prm.shape[d] = shape[d];
+            prm.n *= shape[d];
+          }
+          std::size_t t = 0;
+          for (const auto* list : {&ins, &outs})
+            for (const auto& x : *list) {
+              prm.t[t].ptr = pl->ptr(x);
+              for (std::size_t d = 0; d < strides[t].size(); ++d) prm.t[t].strides[d] = strides[t][d];
+              ++t;
+            }
+          if (prm.n == 0) return 0;
+          return launch_fused(pl->fns[index], prm, s);
+        },
+        std::move(kind), shapes_text);
   }
 
   // --------------------------------------------------------- pointwise
@@ -319,13 +330,21 @@ struct Lowering {
     if (!g.open) return {};
     Group grp = std::move(g);
     g = Group{};
+    // Outputs take the layout of the first input of the group's full shape
+    // (ATen's TensorIterator keeps a channels-last operand's memory format).
+    bool channels_last = false;
+    for (const auto& t : grp.ins)
+      if (t.shape == grp.shape) {
+        channels_last = t.channels_last();
+        break;
+      }
     std::vector<DevTensor> outs;
     for (std::int32_t v : grp.produced) {
       bool needed = is_output[static_cast<std::size_t>(v)] != 0;
       for (std::size_t c : consumers[static_cast<std::size_t>(v)]) needed = needed || grp.nodes.count(c) == 0;
       if (!needed) continue;
       auto& op = grp.k.ops[static_cast<std::size_t>(grp.reg_of_value[v])];
-      DevTensor t = new_tensor(p.values[static_cast<std::size_t>(v)].dtype, grp.shape);
+      DevTensor t = new_tensor(p.values[static_cast<std::size_t>(v)].dtype, grp.shape, channels_last);
       op.store = static_cast<std::int32_t>(outs.size());
       grp.k.out_dtypes.push_back(t.dtype);
       outs.push_back(t);
@@ -1559,6 +1578,51 @@ struct Lowering {
     return v;
   }
 
+  // Whether `t`'s memory is N,H,W,C (rank 4, offset aside): channels-last
+  // strides, or a shape where both orders are the same bytes (C == 1, or
+  // H == W == 1 as in a 1x1 filter's K,C,1,1).
+  static bool nhwc_memory(const DevTensor& t) {
+    if (t.shape.size() != 4) return false;
+    const auto cl = channels_last_strides(t.shape);
+    for (std::size_t d = 0; d < 4; ++d)
+      if (t.shape[d] != 1 && t.strides[d] != cl[d]) return false;
+    return true;
+  }
+
+  // Convolution filter `w` (value `id`) in K,R,S,C/groups order: itself when
+  // its memory already is; a checkpoint weight's copy in a kPrepared buffer,
+  // written once by a prep step (one per weight value, shared by the
+  // convolutions that read it); a computed filter's copy in the arena, made
+  // by every run.
+  Result<DevTensor> channels_last_weight(const DevTensor& w, std::int32_t id) {
+    if (nhwc_memory(w)) return w;
+    if (w.buf >= 0) {
+      DevTensor c = new_tensor(w.dtype, w.shape, true);
+      emit_copy(w, c, w.shape, "channels-last(" + node->name + ")", "copy");
+      return c;
+    }
+    auto found = prepared_of.find(id);
+    if (found != prepared_of.end()) return found->second;
+    DevTensor c;
+    c.dtype = w.dtype;
+    c.shape = w.shape;
+    c.strides = channels_last_strides(w.shape);
+    Buf b;
+    b.kind = BufKind::kPrepared;
+    b.bytes = std::max<std::uint64_t>(c.numel() * esize(c.dtype), 1);
+    b.offset = plan.prepared_bytes;
+    plan.prepared_bytes += (b.bytes + 255) / 256 * 256;
+    plan.bufs.push_back(b);
+    first_step.push_back(0);
+    last_step.push_back(0);
+    c.buf = static_cast<std::int32_t>(plan.bufs.size() - 1);
+    prep = true;
+    emit_copy(w, c, w.shape, "channels-last weight (" + node->name + ")", "prepare");
+    prep = false;
+    prepared_of.emplace(id, c);
+    return c;
+  }
+
   // cuDNN takes int sizes.
   static bool fits_int(std::int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
@@ -1584,8 +1648,21 @@ struct Lowering {
     for (const auto* v : {&x.shape, &w.shape, &oshape, &stride, &pad, &dil})
       for (auto d : *v) ok = ok && fits_int(d);
     if (!ok) return fail(ErrorCode::kUnsupported, "convolution: a size above 2^31 - 1 (cuDNN takes int sizes)");
-    SAFECKPT_TRY(x, contiguous(x));
-    SAFECKPT_TRY(w, contiguous(w));
+    // Channels-last where cuDNN uses tensor cores (EngineOptions::conv_layout).
+    const bool tensor_cores = x.dtype == DType::kBFloat16 || eng.opt.cudnn_allow_tf32;
+    const bool nhwc =
+        eng.opt.conv_layout == ConvLayout::kChannelsLast || (eng.opt.conv_layout == ConvLayout::kAuto && tensor_cores);
+    if (nhwc) {
+      if (!nhwc_memory(x)) {
+        DevTensor c = new_tensor(x.dtype, x.shape, true);
+        emit_copy(x, c, x.shape, "channels-last(" + node->name + ")", "copy");
+        x = c;
+      }
+      SAFECKPT_TRY(w, channels_last_weight(w, arg("weight").tensor));
+    } else {
+      SAFECKPT_TRY(x, contiguous(x));
+      SAFECKPT_TRY(w, contiguous(w));
+    }
     ConvGeometry cg;
     cg.n = x.shape[0];
     cg.c = x.shape[1];
@@ -1604,7 +1681,8 @@ struct Lowering {
     cg.groups = static_cast<int>(groups);
     cg.bf16 = x.dtype == DType::kBFloat16;
     cg.allow_tf32 = eng.opt.cudnn_allow_tf32;
-    DevTensor y = new_tensor(od, oshape);
+    cg.nhwc = nhwc;
+    DevTensor y = new_tensor(od, oshape, nhwc);
     plan.convs.push_back(cg);
     std::shared_ptr<ConvPlan> cp;
     if (eng.lt != nullptr) {  // a device (dry plans choose no algorithm and run nothing)
@@ -1701,18 +1779,22 @@ struct Lowering {
     if ((x.shape.size() != 3 && x.shape.size() != 4) || oshape.size() != x.shape.size() || !floating(x.dtype) ||
         od != x.dtype)
       return fail(ErrorCode::kUnsupported, "adaptive_avg_pool2d needs a 3-D/4-D float32 or bfloat16 input");
-    SAFECKPT_TRY(x, contiguous(x));
+    const bool cl = x.channels_last();  // channels-last in and out
+    if (!cl) {
+      SAFECKPT_TRY(x, contiguous(x));
+    }
     const std::size_t r = x.shape.size();
     std::int64_t h = x.shape[r - 2], w = x.shape[r - 1], oh = oshape[r - 2], ow = oshape[r - 1];
     std::int64_t planes = h * w == 0 ? 0 : static_cast<std::int64_t>(x.numel()) / (h * w);
     if (h * w == 0 && x.numel() != 0) return fail(ErrorCode::kUnsupported, "adaptive_avg_pool2d of an empty plane");
-    DevTensor y = new_tensor(od, oshape);
+    DevTensor y = new_tensor(od, oshape, cl);
     use(x);
     def(y);
     Plan* pl = &plan;
     int bf = x.dtype == DType::kBFloat16;
+    const long long channels = cl ? x.shape[1] : 0;
     add_step(node->name, [=](cudaStream_t s) {
-      return launch_adaptive_avg_pool2d(pl->ptr(x), pl->ptr(y), planes, h, w, oh, ow, bf, s);
+      return launch_adaptive_avg_pool2d(pl->ptr(x), pl->ptr(y), planes, h, w, oh, ow, bf, channels, s);
     });
     set_out(0, y);
     return {};
@@ -1744,7 +1826,10 @@ struct Lowering {
     for (const auto* v : {&ks, &st, &pd, &dl})
       for (auto d : *v) ok = ok && fits_int(d);
     if (!ok) return fail(ErrorCode::kUnsupported, "max_pool2d: window parameters above 2^31 - 1");
-    SAFECKPT_TRY(x, contiguous(x));
+    const bool cl = x.channels_last();  // channels-last in and out
+    if (!cl) {
+      SAFECKPT_TRY(x, contiguous(x));
+    }
     const std::size_t r = x.shape.size();
     MaxPoolArgs a{};
     a.h = x.shape[r - 2];
@@ -1761,7 +1846,8 @@ struct Lowering {
     a.dh = static_cast<int>(dl[0]);
     a.dw = static_cast<int>(dl[1]);
     a.bf16 = x.dtype == DType::kBFloat16;
-    DevTensor y = new_tensor(od, oshape);
+    a.channels = cl ? x.shape[1] : 0;
+    DevTensor y = new_tensor(od, oshape, cl);
     use(x);
     def(y);
     Plan* pl = &plan;

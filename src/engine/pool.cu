@@ -1,5 +1,6 @@
 // src/engine/pool.cu — pooling kernels of convolutional programs (conv.hpp):
-// adaptive_avg_pool2d and max_pool2d over NCHW contiguous planes. fp32
+// adaptive_avg_pool2d and max_pool2d over NCHW contiguous planes or
+// channels-last (N,H,W,C) tensors. fp32
 // arithmetic, the value's dtype stored (float32 or bfloat16, round to
 // nearest even), as kernels.cu.
 #include <cuda_bf16.h>
@@ -32,6 +33,24 @@ __global__ void adaptive_avg_pool2d_kernel(const void* x, void* y, long long pla
   }
 }
 
+// Channels-last: one thread per output element, the channel fastest (a
+// warp reads neighbouring channels of one tap: coalesced), the window summed
+// in order.
+__global__ void adaptive_avg_pool2d_nhwc_kernel(const void* x, void* y, long long planes, long long c, long long h,
+                                                long long w, long long oh, long long ow, int bf16) {
+  const long long total = planes * oh * ow;
+  for (long long o = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long ch = o % c, ox = (o / c) % ow, oy = (o / (c * ow)) % oh, n = o / (c * ow * oh);
+    const long long h0 = oy * h / oh, h1 = ((oy + 1) * h + oh - 1) / oh;
+    const long long w0 = ox * w / ow, w1 = ((ox + 1) * w + ow - 1) / ow;
+    float s = 0.f;
+    for (long long i = h0; i < h1; ++i)
+      for (long long j = w0; j < w1; ++j) s += ld(x, ((n * h + i) * w + j) * c + ch, bf16);
+    st(y, o, s / static_cast<float>((h1 - h0) * (w1 - w0)), bf16);
+  }
+}
+
 // One thread per output element. aten/src/ATen/native/cuda/DilatedMaxPool2d.cu:
 // the maximum starts at -inf, `val > max || isnan(val)` replaces it, so the
 // first maximum wins ties and a NaN in the window gives NaN; padded taps are
@@ -40,7 +59,10 @@ __global__ void max_pool2d_kernel(MaxPoolArgs a) {
   const long long total = a.planes * a.oh * a.ow;
   for (long long o = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
        o += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long ox = o % a.ow, oy = (o / a.ow) % a.oh, pl = o / (a.ow * a.oh);
+    // NCHW: o = (plane, oy, ox); channels-last: o = (n, oy, ox, c), c fastest.
+    const long long c = a.channels;
+    const long long q = c > 0 ? o / c : o;
+    const long long ox = q % a.ow, oy = (q / a.ow) % a.oh, pl = q / (a.ow * a.oh);
     const long long hs = oy * a.sh - a.ph, ws = ox * a.sw - a.pw;
     float m = -INFINITY;
     for (int i = 0; i < a.kh; ++i) {
@@ -49,7 +71,7 @@ __global__ void max_pool2d_kernel(MaxPoolArgs a) {
       for (int j = 0; j < a.kw; ++j) {
         const long long iw = ws + static_cast<long long>(j) * a.dw;
         if (iw < 0 || iw >= a.w) continue;
-        const float v = ld(a.x, (pl * a.h + ih) * a.w + iw, a.bf16);
+        const float v = ld(a.x, c > 0 ? ((pl * a.h + ih) * a.w + iw) * c + o % c : (pl * a.h + ih) * a.w + iw, a.bf16);
         if (v > m || isnan(v)) m = v;
       }
     }
@@ -66,9 +88,14 @@ unsigned grid_for(long long threads) {
 }  // namespace
 
 int launch_adaptive_avg_pool2d(const void* x, void* y, long long planes, long long h, long long w, long long oh,
-                               long long ow, int bf16, void* stream) {
+                               long long ow, int bf16, long long channels, void* stream) {
   const long long total = planes * oh * ow;
   if (total == 0) return 0;
+  if (channels > 0) {
+    adaptive_avg_pool2d_nhwc_kernel<<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        x, y, planes, channels, h, w, oh, ow, bf16);
+    return static_cast<int>(cudaGetLastError());
+  }
   adaptive_avg_pool2d_kernel<<<grid_for(total * 32), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, planes, h, w,
                                                                                                   oh, ow, bf16);
   return static_cast<int>(cudaGetLastError());

@@ -129,13 +129,19 @@ struct Plan {
   bool compiled = false;  // fused + CUDA graph (else: eager, one kernel per node)
   std::vector<Buf> bufs;
   std::vector<Step> steps;
-  std::vector<FusedKernel> fused;  // distinct kernels (launches of the same code share one)
-  std::size_t fused_launches = 0;  // steps that launch one of them
+  // Run once, before the plan's first run (eager or capture) and never
+  // captured: they write the kPrepared buffers from the weights.
+  std::vector<Step> prep_steps;
+  bool prepared = false;
+  std::uint64_t prepared_bytes = 0;  // the kPrepared buffers (256-byte aligned each)
+  std::vector<FusedKernel> fused;    // distinct kernels (launches of the same code share one)
+  std::size_t fused_launches = 0;    // steps that launch one of them
   std::vector<cudaKernel_t> fns;
   std::shared_ptr<Module> module;
   std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
+  std::shared_ptr<DeviceBlock> prep;                // the kPrepared buffers
   std::uint64_t arena_bytes = 0;
-  std::uint64_t device_bytes = 0;  // arena + I/O buffers + workspace + error flag
+  std::uint64_t device_bytes = 0;  // arena + I/O buffers + prepared weights + workspace + error flag
   void* workspace = nullptr;
   std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
   bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
@@ -170,14 +176,19 @@ struct DryPlan {
   std::vector<std::string> steps;        // launch names in order
   std::vector<std::string> step_kinds;   // Step::kind of each
   std::vector<std::string> step_shapes;  // Step::shapes of each
+  std::vector<std::string> prep_steps;   // Plan::prep_steps' names (run once, not per call)
+  std::uint64_t prepared_bytes = 0;
   std::uint64_t arena_bytes = 0;
   std::size_t fused_kernels = 0;   // distinct generated kernels NVRTC compiles
   std::size_t fused_launches = 0;  // steps launching one of them (>= fused_kernels)
   std::string source;
   std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
-// `attention_workspace_bytes`: EngineOptions::attention_workspace_bytes.
+// `attention_workspace_bytes`, `conv_layout`: those EngineOptions (the
+// other options at their defaults: cudnn_allow_tf32, so kAuto plans
+// channels-last convolutions).
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
-                         int sm, std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes);
+                         int sm, std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes,
+                         ConvLayout conv_layout = ConvLayout::kAuto);
 
 }  // namespace safeckpt::engine::detail

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "engine/runtime.hpp"
@@ -586,6 +587,42 @@ TEST_CASE("engine: cnn with PyTorch's TF32 default for convolutions (cudnn_allow
   }
 }
 
+// Channels-last convolutions (conv_layout kChannelsLast) with TF32 off, so
+// the corpus tolerances hold: cnn (corpus) and resnet_tiny (pt2-2.11-extra,
+// residual adds and max_pool2d between convolutions) against PyTorch's CUDA
+// eager outputs, compiled and force_eager, the filters' copies reported.
+TEST_CASE("engine: convolutional programs in channels-last match PyTorch CUDA (TF32 off), compiled and eager") {
+  if (!have_device()) return;
+  engine::EngineOptions o = no_cache();
+  o.conv_layout = engine::ConvLayout::kChannelsLast;
+  auto eng = make_engine(o);
+  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
+  for (const char* model : {"cnn", "resnet_tiny"}) {
+    const bool corpus = std::string(model) == "cnn";
+    const std::string dir = corpus ? data_dir() : extra;
+    json meta = json::parse(read_text(dir + model + ".json"));
+    double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+    double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+    auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      const std::string file = std::string(model) + "." + ir + ".pt2";
+      CAPTURE(file);
+      Loaded l = corpus ? load_program(file) : test_support::load_program(file, true, "pt2-2.11-extra");
+      auto cases = cases_of(l.program, *io);
+      const CompiledAndEager r = compiled_and_eager(eng, l, cases[0].inputs);
+      for (std::size_t i = 0; i < r.compiled.size(); ++i) {
+        HostTensor ref = tensor_of(*io, cases[0].prefix + "output." + std::to_string(i) + ".cuda");
+        double dc = check_close(r.compiled[i], ref, atol, rtol, file + " channels-last compiled vs PyTorch CUDA");
+        double de = check_close(r.eager[i], ref, atol, rtol, file + " channels-last eager vs PyTorch CUDA");
+        MESSAGE(file << " channels-last: max|out - PyTorch CUDA| compiled " << dc << ", eager " << de);
+      }
+      CHECK(r.compiled_stats.prepared_bytes > 0);
+      CHECK(r.eager_stats.prepared_bytes > 0);
+    }
+  }
+}
+
 // bench/export_resnet50.py's archives and io file (made on the GPU machine,
 // not committed): set SAFECKPT_RESNET50_DIR to its output directory.
 TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch CUDA eager, compiled and eager") {
@@ -645,8 +682,10 @@ TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join on
   using safeckpt::engine::detail::dry_plan;
   for (const char* ir : {"train", "core"}) {
     Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
-    auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90);
+    auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90, engine::kDefaultAttentionWorkspaceBytes,
+                          engine::ConvLayout::kNchw);
     REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
+    CHECK(fused->prep_steps.empty());
     std::size_t convs = 0, norms = 0;
     for (const auto& n : l.program.nodes) {
       const std::string& op = n.schema->name;
@@ -678,6 +717,70 @@ TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join on
       auto bad = safeckpt::engine::detail::conv_describe(wrong);
       REQUIRE_FALSE(bad.has_value());
       CHECK(bad.error().code() == ErrorCode::kInternal);
+    }
+  }
+}
+
+// Channels-last plans (EngineOptions::conv_layout, kAuto with
+// cudnn_allow_tf32 as dry plans have it): every convolution NHWC, the
+// program's NCHW input copied once, no other layout copy between the
+// convolutions (batch_norm, relu, residual adds and the pools keep the
+// layout), one prepared K,R,S,C copy per filter that is not 1x1, cuDNN's
+// NHWC descriptors accepted — the same launches plus that one copy as NCHW.
+TEST_CASE("engine: convolutional plans in channels-last (no device): one input copy, prepared filters") {
+  using safeckpt::engine::detail::dry_plan;
+  struct Case {
+    std::string file, dir;
+    std::vector<std::vector<std::int64_t>> shapes;
+  };
+  std::vector<Case> cases;
+  for (const char* ir : {"train", "core"}) cases.push_back({std::string("cnn.") + ir + ".pt2", "", {{2, 3, 32, 32}}});
+  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
+  auto io = SafetensorsFile::open(extra + "resnet_tiny.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* ir : {"train", "core"}) {
+    auto l = test_support::load_program(std::string("resnet_tiny.") + ir + ".pt2", true, "pt2-2.11-extra");
+    cases.push_back({std::string("resnet_tiny.") + ir + ".pt2", "pt2-2.11-extra",
+                     user_shapes(l.program, cases_of(l.program, *io)[0].inputs)});
+  }
+  for (const auto& c : cases) {
+    CAPTURE(c.file);
+    auto l = c.dir.empty() ? load_program(c.file) : test_support::load_program(c.file, true, c.dir);
+    auto cl = dry_plan(l.program, c.shapes, true, 90);
+    auto nchw =
+        dry_plan(l.program, c.shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes, engine::ConvLayout::kNchw);
+    REQUIRE_MESSAGE(cl.has_value(), (cl ? "" : cl.error().to_string()));
+    REQUIRE_MESSAGE(nchw.has_value(), (nchw ? "" : nchw.error().to_string()));
+    REQUIRE_FALSE(cl->convs.empty());
+    std::size_t spatial = 0;  // filters other than 1x1
+    std::set<std::string> filters;
+    for (const auto& n : l.program.nodes) {
+      const std::string& op = n.schema->name;
+      if (op != "aten::conv2d" && op != "aten::convolution") continue;
+      const auto& w = l.program.values[static_cast<std::size_t>(n.args[1].tensor)];
+      if (w.sizes.size() == 4 && (w.sizes[2].value != 1 || w.sizes[3].value != 1) &&
+          filters.insert(l.program.value_names[static_cast<std::size_t>(n.args[1].tensor)]).second)
+        ++spatial;
+    }
+    for (const auto& g : cl->convs) CHECK(g.nhwc);
+    for (const auto& g : nchw->convs) CHECK_FALSE(g.nhwc);
+    CHECK(cl->prep_steps.size() == spatial);
+    CHECK(cl->prepared_bytes > 0);
+    std::size_t copies = 0;
+    for (const auto& k : cl->step_kinds) copies += k == "copy" ? 1 : 0;
+    std::size_t nchw_copies = 0;
+    for (const auto& k : nchw->step_kinds) nchw_copies += k == "copy" ? 1 : 0;
+    CHECK(copies == nchw_copies + 1);
+    CHECK(cl->steps.size() == nchw->steps.size() + 1);
+    MESSAGE(c.file << ": channels-last " << cl->steps.size() << " launches, " << cl->prep_steps.size()
+                   << " prepared filters (" << cl->prepared_bytes << " B), NCHW " << nchw->steps.size());
+    for (const auto& g : cl->convs) {
+      auto st = safeckpt::engine::detail::conv_describe(g);
+      if (!st && st.error().message().find("could not load") != std::string::npos) {
+        MESSAGE("SKIP: " << st.error().message());
+        break;
+      }
+      CHECK_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
     }
   }
 }
