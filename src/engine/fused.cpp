@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "engine/internal.hpp"
@@ -261,47 +262,122 @@ void order_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::i
   for (auto& s : strides) apply(s);
 }
 
-std::string fused_source(const std::vector<FusedKernel>& kernels) {
-  std::string src = kPrelude;
-  for (const auto& k : kernels) {
-    src += "extern \"C\" __global__ void " + k.name + "(P p) {\n";
-    src +=
-        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n;"
-        " i += (long long)gridDim.x * blockDim.x) {\n";
-    // Index decomposition: 64-bit division is a long software sequence on
-    // the GPU, 32-bit a short one; offsets stay 64-bit either way.
-    if (k.index32) {
-      src += "    unsigned r_ = (unsigned)i;\n";
-      for (int r = k.rank - 1; r >= 0; --r) {
-        std::string rs = std::to_string(r);
-        src += "    long long ix" + rs + " = (long long)(r_ % (unsigned)p.shape[" + rs +
-               "]); r_ /= (unsigned)p.shape[" + rs + "];\n";
-      }
-    } else {
-      src += "    long long r_ = i;\n";
-      for (int r = k.rank - 1; r >= 0; --r) {
-        std::string rs = std::to_string(r);
-        src += "    long long ix" + rs + " = r_ % p.shape[" + rs + "]; r_ /= p.shape[" + rs + "];\n";
-      }
+namespace {
+
+// The decomposition of the flat index `var` into ix0..ix{rank-1} (row-major
+// over p.shape), each declared as `prefix`<r>. 64-bit division is a long
+// software sequence on the GPU, 32-bit a short one; offsets stay 64-bit.
+std::string decompose(const FusedKernel& k, const std::string& var, const std::string& prefix,
+                      const std::string& indent) {
+  std::string src;
+  if (k.index32) {
+    src += indent + "unsigned r_ = (unsigned)" + var + ";\n";
+    for (int r = k.rank - 1; r >= 0; --r) {
+      std::string rs = std::to_string(r);
+      src += indent + "long long " + prefix + rs + " = (long long)(r_ % (unsigned)p.shape[" + rs +
+             "]); r_ /= (unsigned)p.shape[" + rs + "];\n";
     }
-    src += "    (void)r_;\n";
-    const int nin = static_cast<int>(k.in_dtypes.size());
+  } else {
+    src += indent + "long long r_ = " + var + ";\n";
+    for (int r = k.rank - 1; r >= 0; --r) {
+      std::string rs = std::to_string(r);
+      src += indent + "long long " + prefix + rs + " = r_ % p.shape[" + rs + "]; r_ /= p.shape[" + rs + "];\n";
+    }
+  }
+  return src + indent + "(void)r_;\n";
+}
+
+// One trip of kFusedUnroll elements: `setup(u)` declares i and ix0.. of
+// element u; every element's loads and arithmetic come before any store
+// (`ok(u)`: the guard of element u's stores, empty for none).
+std::string unrolled_trip(const FusedKernel& k, const std::function<std::string(int)>& setup,
+                          const std::function<std::string(int)>& ok) {
+  std::string src;
+  const int nin = static_cast<int>(k.in_dtypes.size());
+  for (int u = 0; u < kFusedUnroll; ++u)
+    for (std::size_t j = 0; j < k.ops.size(); ++j)
+      if (k.ops[j].store >= 0) {
+        const std::string js = std::to_string(u) + "_" + std::to_string(j);
+        src += std::string("      ") + ctype(k.ops[j].dtype) + " sv" + js + "; long long so" + js + " = 0;\n";
+      }
+  for (int u = 0; u < kFusedUnroll; ++u) {
+    src += "      {\n" + setup(u) + "        (void)i;\n";
     for (std::size_t j = 0; j < k.ops.size(); ++j) {
       const MicroOp& o = k.ops[j];
-      src += std::string("    ") + ctype(o.dtype) + " " + v(static_cast<int>(j)) + " = " + op_expr(k, o) + ";\n";
-      if (o.store >= 0) {
-        const int t = nin + o.store;
-        std::string off;
-        for (int r = 0; r < k.rank; ++r)
-          off += (r ? " + " : "") + std::string("ix") + std::to_string(r) + " * p.t[" + std::to_string(t) + "].s[" +
-                 std::to_string(r) + "]";
-        if (off.empty()) off = "0";
-        src += "    " +
-               store_stmt(k.out_dtypes[static_cast<std::size_t>(o.store)], "p.t[" + std::to_string(t) + "].p", off,
-                          v(static_cast<int>(j))) +
-               "\n";
-      }
+      src += std::string("        ") + ctype(o.dtype) + " " + v(static_cast<int>(j)) + " = " + op_expr(k, o) + ";\n";
+      if (o.store < 0) continue;
+      const int t = nin + o.store;
+      std::string off;
+      for (int r = 0; r < k.rank; ++r)
+        off += (r ? " + " : "") + std::string("ix") + std::to_string(r) + " * p.t[" + std::to_string(t) + "].s[" +
+               std::to_string(r) + "]";
+      if (off.empty()) off = "0";
+      const std::string js = std::to_string(u) + "_" + std::to_string(j);
+      src += "        sv" + js + " = " + v(static_cast<int>(j)) + "; so" + js + " = " + off + ";\n";
     }
+    src += "      }\n";
+  }
+  for (int u = 0; u < kFusedUnroll; ++u)
+    for (std::size_t j = 0; j < k.ops.size(); ++j) {
+      const MicroOp& o = k.ops[j];
+      if (o.store < 0) continue;
+      const int t = nin + o.store;
+      const std::string js = std::to_string(u) + "_" + std::to_string(j);
+      const std::string g = ok(u);
+      src += "      " + (g.empty() ? std::string() : "if (" + g + ") ") +
+             store_stmt(k.out_dtypes[static_cast<std::size_t>(o.store)], "p.t[" + std::to_string(t) + "].p", "so" + js,
+                        "sv" + js) +
+             "\n";
+    }
+  return src;
+}
+
+}  // namespace
+
+std::string fused_source(const std::vector<FusedKernel>& kernels) {
+  std::string src = kPrelude;
+  const std::string U = std::to_string(kFusedUnroll);
+  for (const auto& k : kernels) {
+    src += "extern \"C\" __global__ void " + k.name + "(P p) {\n";
+    // kFusedUnroll elements per thread and trip, their loads all in flight
+    // before the first store (the pointers may alias as far as the compiler
+    // knows: a store in between would order the next element's loads after
+    // it). Fast path, when the innermost extent is a multiple of
+    // kFusedUnroll: the thread's elements are consecutive in one row, one
+    // index decomposition for all of them (the index arithmetic, not the
+    // memory, bounded a [32,256,56,56] channels-last batch norm at 1.6 TB/s).
+    // Otherwise they are S_ apart, each decomposed.
+    src += "  const long long S_ = (long long)gridDim.x * blockDim.x;\n";
+    src += "  const long long t_ = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
+    if (k.rank > 0) {
+      const std::string last = std::to_string(k.rank - 1);
+      src += "  if (p.shape[" + last + "] % " + U + " == 0) {\n";
+      src += "    for (long long e_ = t_ * " + U + "; e_ < p.n; e_ += " + U + " * S_) {\n";
+      src += decompose(k, "e_", "f", "      ");
+      src += unrolled_trip(
+          k,
+          [&](int u) {
+            std::string s = "        const long long i = e_ + " + std::to_string(u) + ";\n";
+            for (int r = 0; r < k.rank; ++r) {
+              const std::string rs = std::to_string(r);
+              s += "        const long long ix" + rs + " = f" + rs +
+                   (r == k.rank - 1 ? " + " + std::to_string(u) : std::string()) + ";\n";
+            }
+            return s;
+          },
+          [](int) { return std::string(); });
+      src += "    }\n    return;\n  }\n";
+    }
+    src += "  for (long long i0_ = t_; i0_ < p.n; i0_ += " + U + " * S_) {\n";
+    src += unrolled_trip(
+        k,
+        [&](int u) {
+          const std::string us = std::to_string(u);
+          // Out of range: element i0_ again (in range), computed and not stored.
+          return "        const long long i = i0_ + " + us + " * S_ < p.n ? i0_ + " + us + " * S_ : i0_;\n" +
+                 decompose(k, "i", "ix", "        ");
+        },
+        [&](int u) { return "i0_ + " + std::to_string(u) + " * S_ < p.n"; });
     src += "  }\n}\n";
   }
   return src;

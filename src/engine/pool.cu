@@ -55,14 +55,22 @@ __global__ void adaptive_avg_pool2d_nhwc_kernel(const void* x, void* y, long lon
 // the maximum starts at -inf, `val > max || isnan(val)` replaces it, so the
 // first maximum wins ties and a NaN in the window gives NaN; padded taps are
 // skipped.
+// I: the index type of the output decomposition (unsigned when the input
+// has fewer than 2^32 elements: 64-bit division is a long software sequence
+// on the GPU); offsets are 64-bit.
+template <typename I>
 __global__ void max_pool2d_kernel(MaxPoolArgs a) {
   const long long total = a.planes * a.oh * a.ow;
+  const I c = static_cast<I>(a.channels), oh = static_cast<I>(a.oh), ow = static_cast<I>(a.ow);
   for (long long o = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
        o += static_cast<long long>(gridDim.x) * blockDim.x) {
     // NCHW: o = (plane, oy, ox); channels-last: o = (n, oy, ox, c), c fastest.
-    const long long c = a.channels;
-    const long long q = c > 0 ? o / c : o;
-    const long long ox = q % a.ow, oy = (q / a.ow) % a.oh, pl = q / (a.ow * a.oh);
+    const I oi = static_cast<I>(o);
+    const I q = c > 0 ? oi / c : oi;
+    const I ch = c > 0 ? oi - q * c : 0;
+    const I q2 = q / ow;
+    const long long ox = static_cast<long long>(q - q2 * ow), oy = static_cast<long long>(q2 % oh),
+                    pl = static_cast<long long>(q2 / oh);
     const long long hs = oy * a.sh - a.ph, ws = ox * a.sw - a.pw;
     float m = -INFINITY;
     for (int i = 0; i < a.kh; ++i) {
@@ -71,7 +79,10 @@ __global__ void max_pool2d_kernel(MaxPoolArgs a) {
       for (int j = 0; j < a.kw; ++j) {
         const long long iw = ws + static_cast<long long>(j) * a.dw;
         if (iw < 0 || iw >= a.w) continue;
-        const float v = ld(a.x, c > 0 ? ((pl * a.h + ih) * a.w + iw) * c + o % c : (pl * a.h + ih) * a.w + iw, a.bf16);
+        const float v = ld(
+            a.x,
+            c > 0 ? ((pl * a.h + ih) * a.w + iw) * a.channels + static_cast<long long>(ch) : (pl * a.h + ih) * a.w + iw,
+            a.bf16);
         if (v > m || isnan(v)) m = v;
       }
     }
@@ -104,7 +115,10 @@ int launch_adaptive_avg_pool2d(const void* x, void* y, long long planes, long lo
 int launch_max_pool2d(const MaxPoolArgs& a, void* stream) {
   const long long total = a.planes * a.oh * a.ow;
   if (total == 0) return 0;
-  max_pool2d_kernel<<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (total <= 0xffffffffLL && a.planes * a.h * a.w <= 0xffffffffLL)
+    max_pool2d_kernel<unsigned><<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  else
+    max_pool2d_kernel<unsigned long long><<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -228,8 +228,17 @@ TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and n
   std::string src = fused_source({k});
   CHECK(src.find("extern \"C\" __global__ void k0(P p)") != std::string::npos);
   CHECK(src.find("tanhf(") != std::string::npos);
-  CHECK(src.find("rbf(") != std::string::npos);                // bf16 results rounded after each op
-  CHECK(src.find("f2bf(v3)") != std::string::npos);            // the stored value
+  CHECK(src.find("rbf(") != std::string::npos);  // bf16 results rounded after each op
+  // The stored value, once per unrolled element, every store after every load.
+  for (int u = 0; u < safeckpt::engine::detail::kFusedUnroll; ++u)
+    CHECK(src.find("f2bf(sv" + std::to_string(u) + "_3)") != std::string::npos);
+  // Both paths (consecutive elements of one row; elements a grid apart).
+  const auto fast_end = src.find("return;");
+  REQUIRE(fast_end != std::string::npos);
+  const std::string fast = src.substr(0, fast_end), general = src.substr(fast_end);
+  CHECK(fast.find("e_ += " + std::to_string(safeckpt::engine::detail::kFusedUnroll) + " * S_") != std::string::npos);
+  CHECK(fast.rfind("p.t[0].p)[") < fast.find("f2bf(sv0_3)"));
+  CHECK(general.rfind("p.t[0].p)[") < general.find("if (i0_ + 0 * S_ < p.n)"));
   CHECK(src.find("0xfff0000000000000") != std::string::npos);  // -inf as bits, not text
   CHECK(src.find("#include") == std::string::npos);
   // The same kernel at another shape: same text (sizes are parameters).
