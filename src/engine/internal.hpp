@@ -118,11 +118,11 @@ void collapse_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std
 // a channels-last output too. Only for kernels whose ops do not depend on the
 // linear index (no kArange). Size-1 dimensions may land anywhere.
 void order_dims(std::vector<std::int64_t>& shape, std::vector<std::vector<std::int64_t>>& strides, std::size_t ref);
-// The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
-// numbers reach the text.
 // Elements per thread and loop trip of a generated kernel (fused_source,
 // launch_fused's grid).
 inline constexpr int kFusedUnroll = 4;
+// The CUDA C++ source of `kernels` (one module). Only op codes, dtypes and
+// numbers reach the text.
 std::string fused_source(const std::vector<FusedKernel>& kernels);
 // Parameters block of one fused launch (matches the generated struct).
 inline constexpr int kMaxFusedTensors = 24;
