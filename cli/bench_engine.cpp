@@ -266,9 +266,9 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.device = device;
   if (a.attention_workspace_mib >= 0)
     eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
-  eo.conv_layout = a.conv_layout == "nchw"            ? engine::ConvLayout::kNchw
-                   : a.conv_layout == "channels-last" ? engine::ConvLayout::kChannelsLast
-                                                      : engine::ConvLayout::kAuto;
+  auto layout = engine::parse_conv_layout(a.conv_layout);
+  if (!layout) return bench_fail("--conv-layout", layout.error());
+  eo.conv_layout = *layout;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;

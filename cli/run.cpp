@@ -157,9 +157,9 @@ int run_program(const RunArgs& a) {
     eo.cache_dir = a.cache_dir;
     if (a.attention_workspace_mib >= 0)
       eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
-    eo.conv_layout = a.conv_layout == "nchw"            ? engine::ConvLayout::kNchw
-                     : a.conv_layout == "channels-last" ? engine::ConvLayout::kChannelsLast
-                                                        : engine::ConvLayout::kAuto;
+    auto layout = engine::parse_conv_layout(a.conv_layout);
+    if (!layout) return fail("run", "--conv-layout", layout.error());
+    eo.conv_layout = *layout;
     auto eng = engine::Engine::create(eo);
     if (!eng) return fail("run", a.device, eng.error());
     auto cp = eng->compile(p, weights);

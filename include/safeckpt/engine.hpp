@@ -178,6 +178,9 @@ enum class ConvLayout : std::uint8_t {
   kNchw,          // contiguous NCHW everywhere
   kChannelsLast,  // channels-last for every convolution (full-fp32 ones too)
 };
+// "auto", "nchw" or "channels-last" (the CLI's --conv-layout values).
+// Errors: kInvalidArgument for any other text (the message lists the three).
+Result<ConvLayout> parse_conv_layout(std::string_view text);
 
 struct EngineOptions {
   int device = 0;                    // CUDA device index

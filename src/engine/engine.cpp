@@ -628,6 +628,14 @@ Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
 using detail::DevTensor;
 using detail::ProgramImpl;
 
+Result<ConvLayout> parse_conv_layout(std::string_view text) {
+  if (text == "auto") return ConvLayout::kAuto;
+  if (text == "nchw") return ConvLayout::kNchw;
+  if (text == "channels-last") return ConvLayout::kChannelsLast;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown convolution layout '" + std::string(text) + "': expected auto, nchw or channels-last");
+}
+
 // ------------------------------------------------------------------- Engine
 
 Engine::Engine(std::shared_ptr<detail::EngineImpl> impl) : impl_(std::move(impl)) {}

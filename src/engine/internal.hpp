@@ -35,14 +35,18 @@ struct DevTensor {
     for (auto s : shape) n *= static_cast<std::uint64_t>(s);
     return n;
   }
-  // Channels-last (torch.channels_last): rank 4, N,H,W,C in memory — and
-  // not also contiguous (C == 1 or H == W == 1 are both).
-  bool channels_last() const noexcept {
-    if (shape.size() != 4 || contiguous()) return false;
+  // Whether the memory is N,H,W,C (rank 4, offset aside): channels-last
+  // strides, or a shape where both orders are the same bytes (C == 1, or
+  // H == W == 1 as in a 1x1 filter's K,C,1,1).
+  bool nhwc_memory() const noexcept {
+    if (shape.size() != 4) return false;
     const std::int64_t c = shape[1], h = shape[2], w = shape[3];
     auto ok = [&](std::size_t d, std::int64_t want) { return shape[d] == 1 || strides[d] == want; };
     return ok(1, 1) && ok(3, c) && ok(2, c * w) && ok(0, c * w * h);
   }
+  // Channels-last (torch.channels_last): N,H,W,C in memory and not also
+  // contiguous.
+  bool channels_last() const noexcept { return nhwc_memory() && !contiguous(); }
   bool contiguous() const noexcept {
     std::int64_t want = 1;
     for (std::size_t d = shape.size(); d-- > 0;) {

@@ -1578,24 +1578,13 @@ struct Lowering {
     return v;
   }
 
-  // Whether `t`'s memory is N,H,W,C (rank 4, offset aside): channels-last
-  // strides, or a shape where both orders are the same bytes (C == 1, or
-  // H == W == 1 as in a 1x1 filter's K,C,1,1).
-  static bool nhwc_memory(const DevTensor& t) {
-    if (t.shape.size() != 4) return false;
-    const auto cl = channels_last_strides(t.shape);
-    for (std::size_t d = 0; d < 4; ++d)
-      if (t.shape[d] != 1 && t.strides[d] != cl[d]) return false;
-    return true;
-  }
-
   // Convolution filter `w` (value `id`) in K,R,S,C/groups order: itself when
   // its memory already is; a checkpoint weight's copy in a kPrepared buffer,
   // written once by a prep step (one per weight value, shared by the
   // convolutions that read it); a computed filter's copy in the arena, made
   // by every run.
   Result<DevTensor> channels_last_weight(const DevTensor& w, std::int32_t id) {
-    if (nhwc_memory(w)) return w;
+    if (w.nhwc_memory()) return w;
     if (w.buf >= 0) {
       DevTensor c = new_tensor(w.dtype, w.shape, true);
       emit_copy(w, c, w.shape, "channels-last(" + node->name + ")", "copy");
@@ -1653,7 +1642,7 @@ struct Lowering {
     const bool nhwc =
         eng.opt.conv_layout == ConvLayout::kChannelsLast || (eng.opt.conv_layout == ConvLayout::kAuto && tensor_cores);
     if (nhwc) {
-      if (!nhwc_memory(x)) {
+      if (!x.nhwc_memory()) {
         DevTensor c = new_tensor(x.dtype, x.shape, true);
         emit_copy(x, c, x.shape, "channels-last(" + node->name + ")", "copy");
         x = c;

@@ -195,6 +195,16 @@ TEST_CASE("engine: stance names round-trip; unknown names are refused") {
   CHECK(bad.error().code() == ErrorCode::kInvalidArgument);
 }
 
+TEST_CASE("engine: convolution layout names parse; unknown names are refused") {
+  using engine::ConvLayout;
+  CHECK(*engine::parse_conv_layout("auto") == ConvLayout::kAuto);
+  CHECK(*engine::parse_conv_layout("nchw") == ConvLayout::kNchw);
+  CHECK(*engine::parse_conv_layout("channels-last") == ConvLayout::kChannelsLast);
+  auto bad = engine::parse_conv_layout("channels_last");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code() == ErrorCode::kInvalidArgument);
+}
+
 TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and numbers") {
   using namespace safeckpt::engine::detail;
   FusedKernel k;
