@@ -33,7 +33,8 @@
 // graph replay of the same plan. --attention-workspace-mib N sets
 // EngineOptions::attention_workspace_bytes (0: the flash-style attention
 // kernel only) for every engine of the run; --conv-layout auto|nchw|
-// channels-last sets EngineOptions::conv_layout.
+// channels-last sets EngineOptions::conv_layout; --no-fold-batch-norm
+// clears EngineOptions::fold_batch_norm.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -68,6 +69,7 @@ struct BenchEngineArgs {
   bool profile = false;
   std::int64_t attention_workspace_mib = -1;  // -1: the engine's default
   std::string conv_layout = "auto";
+  bool no_fold_batch_norm = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -269,6 +271,7 @@ int bench_engine(const BenchEngineArgs& a) {
   auto layout = engine::parse_conv_layout(a.conv_layout);
   if (!layout) return bench_fail("--conv-layout", layout.error());
   eo.conv_layout = *layout;
+  eo.fold_batch_norm = !a.no_fold_batch_norm;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -330,8 +333,8 @@ int bench_engine(const BenchEngineArgs& a) {
   for (const auto& w : eng->stats().warnings) std::fprintf(stderr, "safeckpt bench-engine: warning: %s\n", w.c_str());
   std::printf(
       "  plan: %zu launches compiled (%zu generated kernels NVRTC-compiled), %zu eager; activation arena %.2f MiB; "
-      "all plan memory (arena + I/O + weight copies + workspace) %.2f MiB, of which channels-last weight copies "
-      "%.2f MiB; weights uploaded %.1f MiB%s\n",
+      "all plan memory (arena + I/O + weight copies + workspace) %.2f MiB, of which prepared weight copies "
+      "(channels-last, folded batch norms) %.2f MiB; weights uploaded %.1f MiB%s\n",
       s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
       static_cast<double>(s1.plan_device_bytes) / (1 << 20), static_cast<double>(s1.prepared_bytes) / (1 << 20),
       static_cast<double>(s1.weight_bytes) / (1 << 20), l->device_weights ? " (rest read in place)" : "");
@@ -478,6 +481,8 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_option("--conv-layout", args->conv_layout,
                   "convolutions' memory format: auto (channels-last on tensor cores), nchw, channels-last")
       ->check(CLI::IsMember({"auto", "nchw", "channels-last"}));
+  sub->add_flag("--no-fold-batch-norm", args->no_fold_batch_norm,
+                "keep inference batch norms as their own kernels (EngineOptions::fold_batch_norm off)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

@@ -102,6 +102,24 @@
 // own K,R,S,C copy of every convolution weight, made on the plan's first run
 // (ProgramStats::prepared_bytes; the checkpoint's weights stay untouched).
 //
+// Batch norm folding (EngineOptions::fold_batch_norm; torch/nn/utils/
+// fusion.py's fuse_conv_bn_eval, which inductor's freezing applies with
+// torch._inductor.config.freezing = True): in a
+// compiled plan, an inference batch_norm that is the only reader of a
+// float32 convolution's output, with its running statistics (and weight,
+// bias) checkpoint tensors, is folded into a copy of the filter and a bias —
+// s = weight / sqrt(running_var + eps), filter * s[k], (conv_bias -
+// running_mean) * s + bias — written once per plan by a prep step
+// (ProgramStats::prepared_bytes; the checkpoint's tensors stay untouched),
+// when its result goes only to relu, directly or through an add (alpha 1) of
+// a tensor computed before the convolution in the output's layout (a ResNet
+// block's residual). The convolution, batch norm, add and relu then run as
+// one cuDNN call, cudnnConvolutionBiasActivationForward (what ATen's
+// cudnn_convolution_add_relu runs): no pass over the convolution's output.
+// Results differ from the unfolded ones by rounding only (the scale
+// multiplies the filter instead of the output). Not folded: bfloat16
+// convolutions (cuDNN's fused call takes float32 only), force_eager plans.
+//
 // Not implemented on the GPU (kUnsupported when compiling, naming the node):
 // transposed convolutions, float16 and other dtypes than float32 / bfloat16 /
 // int64 / bool / int32 for computed values, _softmax over another than the
@@ -196,6 +214,10 @@ struct EngineOptions {
   // Fuse a gelu/relu that follows a GEMM into its cuBLASLt epilogue (compiled
   // plans only).
   bool fuse_gemm_epilogue = true;
+  // Fold an inference batch_norm (+ residual add) + relu into the float32
+  // convolution before it (see "Batch norm folding" above; compiled plans
+  // only).
+  bool fold_batch_norm = true;
   // Attention's materialized-score path (see "Attention" above): the most
   // arena bytes one attention step may take for scores (and bfloat16
   // probabilities). 0 = always the flash-style kernel; UINT64_MAX = always
@@ -248,8 +270,8 @@ struct ProgramStats {
   std::uint64_t plan_device_bytes = 0;
   std::uint64_t weight_bytes = 0;  // device bytes the engine allocated for weights (0 = all in place)
   // Weight copies the most recent plan made for its kernels (channels-last
-  // convolution filters; made on its first run), included in
-  // plan_device_bytes.
+  // convolution filters, filters and biases with a batch norm folded in;
+  // made on its first run), included in plan_device_bytes.
   std::uint64_t prepared_bytes = 0;
   double weight_upload_seconds = 0;  // compile(): allocating and copying those weights (synchronous)
   std::size_t steps = 0;             // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)

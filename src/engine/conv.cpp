@@ -54,6 +54,8 @@ struct ConvPlan {
     if (y != nullptr) cudnnDestroyTensorDescriptor(y);
     if (w != nullptr) cudnnDestroyFilterDescriptor(w);
     if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
+    if (bias != nullptr) cudnnDestroyTensorDescriptor(bias);
+    if (act != nullptr) cudnnDestroyActivationDescriptor(act);
   }
   std::shared_ptr<DnnHandle> handle;
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
@@ -62,6 +64,9 @@ struct ConvPlan {
   cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   std::uint64_t workspace = 0;
+  // conv_enable_bias_relu's descriptors (null until then).
+  cudnnTensorDescriptor_t bias = nullptr;
+  cudnnActivationDescriptor_t act = nullptr;
 };
 
 namespace {
@@ -253,6 +258,37 @@ int conv_forward(const ConvPlan& c, const void* x, const void* w, void* y, void*
     const float alpha = 1.0f, beta = 0.0f;  // float scaling for FLOAT and BFLOAT16 data
     st = cudnnConvolutionForward(c.handle->h, &alpha, c.x, x, c.w, w, c.conv, c.algo, workspace,
                                  static_cast<std::size_t>(workspace_bytes), &beta, c.y, y);
+  }
+  return st == CUDNN_STATUS_SUCCESS ? 0 : kDnnStatusBase + static_cast<int>(st);
+}
+
+Status conv_enable_bias_relu(ConvPlan& c, const ConvGeometry& g) {
+  if (g.bf16) return make_error(ErrorCode::kUnsupported, "cuDNN's fused convolution + bias + relu takes float32 only");
+  if (c.bias == nullptr) {
+    SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c.bias), "cudnnCreateTensorDescriptor"));
+    SAFECKPT_CHECK(
+        dnn_ok(cudnnSetTensor4dDescriptor(c.bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, static_cast<int>(g.k), 1, 1),
+               "bias descriptor"));
+  }
+  if (c.act == nullptr) {
+    SAFECKPT_CHECK(dnn_ok(cudnnCreateActivationDescriptor(&c.act), "cudnnCreateActivationDescriptor"));
+    SAFECKPT_CHECK(dnn_ok(cudnnSetActivationDescriptor(c.act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0),
+                          "activation descriptor"));
+  }
+  return {};
+}
+
+int conv_bias_relu_forward(const ConvPlan& c, const void* x, const void* w, const void* bias, const void* z, void* y,
+                           void* workspace, std::uint64_t workspace_bytes, void* stream) {
+  if (c.bias == nullptr || c.act == nullptr) return kDnnStatusBase + static_cast<int>(CUDNN_STATUS_NOT_INITIALIZED);
+  cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
+  if (st == CUDNN_STATUS_SUCCESS) {
+    // Without a residual, z is y with alpha2 = 0: not read (ATen's
+    // cudnn_convolution_relu passes its output the same way).
+    const float alpha1 = 1.0f, alpha2 = z != nullptr ? 1.0f : 0.0f;
+    st = cudnnConvolutionBiasActivationForward(c.handle->h, &alpha1, c.x, x, c.w, w, c.conv, c.algo, workspace,
+                                               static_cast<std::size_t>(workspace_bytes), &alpha2, c.y,
+                                               z != nullptr ? z : y, c.bias, bias, c.act, c.y, y);
   }
   return st == CUDNN_STATUS_SUCCESS ? 0 : kDnnStatusBase + static_cast<int>(st);
 }

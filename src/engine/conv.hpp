@@ -80,6 +80,23 @@ int conv_forward(const ConvPlan& c, const void* x, const void* w, void* y, void*
 // cudnnGetErrorString of a status (without kDnnStatusBase).
 const char* dnn_status_string(int status);
 
+// The convolution with a batch norm folded into it (plan.cpp, "Batch norm
+// folding"): y = relu(conv(x, w) + bias + z), float32 only, through cuDNN's
+// fused cudnnConvolutionBiasActivationForward (ATen's cudnn_convolution_relu
+// / cudnn_convolution_add_relu, aten/src/ATen/native/cudnn/ConvShared.cpp,
+// the same call with alpha1 = alpha2 = 1). Adds a [1, K, 1, 1] float32 bias
+// descriptor and a ReLU (NaN-propagating, as torch.relu) activation to `c`
+// (host calls). Errors: kDevice (cuDNN refusing a descriptor), kUnsupported
+// (a bfloat16 geometry: cuDNN's fused call takes float32 only).
+Status conv_enable_bias_relu(ConvPlan& c, const ConvGeometry& g);
+// Enqueues y = relu(conv(x, w) + bias (+ z when z is not null; z has y's
+// shape and layout)) on `stream`; capturable. `bias`: K float32. Returns 0 or
+// kDnnStatusBase + status (CUDNN_STATUS_NOT_SUPPORTED when cuDNN has no fused
+// kernel for this algorithm and geometry: the caller runs conv_forward and
+// launch_bias_add_relu instead).
+int conv_bias_relu_forward(const ConvPlan& c, const void* x, const void* w, const void* bias, const void* z, void* y,
+                           void* workspace, std::uint64_t workspace_bytes, void* stream);
+
 // ------------------------------------------------------------ pool.cu
 // NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous
 // [planes, oh, ow] — or, with `channels` > 0, channels-last: x N,H,W,C and
@@ -99,5 +116,30 @@ struct MaxPoolArgs {
   long long channels;  // > 0: channels-last x and y with this many channels (planes = N * channels)
 };
 int launch_max_pool2d(const MaxPoolArgs& a, void* stream);
+
+// Batch norm folding's prep step (plan.cpp), torch/nn/utils/fusion.py's
+// fuse_conv_bn_weights: with s = gamma / sqrt(var + eps) per output channel
+// k (gamma 1 when absent), the folded filter wf[k, c, r, s] = w[k, c, r, s]
+// * s[k] and bias[k] = (conv_bias[k] - mean[k]) * s[k] + beta[k]; float32
+// throughout. Filters are K x C x R x S
+// (C per group) read and written through their own element strides (so the
+// copy may change the layout, e.g. to K,R,S,C); the per-channel vectors
+// through `vs` (strides; a null gamma, beta or conv_bias reads as 1, 0, 0).
+struct FoldBnArgs {
+  const float* w;
+  float* wf;
+  long long k, c, r, s;
+  long long ws[4], wfs[4];  // element strides of w and wf, dimensions K, C, R, S
+  const float *gamma, *beta, *mean, *var, *conv_bias;
+  long long vs[5];  // element strides of gamma, beta, mean, var, conv_bias
+  float eps;
+  float* bias;  // K contiguous floats
+};
+int launch_fold_batch_norm(const FoldBnArgs& a, void* stream);
+// y = relu(y + bias[channel] (+ z)) over `count` float32 elements, channel =
+// (i / inner) % channels (NCHW: inner = H * W; channels-last: inner = 1); z
+// null or y's layout: the fallback of conv_bias_relu_forward.
+int launch_bias_add_relu(float* y, const float* bias, const float* z, long long count, long long channels,
+                         long long inner, void* stream);
 
 }  // namespace safeckpt::engine::detail

@@ -180,3 +180,36 @@ extern "C" cudnnStatus_t CUDNNWINAPI cudnnConvolutionForward(cudnnHandle_t handl
              ? fn(handle, alpha, xDesc, x, wDesc, w, convDesc, algo, workSpace, workSpaceSizeInBytes, beta, yDesc, y)
              : kDnnUnavailable;
 }
+
+// The fused convolution of a folded batch norm (conv.cpp, conv_bias_relu_forward).
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* activationDesc) {
+  static const auto fn =
+      resolve<decltype(&cudnnCreateActivationDescriptor)>(cudnn(), "cudnnCreateActivationDescriptor");
+  return fn != nullptr ? fn(activationDesc) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activationDesc,
+                                                                  cudnnActivationMode_t mode,
+                                                                  cudnnNanPropagation_t reluNanOpt, double coef) {
+  static const auto fn = resolve<decltype(&cudnnSetActivationDescriptor)>(cudnn(), "cudnnSetActivationDescriptor");
+  return fn != nullptr ? fn(activationDesc, mode, reluNanOpt, coef) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc) {
+  static const auto fn =
+      resolve<decltype(&cudnnDestroyActivationDescriptor)>(cudnn(), "cudnnDestroyActivationDescriptor");
+  return fn != nullptr ? fn(activationDesc) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnConvolutionBiasActivationForward(
+    cudnnHandle_t handle, const void* alpha1, const cudnnTensorDescriptor_t xDesc, const void* x,
+    const cudnnFilterDescriptor_t wDesc, const void* w, const cudnnConvolutionDescriptor_t convDesc,
+    cudnnConvolutionFwdAlgo_t algo, void* workSpace, size_t workSpaceSizeInBytes, const void* alpha2,
+    const cudnnTensorDescriptor_t zDesc, const void* z, const cudnnTensorDescriptor_t biasDesc, const void* bias,
+    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t yDesc, void* y) {
+  static const auto fn =
+      resolve<decltype(&cudnnConvolutionBiasActivationForward)>(cudnn(), "cudnnConvolutionBiasActivationForward");
+  return fn != nullptr ? fn(handle, alpha1, xDesc, x, wDesc, w, convDesc, algo, workSpace, workSpaceSizeInBytes, alpha2,
+                            zDesc, z, biasDesc, bias, activationDesc, yDesc, y)
+                       : kDnnUnavailable;
+}

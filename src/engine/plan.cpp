@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1578,6 +1579,24 @@ struct Lowering {
     return v;
   }
 
+  // A kPrepared buffer (written by prep steps, read by every run).
+  DevTensor prepared_tensor(DType d, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides) {
+    DevTensor c;
+    c.dtype = d;
+    c.shape = std::move(shape);
+    c.strides = std::move(strides);
+    Buf b;
+    b.kind = BufKind::kPrepared;
+    b.bytes = std::max<std::uint64_t>(c.numel() * esize(c.dtype), 1);
+    b.offset = plan.prepared_bytes;
+    plan.prepared_bytes += (b.bytes + 255) / 256 * 256;
+    plan.bufs.push_back(b);
+    first_step.push_back(0);
+    last_step.push_back(0);
+    c.buf = static_cast<std::int32_t>(plan.bufs.size() - 1);
+    return c;
+  }
+
   // Convolution filter `w` (value `id`) in K,R,S,C/groups order: itself when
   // its memory already is; a checkpoint weight's copy in a kPrepared buffer,
   // written once by a prep step (one per weight value, shared by the
@@ -1592,19 +1611,7 @@ struct Lowering {
     }
     auto found = prepared_of.find(id);
     if (found != prepared_of.end()) return found->second;
-    DevTensor c;
-    c.dtype = w.dtype;
-    c.shape = w.shape;
-    c.strides = channels_last_strides(w.shape);
-    Buf b;
-    b.kind = BufKind::kPrepared;
-    b.bytes = std::max<std::uint64_t>(c.numel() * esize(c.dtype), 1);
-    b.offset = plan.prepared_bytes;
-    plan.prepared_bytes += (b.bytes + 255) / 256 * 256;
-    plan.bufs.push_back(b);
-    first_step.push_back(0);
-    last_step.push_back(0);
-    c.buf = static_cast<std::int32_t>(plan.bufs.size() - 1);
+    DevTensor c = prepared_tensor(w.dtype, w.shape, channels_last_strides(w.shape));
     prep = true;
     emit_copy(w, c, w.shape, "channels-last weight (" + node->name + ")", "prepare");
     prep = false;
@@ -1614,6 +1621,111 @@ struct Lowering {
 
   // cuDNN takes int sizes.
   static bool fits_int(std::int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
+
+  // ------------------------------------------------- batch norm folding
+  // (EngineOptions::fold_batch_norm; safeckpt/engine.hpp "Batch norm
+  // folding"). What folds into the convolution producing value `y`: an
+  // inference batch_norm as y's only use, its running statistics (weight and
+  // bias too, when present) checkpoint tensors of K float32s, then relu as
+  // its result's only use — or add (alpha 1) with a value computed before the
+  // convolution, in the convolution output's layout (the residual of a ResNet
+  // block), then relu. nullopt: nothing folds (the ops run as before).
+  struct ConvFold {
+    std::size_t bn = 0, relu = 0;
+    std::optional<std::size_t> add;
+    std::int32_t z = -1;    // the residual value (with `add`)
+    std::int32_t out = -1;  // relu's output: the fused step's result
+    std::int32_t gamma = -1, beta = -1, mean = -1, var = -1;
+    float eps = 0;
+  };
+  static const Arg* arg_of(const Node& n, std::string_view name) {
+    for (std::size_t k = 0; k < n.schema->args.size(); ++k)
+      if (n.schema->args[k].name == name) return &n.args[k];
+    return nullptr;
+  }
+  // The node reading value `v`, when it is the only read (once) and `v` is
+  // not a program output.
+  std::optional<std::size_t> only_use(std::int32_t v) const {
+    if (v < 0 || is_output[static_cast<std::size_t>(v)] != 0) return std::nullopt;
+    const auto& cs = consumers[static_cast<std::size_t>(v)];
+    if (cs.size() != 1) return std::nullopt;
+    return cs[0];
+  }
+  // A per-channel checkpoint tensor of `k` float32s (value id), or -1 when
+  // `name` is absent; nullopt when it does not qualify.
+  std::optional<std::int32_t> fold_operand(const Node& n, std::string_view name, std::int64_t k, bool required) const {
+    const Arg* a = arg_of(n, name);
+    if (a == nullptr || a->kind != Arg::Kind::kTensor || a->tensor < 0) {
+      if (required) return std::nullopt;
+      return -1;
+    }
+    const auto id = static_cast<std::size_t>(a->tensor);
+    if (weights.size() <= id || !weights[id]) return std::nullopt;
+    const DevTensor& t = *weights[id];
+    if (t.dtype != DType::kFloat32 || t.shape.size() != 1 || t.shape[0] != k) return std::nullopt;
+    return a->tensor;
+  }
+  std::optional<ConvFold> conv_fold_for(std::int32_t y, const std::vector<std::int64_t>& yshape, bool nhwc) const {
+    if (!fuse || !eng.opt.fold_batch_norm) return std::nullopt;
+    ConvFold f;
+    auto bn = only_use(y);
+    if (!bn) return std::nullopt;
+    const Node& b = p.nodes[*bn];
+    const std::string& bop = b.schema->name;
+    if (bop != "aten::batch_norm" && bop != "aten::_native_batch_norm_legit_no_training") return std::nullopt;
+    const Arg* in = arg_of(b, "input");
+    const Arg* eps = arg_of(b, "eps");
+    if (in == nullptr || in->tensor != y || eps == nullptr || eps->kind != Arg::Kind::kFloat || b.outputs.empty())
+      return std::nullopt;
+    // _native_batch_norm_legit_no_training's save_mean / save_invstd unread.
+    for (std::size_t k = 1; k < b.outputs.size(); ++k) {
+      const std::int32_t o = b.outputs[k];
+      if (o >= 0 && (!consumers[static_cast<std::size_t>(o)].empty() || is_output[static_cast<std::size_t>(o)] != 0))
+        return std::nullopt;
+    }
+    const std::int64_t k = yshape[1];
+    auto gw = fold_operand(b, "weight", k, false), be = fold_operand(b, "bias", k, false);
+    auto m = fold_operand(b, "running_mean", k, true), v = fold_operand(b, "running_var", k, true);
+    if (!gw || !be || !m || !v) return std::nullopt;
+    f.bn = *bn;
+    f.gamma = *gw;
+    f.beta = *be;
+    f.mean = *m;
+    f.var = *v;
+    f.eps = static_cast<float>(eps->f);
+    auto next = only_use(b.outputs[0]);
+    if (!next) return std::nullopt;
+    const Node* n = &p.nodes[*next];
+    if (n->schema->name == "aten::add.Tensor" ||
+        n->schema->name == "aten::add_.Tensor") {  // add_: out of place is exact (validate.cpp)
+      const Arg* self = arg_of(*n, "self");
+      const Arg* other = arg_of(*n, "other");
+      const Arg* alpha = arg_of(*n, "alpha");
+      if (self == nullptr || other == nullptr || self->kind != Arg::Kind::kTensor || other->kind != Arg::Kind::kTensor)
+        return std::nullopt;
+      const bool alpha_one = alpha == nullptr || alpha->kind == Arg::Kind::kNone ||
+                             (alpha->kind == Arg::Kind::kFloat && alpha->f == 1.0) ||
+                             (alpha->kind == Arg::Kind::kInt && alpha->ints.size() == 1 &&
+                              !alpha->ints[0].is_symbolic() && alpha->ints[0].value == 1);
+      const std::int32_t z = self->tensor == b.outputs[0] ? other->tensor : self->tensor;
+      if (!alpha_one || z < 0 || z == b.outputs[0] || n->outputs.empty() || !vals[static_cast<std::size_t>(z)])
+        return std::nullopt;
+      const DevTensor& zt = *vals[static_cast<std::size_t>(z)];
+      if (zt.dtype != DType::kFloat32 || zt.shape != yshape || !(nhwc ? zt.nhwc_memory() : zt.contiguous()) ||
+          p.values[static_cast<std::size_t>(n->outputs[0])].dtype != DType::kFloat32)
+        return std::nullopt;
+      f.add = *next;
+      f.z = z;
+      next = only_use(n->outputs[0]);
+      if (!next) return std::nullopt;
+      n = &p.nodes[*next];
+    }
+    const std::string& rop = n->schema->name;
+    if ((rop != "aten::relu" && rop != "aten::relu_") || n->outputs.empty() || n->outputs[0] < 0) return std::nullopt;
+    f.relu = *next;
+    f.out = n->outputs[0];
+    return f;
+  }
 
   Status lower_conv() {
     SAFECKPT_TRY(DevTensor x, tensor("input"));
@@ -1641,16 +1753,29 @@ struct Lowering {
     const bool tensor_cores = x.dtype == DType::kBFloat16 || eng.opt.cudnn_allow_tf32;
     const bool nhwc =
         eng.opt.conv_layout == ConvLayout::kChannelsLast || (eng.opt.conv_layout == ConvLayout::kAuto && tensor_cores);
+    // A batch norm (+ add) + relu to fold in (float32; the conv bias, if
+    // any, a checkpoint tensor too).
+    std::optional<ConvFold> fold;
+    const Arg& bias_arg = arg("bias");
+    if (x.dtype == DType::kFloat32 &&
+        (!bias || (bias->dtype == DType::kFloat32 && bias->shape.size() == 1 && bias->shape[0] == w.shape[0] &&
+                   weights.size() > static_cast<std::size_t>(bias_arg.tensor) &&
+                   weights[static_cast<std::size_t>(bias_arg.tensor)])))
+      fold = conv_fold_for(node->outputs[0], oshape, nhwc);
     if (nhwc) {
       if (!x.nhwc_memory()) {
         DevTensor c = new_tensor(x.dtype, x.shape, true);
         emit_copy(x, c, x.shape, "channels-last(" + node->name + ")", "copy");
         x = c;
       }
-      SAFECKPT_TRY(w, channels_last_weight(w, arg("weight").tensor));
+      if (!fold) {
+        SAFECKPT_TRY(w, channels_last_weight(w, arg("weight").tensor));
+      }
     } else {
       SAFECKPT_TRY(x, contiguous(x));
-      SAFECKPT_TRY(w, contiguous(w));
+      if (!fold) {
+        SAFECKPT_TRY(w, contiguous(w));
+      }
     }
     ConvGeometry cg;
     cg.n = x.shape[0];
@@ -1697,7 +1822,12 @@ struct Lowering {
       }
       plan.workspace_bytes = std::max(plan.workspace_bytes, conv_workspace_bytes(*cp));
       plan.warmup_before_capture = true;
+      if (fold) {
+        Status st = conv_enable_bias_relu(*cp, cg);
+        if (!st) return fail(st.error().code(), st.error().message());
+      }
     }
+    if (fold) return lower_folded_conv(*fold, cg, cp, x, w, bias, y);
     use(x);
     use(w);
     def(y);
@@ -1713,6 +1843,91 @@ struct Lowering {
     SAFECKPT_TRY(DevTensor b, per_channel(*bias, 4, cg.k));
     return chain({Operand{-1, y}, Operand{-1, b}}, oshape,
                  [od](const auto& r, const Emit& emit) { return emit(micro(MicroKind::kAdd, od, r[0], r[1], 1.0)); });
+  }
+
+  // The convolution with `f` folded in: a prep step writes the folded
+  // filter (in the convolution's layout) and bias from the checkpoint's
+  // tensors; the step runs cuDNN's fused conv + bias (+ z) + relu, and
+  // should cuDNN refuse that call on its first run (no fused kernel for this
+  // algorithm and geometry), the convolution and launch_bias_add_relu on
+  // every run from then on: the same values either way.
+  Status lower_folded_conv(const ConvFold& f, const ConvGeometry& cg, const std::shared_ptr<ConvPlan>& cp,
+                           const DevTensor& x, const DevTensor& w, const std::optional<DevTensor>& conv_bias,
+                           const DevTensor& y) {
+    auto weight = [&](std::int32_t id) -> std::optional<DevTensor> {
+      if (id < 0) return std::nullopt;
+      return weights[static_cast<std::size_t>(id)];
+    };
+    const std::optional<DevTensor> gamma = weight(f.gamma), beta = weight(f.beta), mean = weight(f.mean),
+                                   var = weight(f.var);
+    DevTensor wf = prepared_tensor(DType::kFloat32, w.shape,
+                                   cg.nhwc ? channels_last_strides(w.shape) : contiguous_strides(w.shape));
+    DevTensor bf = prepared_tensor(DType::kFloat32, {cg.k}, {1});
+    Plan* pl = &plan;
+    prep = true;
+    use(w);
+    for (const auto* t : {&gamma, &beta, &mean, &var, &conv_bias})
+      if (*t) use(**t);
+    const float eps = f.eps;
+    add_step(
+        "fold " + p.nodes[f.bn].name + " into " + node->name,
+        [pl, w, wf, bf, gamma, beta, mean, var, conv_bias, eps](cudaStream_t s) {
+          FoldBnArgs a{};
+          a.w = static_cast<const float*>(pl->ptr(w));
+          a.wf = static_cast<float*>(pl->ptr(wf));
+          a.k = w.shape[0];
+          a.c = w.shape[1];
+          a.r = w.shape[2];
+          a.s = w.shape[3];
+          for (int d = 0; d < 4; ++d) {
+            a.ws[d] = w.strides[static_cast<std::size_t>(d)];
+            a.wfs[d] = wf.strides[static_cast<std::size_t>(d)];
+          }
+          const std::optional<DevTensor>* vec[5] = {&gamma, &beta, &mean, &var, &conv_bias};
+          const float** dst[5] = {&a.gamma, &a.beta, &a.mean, &a.var, &a.conv_bias};
+          for (int i = 0; i < 5; ++i) {
+            *dst[i] = *vec[i] ? static_cast<const float*>(pl->ptr(**vec[i])) : nullptr;
+            a.vs[i] = *vec[i] ? (*vec[i])->strides[0] : 0;
+          }
+          a.eps = eps;
+          a.bias = static_cast<float*>(pl->ptr(bf));
+          return launch_fold_batch_norm(a, s);
+        },
+        "prepare");
+    prep = false;
+    std::optional<DevTensor> z;
+    if (f.z >= 0) z = vals[static_cast<std::size_t>(f.z)];
+    use(x);
+    if (z) use(*z);
+    def(y);
+    // 0: not run yet; 1: the fused call ran; 2: cuDNN refused it.
+    auto mode = std::make_shared<std::atomic<int>>(0);
+    const long long count = static_cast<long long>(y.numel()), inner = cg.nhwc ? 1 : cg.oh * cg.ow, channels = cg.k;
+    std::string name = node->name + "+" + p.nodes[f.bn].name;
+    if (f.add) name += "+" + p.nodes[*f.add].name;
+    name += "+" + p.nodes[f.relu].name;
+    add_step(name, [pl, cp, x, wf, bf, z, y, mode, count, inner, channels](cudaStream_t s) {
+      if (!cp) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
+      const void* zp = z ? pl->ptr(*z) : nullptr;
+      if (mode->load() != 2) {
+        int r = conv_bias_relu_forward(*cp, pl->ptr(x), pl->ptr(wf), pl->ptr(bf), zp, pl->ptr(y), pl->workspace,
+                                       pl->workspace_bytes, s);
+        if (r == 0 || mode->load() == 1) {
+          if (r == 0) mode->store(1);
+          return r;
+        }
+        mode->store(2);
+      }
+      int r = conv_forward(*cp, pl->ptr(x), pl->ptr(wf), pl->ptr(y), pl->workspace, pl->workspace_bytes, s);
+      if (r != 0) return r;
+      return launch_bias_add_relu(static_cast<float*>(pl->ptr(y)), static_cast<const float*>(pl->ptr(bf)),
+                                  static_cast<const float*>(zp), count, channels, inner, s);
+    });
+    absorbed[f.bn] = 1;
+    if (f.add) absorbed[*f.add] = 1;
+    absorbed[f.relu] = 1;
+    vals[static_cast<std::size_t>(f.out)] = y;
+    return {};
   }
 
   // batch_norm(training=False) / _native_batch_norm_legit_no_training, as

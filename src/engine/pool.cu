@@ -1,6 +1,7 @@
 // src/engine/pool.cu — pooling kernels of convolutional programs (conv.hpp):
 // adaptive_avg_pool2d and max_pool2d over NCHW contiguous planes or
-// channels-last (N,H,W,C) tensors. fp32
+// channels-last (N,H,W,C) tensors; batch norm folding's prep kernel and the
+// bias+add+relu fallback of the fused convolution. fp32
 // arithmetic, the value's dtype stored (float32 or bfloat16, round to
 // nearest even), as kernels.cu.
 #include <cuda_bf16.h>
@@ -90,6 +91,36 @@ __global__ void max_pool2d_kernel(MaxPoolArgs a) {
   }
 }
 
+// One thread per filter element (k, c, r, s), decomposed with s fastest;
+// the thread of each k's first element also writes bias[k].
+__global__ void fold_batch_norm_kernel(FoldBnArgs a) {
+  const long long total = a.k * a.c * a.r * a.s;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long s = i % a.s, r = (i / a.s) % a.r, c = (i / (a.s * a.r)) % a.c, k = i / (a.s * a.r * a.c);
+    const float g = a.gamma != nullptr ? a.gamma[k * a.vs[0]] : 1.0f;
+    const float invstd = 1.0f / sqrtf(a.var[k * a.vs[3]] + a.eps);
+    const float scale = g * invstd;
+    a.wf[k * a.wfs[0] + c * a.wfs[1] + r * a.wfs[2] + s * a.wfs[3]] =
+        a.w[k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3]] * scale;
+    if (c == 0 && r == 0 && s == 0) {
+      const float beta = a.beta != nullptr ? a.beta[k * a.vs[1]] : 0.0f;
+      const float cb = a.conv_bias != nullptr ? a.conv_bias[k * a.vs[4]] : 0.0f;
+      a.bias[k] = (cb - a.mean[k * a.vs[2]]) * scale + beta;
+    }
+  }
+}
+
+__global__ void bias_add_relu_kernel(float* y, const float* bias, const float* z, long long count, long long channels,
+                                     long long inner) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float v = y[i] + bias[(i / inner) % channels];
+    if (z != nullptr) v += z[i];
+    y[i] = v > 0.0f || isnan(v) ? v : 0.0f;
+  }
+}
+
 unsigned grid_for(long long threads) {
   long long blocks = (threads + 255) / 256;
   if (blocks > 132 * 32) blocks = 132 * 32;
@@ -119,6 +150,21 @@ int launch_max_pool2d(const MaxPoolArgs& a, void* stream) {
     max_pool2d_kernel<unsigned><<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
   else
     max_pool2d_kernel<unsigned long long><<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_fold_batch_norm(const FoldBnArgs& a, void* stream) {
+  const long long total = a.k * a.c * a.r * a.s;
+  if (total == 0) return 0;
+  fold_batch_norm_kernel<<<grid_for(total), 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_bias_add_relu(float* y, const float* bias, const float* z, long long count, long long channels,
+                         long long inner, void* stream) {
+  if (count == 0) return 0;
+  bias_add_relu_kernel<<<grid_for(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(y, bias, z, count, channels,
+                                                                                       inner);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -242,13 +242,17 @@ TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and n
   // The stored value, once per unrolled element, every store after every load.
   for (int u = 0; u < safeckpt::engine::detail::kFusedUnroll; ++u)
     CHECK(src.find("f2bf(sv" + std::to_string(u) + "_3)") != std::string::npos);
-  // Both paths (consecutive elements of one row; elements a grid apart).
+  // Both paths: consecutive elements of one row, kFusedUnroll per trip with
+  // every load before the first store; the general grid-stride loop, one
+  // element per trip (no second element's registers).
   const auto fast_end = src.find("return;");
   REQUIRE(fast_end != std::string::npos);
   const std::string fast = src.substr(0, fast_end), general = src.substr(fast_end);
   CHECK(fast.find("e_ += " + std::to_string(safeckpt::engine::detail::kFusedUnroll) + " * S_") != std::string::npos);
   CHECK(fast.rfind("p.t[0].p)[") < fast.find("f2bf(sv0_3)"));
-  CHECK(general.rfind("p.t[0].p)[") < general.find("if (i0_ + 0 * S_ < p.n)"));
+  CHECK(general.find("for (long long i = t_; i < p.n; i += S_)") != std::string::npos);
+  CHECK(general.find("f2bf(sv0_3)") != std::string::npos);
+  CHECK(general.find("sv1_3") == std::string::npos);
   CHECK(src.find("0xfff0000000000000") != std::string::npos);  // -inf as bits, not text
   CHECK(src.find("#include") == std::string::npos);
   // The same kernel at another shape: same text (sizes are parameters).
@@ -642,6 +646,58 @@ TEST_CASE("engine: convolutional programs in channels-last match PyTorch CUDA (T
   }
 }
 
+// Batch norm folding on the GPU (EngineOptions::fold_batch_norm): compiled
+// plans with the batch norms folded into cuDNN's fused conv+bias(+add)+relu
+// and with folding off, NCHW and channels-last, TF32 off so the corpus
+// tolerances hold, against PyTorch's CUDA eager outputs and each other; the
+// folded plans are shorter.
+TEST_CASE("engine: batch norm folded into cuDNN's fused convolution matches PyTorch CUDA (TF32 off)") {
+  if (!have_device()) return;
+  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
+  for (auto layout : {engine::ConvLayout::kNchw, engine::ConvLayout::kChannelsLast}) {
+    engine::EngineOptions on = no_cache(), off = no_cache();
+    on.conv_layout = off.conv_layout = layout;
+    off.fold_batch_norm = false;
+    auto folded = make_engine(on), kept = make_engine(off);
+    for (const char* model : {"cnn", "resnet_tiny"}) {
+      const bool corpus = std::string(model) == "cnn";
+      const std::string dir = corpus ? data_dir() : extra;
+      json meta = json::parse(read_text(dir + model + ".json"));
+      double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+      double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+      auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
+      REQUIRE(io.has_value());
+      for (const char* ir : {"train", "core"}) {
+        const std::string file =
+            std::string(model) + "." + ir + ".pt2" + (layout == engine::ConvLayout::kNchw ? " nchw" : " channels-last");
+        CAPTURE(file);
+        Loaded l = corpus ? load_program(std::string(model) + "." + ir + ".pt2")
+                          : test_support::load_program(std::string(model) + "." + ir + ".pt2", true, "pt2-2.11-extra");
+        auto cases = cases_of(l.program, *io);
+        auto a = folded.compile(l.program, l.weights);
+        auto b = kept.compile(l.program, l.weights);
+        REQUIRE(a.has_value());
+        REQUIRE(b.has_value());
+        for (int call = 0; call < 2; ++call) {  // the first run, then the CUDA graph
+          auto oa = a->run_host(cases[0].inputs);
+          auto ob = b->run_host(cases[0].inputs);
+          REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
+          REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
+          for (std::size_t i = 0; i < oa->size(); ++i) {
+            HostTensor ref = tensor_of(*io, cases[0].prefix + "output." + std::to_string(i) + ".cuda");
+            double da = check_close((*oa)[i], ref, atol, rtol, file + " folded vs PyTorch CUDA");
+            double db = check_close((*ob)[i], ref, atol, rtol, file + " unfolded vs PyTorch CUDA");
+            double dab = check_close((*oa)[i], (*ob)[i], atol, rtol, file + " folded vs unfolded");
+            MESSAGE(file << " call " << call << ": max|out - PyTorch CUDA| folded " << da << ", unfolded " << db
+                         << "; folded vs unfolded " << dab);
+          }
+        }
+        CHECK(a->stats().steps < b->stats().steps);
+      }
+    }
+  }
+}
+
 // bench/export_resnet50.py's archives and io file (made on the GPU machine,
 // not committed): set SAFECKPT_RESNET50_DIR to its output directory.
 TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch CUDA eager, compiled and eager") {
@@ -702,7 +758,7 @@ TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join on
   for (const char* ir : {"train", "core"}) {
     Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
     auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90, engine::kDefaultAttentionWorkspaceBytes,
-                          engine::ConvLayout::kNchw);
+                          engine::ConvLayout::kNchw, false);
     REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
     CHECK(fused->prep_steps.empty());
     std::size_t convs = 0, norms = 0;
@@ -765,9 +821,10 @@ TEST_CASE("engine: convolutional plans in channels-last (no device): one input c
   for (const auto& c : cases) {
     CAPTURE(c.file);
     auto l = c.dir.empty() ? load_program(c.file) : test_support::load_program(c.file, true, c.dir);
-    auto cl = dry_plan(l.program, c.shapes, true, 90);
-    auto nchw =
-        dry_plan(l.program, c.shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes, engine::ConvLayout::kNchw);
+    auto cl = dry_plan(l.program, c.shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes,
+                       engine::ConvLayout::kAuto, false);
+    auto nchw = dry_plan(l.program, c.shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes,
+                         engine::ConvLayout::kNchw, false);
     REQUIRE_MESSAGE(cl.has_value(), (cl ? "" : cl.error().to_string()));
     REQUIRE_MESSAGE(nchw.has_value(), (nchw ? "" : nchw.error().to_string()));
     REQUIRE_FALSE(cl->convs.empty());
@@ -800,6 +857,106 @@ TEST_CASE("engine: convolutional plans in channels-last (no device): one input c
         break;
       }
       CHECK_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+    }
+  }
+}
+
+// Batch norm folding (EngineOptions::fold_batch_norm, the default): every
+// inference batch_norm that reads a convolution's output and feeds relu
+// (directly, or through the add of a residual computed earlier) leaves the
+// generated kernels: one step runs conv+batch_norm(+add)+relu, one prep step
+// per folded batch norm writes its filter and bias; a batch_norm that feeds
+// something else stays a generated kernel. Eager plans and plans with
+// folding off are unchanged.
+TEST_CASE("engine: batch norm folds into the convolution before it (no device), both layouts") {
+  using safeckpt::engine::detail::dry_plan;
+  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
+  auto io = SafetensorsFile::open(extra + "resnet_tiny.io.safetensors");
+  REQUIRE(io.has_value());
+  for (const char* model : {"cnn", "resnet_tiny"}) {
+    for (const char* ir : {"train", "core"}) {
+      const std::string file = std::string(model) + "." + ir + ".pt2";
+      CAPTURE(file);
+      const bool corpus = std::string(model) == "cnn";
+      Loaded l = corpus ? load_program(file) : test_support::load_program(file, true, "pt2-2.11-extra");
+      std::vector<std::vector<std::int64_t>> shapes = corpus
+                                                          ? std::vector<std::vector<std::int64_t>>{{2, 3, 32, 32}}
+                                                          : user_shapes(l.program, cases_of(l.program, *io)[0].inputs);
+      // Which batch norms the rule folds, read off the graph: the input is a
+      // convolution's only use; the result's only use is relu, or an add
+      // whose only use is relu and whose other operand a node before the
+      // convolution (or an input) produced.
+      std::map<std::int32_t, std::size_t> producer;
+      for (std::size_t i = 0; i < l.program.nodes.size(); ++i)
+        for (auto o : l.program.nodes[i].outputs)
+          if (o >= 0) producer[o] = i;
+      std::map<std::int32_t, std::vector<std::size_t>> uses;
+      for (std::size_t i = 0; i < l.program.nodes.size(); ++i)
+        for (const auto& a : l.program.nodes[i].args) {
+          if (a.kind == Arg::Kind::kTensor && a.tensor >= 0) uses[a.tensor].push_back(i);
+          for (auto t : a.tensors) uses[t].push_back(i);
+        }
+      auto only = [&](std::int32_t v) -> const graph::Node* {
+        return uses[v].size() == 1 ? &l.program.nodes[uses[v][0]] : nullptr;
+      };
+      std::set<std::string> folds, stays;
+      std::size_t norms = 0;
+      for (std::size_t i = 0; i < l.program.nodes.size(); ++i) {
+        const graph::Node& n = l.program.nodes[i];
+        const std::string& op = n.schema->name;
+        if (op != "aten::batch_norm" && op != "aten::_native_batch_norm_legit_no_training") continue;
+        ++norms;
+        const std::int32_t x = n.args[0].tensor;
+        const std::size_t conv = producer.count(x) != 0 ? producer[x] : SIZE_MAX;
+        bool ok = conv != SIZE_MAX && uses[x].size() == 1 &&
+                  (l.program.nodes[conv].schema->name == "aten::conv2d" ||
+                   l.program.nodes[conv].schema->name == "aten::convolution");
+        const graph::Node* next = ok ? only(n.outputs[0]) : nullptr;
+        if (next != nullptr &&
+            (next->schema->name == "aten::add.Tensor" || next->schema->name == "aten::add_.Tensor")) {
+          std::int32_t z = next->args[0].tensor == n.outputs[0] ? next->args[1].tensor : next->args[0].tensor;
+          ok = producer.count(z) == 0 || producer[z] < conv;
+          next = ok ? only(next->outputs[0]) : nullptr;
+        }
+        ok = ok && next != nullptr && (next->schema->name == "aten::relu" || next->schema->name == "aten::relu_");
+        (ok ? folds : stays).insert(n.name);
+      }
+      CHECK(norms == folds.size() + stays.size());
+      CHECK_FALSE(folds.empty());
+      if (corpus) CHECK(stays.empty());
+      for (auto layout : {engine::ConvLayout::kAuto, engine::ConvLayout::kNchw}) {
+        auto folded = dry_plan(l.program, shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes, layout);
+        auto kept = dry_plan(l.program, shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes, layout, false);
+        auto eager = dry_plan(l.program, shapes, false, 90, engine::kDefaultAttentionWorkspaceBytes, layout);
+        REQUIRE_MESSAGE(folded.has_value(), (folded ? "" : folded.error().to_string()));
+        REQUIRE_MESSAGE(kept.has_value(), (kept ? "" : kept.error().to_string()));
+        REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
+        std::size_t fold_steps = 0;
+        for (const auto& ps : folded->prep_steps) fold_steps += ps.rfind("fold ", 0) == 0 ? 1 : 0;
+        CHECK(fold_steps == folds.size());
+        for (const auto& name : folds) {
+          std::size_t in_steps = 0;
+          for (const auto& st : folded->steps)
+            if (st.find("+" + name + "+") != std::string::npos) {
+              ++in_steps;
+              CHECK(st.find("conv") != std::string::npos);  // conv+bn(+add)+relu, one step
+            }
+          CHECK_MESSAGE(in_steps == 1, name << " is not in exactly one step");
+          bool prepped = false;
+          for (const auto& ps : folded->prep_steps) prepped = prepped || ps.rfind("fold " + name + " into ", 0) == 0;
+          CHECK_MESSAGE(prepped, name << " has no fold prep step");
+        }
+        // Each fold removes the generated batch-norm kernel that followed the convolution.
+        CHECK(folded->steps.size() + folds.size() == kept->steps.size());
+        CHECK(folded->prepared_bytes > 0);
+        for (const auto& ps : kept->prep_steps) CHECK(ps.rfind("fold ", 0) != 0);
+        for (const auto& ps : eager->prep_steps) CHECK(ps.rfind("fold ", 0) != 0);
+        MESSAGE(file << (layout == engine::ConvLayout::kNchw ? " nchw" : " auto") << ": " << folds.size()
+                     << " batch norms folded, " << stays.size() << " kept; " << folded->steps.size()
+                     << " launches (unfolded " << kept->steps.size() << "), prepared " << folded->prepared_bytes
+                     << " B (unfolded " << kept->prepared_bytes << " B), arena " << folded->arena_bytes
+                     << " B (unfolded " << kept->arena_bytes << " B)");
+      }
     }
   }
 }
