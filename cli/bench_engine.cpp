@@ -33,8 +33,9 @@
 // graph replay of the same plan. --attention-workspace-mib N sets
 // EngineOptions::attention_workspace_bytes (0: the flash-style attention
 // kernel only) for every engine of the run; --conv-layout auto|nchw|
-// channels-last sets EngineOptions::conv_layout; --no-fold-batch-norm
-// clears EngineOptions::fold_batch_norm.
+// channels-last sets EngineOptions::conv_layout; --no-fold-batch-norm and
+// --no-cudnn-graph clear EngineOptions::fold_batch_norm and
+// cudnn_graph_fusion.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -70,6 +71,7 @@ struct BenchEngineArgs {
   std::int64_t attention_workspace_mib = -1;  // -1: the engine's default
   std::string conv_layout = "auto";
   bool no_fold_batch_norm = false;
+  bool no_cudnn_graph = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -272,6 +274,7 @@ int bench_engine(const BenchEngineArgs& a) {
   if (!layout) return bench_fail("--conv-layout", layout.error());
   eo.conv_layout = *layout;
   eo.fold_batch_norm = !a.no_fold_batch_norm;
+  eo.cudnn_graph_fusion = !a.no_cudnn_graph;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -483,6 +486,8 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"auto", "nchw", "channels-last"}));
   sub->add_flag("--no-fold-batch-norm", args->no_fold_batch_norm,
                 "keep inference batch norms as their own kernels (EngineOptions::fold_batch_norm off)");
+  sub->add_flag("--no-cudnn-graph", args->no_cudnn_graph,
+                "no cuDNN operation graphs for bfloat16 batch norms (EngineOptions::cudnn_graph_fusion off)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

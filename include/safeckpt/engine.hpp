@@ -117,8 +117,13 @@
 // one cuDNN call, cudnnConvolutionBiasActivationForward (what ATen's
 // cudnn_convolution_add_relu runs): no pass over the convolution's output.
 // Results differ from the unfolded ones by rounding only (the scale
-// multiplies the filter instead of the output). Not folded: bfloat16
-// convolutions (cuDNN's fused call takes float32 only), force_eager plans.
+// multiplies the filter instead of the output). bfloat16 convolutions (that
+// call takes float32 only; groups 1) keep their filter: the scale and bias
+// (float32, made by the same prep step) go into the epilogue of one cuDNN
+// operation graph (backend API: conv_fprop, mul, add, [add,] relu, float32
+// in between), when cuDNN's heuristics offer an engine for it (and
+// EngineOptions::cudnn_graph_fusion) — else the batch norm stays a generated
+// kernel. Not folded: force_eager plans.
 //
 // Not implemented on the GPU (kUnsupported when compiling, naming the node):
 // transposed convolutions, float16 and other dtypes than float32 / bfloat16 /
@@ -214,10 +219,17 @@ struct EngineOptions {
   // Fuse a gelu/relu that follows a GEMM into its cuBLASLt epilogue (compiled
   // plans only).
   bool fuse_gemm_epilogue = true;
-  // Fold an inference batch_norm (+ residual add) + relu into the float32
+  // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans
   // only).
   bool fold_batch_norm = true;
+  // ... for bfloat16 convolutions too, through cuDNN's operation graphs. The
+  // engines cuDNN 9 offers for them compile their kernels at plan time (about
+  // 1 s for ResNet-50's 20 geometries on an H200, in every process: cuDNN's
+  // kernels are not in this engine's persistent cache), so a warm-cache start
+  // of such a program takes that long; false keeps those batch norms as
+  // generated kernels (slower runs, warm-cache starts in tens of ms).
+  bool cudnn_graph_fusion = true;
   // Attention's materialized-score path (see "Attention" above): the most
   // arena bytes one attention step may take for scores (and bfloat16
   // probabilities). 0 = always the flash-style kernel; UINT64_MAX = always

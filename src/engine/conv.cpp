@@ -27,8 +27,10 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace safeckpt::engine::detail {
@@ -295,6 +297,265 @@ int conv_bias_relu_forward(const ConvPlan& c, const void* x, const void* w, cons
 
 const char* dnn_status_string(int status) {
   return cudnnGetErrorString(static_cast<cudnnStatus_t>(status));
+}
+
+// ------------------------------------------------ the backend graph API
+// For bfloat16 convolutions with a batch norm (+ add) + relu epilogue, which
+// cudnnConvolutionBiasActivationForward refuses (float32 only): one
+// operation graph, conv_fprop -> mul(scale) -> add(bias) [-> add(z)] ->
+// relu, the intermediates virtual float32 tensors (never in memory), the
+// batch norm exact in float (the filter unchanged). ATen builds the same kind
+// of graph for cudnn_convolution_add_relu through cudnn-frontend
+// (aten/src/ATen/native/cudnn/Conv_v8.cpp); here it is the C API of
+// cudnn_graph.h, which the frontend wraps.
+
+namespace {
+
+// One backend descriptor, destroyed with its owner.
+struct Bd {
+  Bd() = default;
+  Bd(const Bd&) = delete;
+  Bd& operator=(const Bd&) = delete;
+  Bd(Bd&& o) noexcept : d(o.d) { o.d = nullptr; }
+  Bd& operator=(Bd&& o) noexcept {
+    std::swap(d, o.d);
+    return *this;
+  }
+  ~Bd() {
+    if (d != nullptr) cudnnBackendDestroyDescriptor(d);
+  }
+  cudnnBackendDescriptor_t d = nullptr;
+};
+
+Status bd_make(cudnnBackendDescriptorType_t t, Bd& b) {
+  return dnn_ok(cudnnBackendCreateDescriptor(t, &b.d), "cudnnBackendCreateDescriptor");
+}
+Status bd_set(Bd& b, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, std::int64_t n, const void* v) {
+  return dnn_ok(cudnnBackendSetAttribute(b.d, a, t, n, v), "cudnnBackendSetAttribute");
+}
+Status bd_set_desc(Bd& b, cudnnBackendAttributeName_t a, const Bd& v) {
+  return bd_set(b, a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v.d);
+}
+
+// A 4-D tensor (dims N, C, H, W order; strides in elements).
+Status tensor_desc(Bd& b, std::int64_t uid, cudnnDataType_t ty, const std::int64_t (&dims)[4],
+                   const std::int64_t (&strides)[4], bool is_virtual) {
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, b));
+  const std::int64_t align = 16;
+  SAFECKPT_CHECK(bd_set(b, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ty));
+  SAFECKPT_CHECK(bd_set(b, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
+  SAFECKPT_CHECK(bd_set(b, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides));
+  SAFECKPT_CHECK(bd_set(b, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
+  SAFECKPT_CHECK(bd_set(b, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align));
+  SAFECKPT_CHECK(bd_set(b, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual));
+  return dnn_ok(cudnnBackendFinalize(b.d), "tensor descriptor");
+}
+
+// A pointwise operation y = mode(x[, b]) computed in float.
+Status pointwise_op(Bd& op, Bd& pw, cudnnPointwiseMode_t mode, const Bd& x, const Bd* b, const Bd& y) {
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, pw));
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  SAFECKPT_CHECK(bd_set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
+  SAFECKPT_CHECK(bd_set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
+  SAFECKPT_CHECK(dnn_ok(cudnnBackendFinalize(pw.d), "pointwise descriptor"));
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
+  SAFECKPT_CHECK(bd_set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw));
+  SAFECKPT_CHECK(bd_set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x));
+  if (b != nullptr) SAFECKPT_CHECK(bd_set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b));
+  SAFECKPT_CHECK(bd_set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y));
+  return dnn_ok(cudnnBackendFinalize(op.d), "pointwise operation");
+}
+
+enum : std::int64_t {
+  kUidX = 1,
+  kUidW,
+  kUidY,
+  kUidScale,
+  kUidBias,
+  kUidZ,
+  kUidConv = 101,
+  kUidMul,
+  kUidBiased,
+  kUidAdd
+};
+
+}  // namespace
+
+struct GraphConvPlan {
+  std::shared_ptr<DnnHandle> handle;
+  Bd plan;  // the finalized execution plan (keeps what it needs of the graph)
+  std::uint64_t workspace = 0;
+  bool with_z = false;
+  std::string engine;  // "engine <global index>" of the chosen config
+};
+
+Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                                          bool with_z, std::uint64_t max_workspace) {
+  if (g.groups != 1) return std::shared_ptr<GraphConvPlan>();
+  std::string load = cudnn_load_error();
+  if (!load.empty()) return make_error(ErrorCode::kDevice, "cuDNN (convolutions): " + load);
+  const cudnnDataType_t io = g.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT, f32 = CUDNN_DATA_FLOAT;
+  auto strides = [&](std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t(&out)[4]) {
+    if (g.nhwc) {
+      out[0] = h * w * c, out[1] = 1, out[2] = w * c, out[3] = c;
+    } else {
+      out[0] = c * h * w, out[1] = h * w, out[2] = w, out[3] = 1;
+    }
+  };
+  const std::int64_t xd[4] = {g.n, g.c, g.h, g.w}, wd[4] = {g.k, g.c, g.r, g.s}, yd[4] = {g.n, g.k, g.oh, g.ow},
+                     vd[4] = {1, g.k, 1, 1}, vs[4] = {g.k, 1, 1, 1};
+  std::int64_t xs[4], ws[4], ys[4];
+  strides(g.c, g.h, g.w, xs);
+  strides(g.c, g.r, g.s, ws);
+  strides(g.k, g.oh, g.ow, ys);
+  Bd x, w, y, scale, bias, z, t_conv, t_mul, t_biased, t_add;
+  SAFECKPT_CHECK(tensor_desc(x, kUidX, io, xd, xs, false));
+  SAFECKPT_CHECK(tensor_desc(w, kUidW, io, wd, ws, false));
+  SAFECKPT_CHECK(tensor_desc(y, kUidY, io, yd, ys, false));
+  SAFECKPT_CHECK(tensor_desc(scale, kUidScale, f32, vd, vs, false));
+  SAFECKPT_CHECK(tensor_desc(bias, kUidBias, f32, vd, vs, false));
+  if (with_z) SAFECKPT_CHECK(tensor_desc(z, kUidZ, io, yd, ys, false));
+  SAFECKPT_CHECK(tensor_desc(t_conv, kUidConv, f32, yd, ys, true));
+  SAFECKPT_CHECK(tensor_desc(t_mul, kUidMul, f32, yd, ys, true));
+  SAFECKPT_CHECK(tensor_desc(t_biased, kUidBiased, f32, yd, ys, true));
+  if (with_z) SAFECKPT_CHECK(tensor_desc(t_add, kUidAdd, f32, yd, ys, true));
+
+  Bd conv, conv_op;
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, conv));
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const std::int64_t dims = 2, pad[2] = {g.pad[0], g.pad[1]}, stride[2] = {g.stride[0], g.stride[1]},
+                     dil[2] = {g.dilation[0], g.dilation[1]};
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32));
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims));
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil));
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride));
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
+  SAFECKPT_CHECK(bd_set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
+  SAFECKPT_CHECK(dnn_ok(cudnnBackendFinalize(conv.d), "convolution descriptor"));
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, conv_op));
+  const float one = 1.0f, zero = 0.0f;
+  SAFECKPT_CHECK(bd_set_desc(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x));
+  SAFECKPT_CHECK(bd_set_desc(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w));
+  SAFECKPT_CHECK(bd_set_desc(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, t_conv));
+  SAFECKPT_CHECK(bd_set_desc(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv));
+  SAFECKPT_CHECK(bd_set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &one));
+  SAFECKPT_CHECK(bd_set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &zero));
+  SAFECKPT_CHECK(dnn_ok(cudnnBackendFinalize(conv_op.d), "convolution operation"));
+
+  Bd mul_op, mul_pw, bias_op, bias_pw, add_op, add_pw, relu_op, relu_pw;
+  SAFECKPT_CHECK(pointwise_op(mul_op, mul_pw, CUDNN_POINTWISE_MUL, t_conv, &scale, t_mul));
+  SAFECKPT_CHECK(pointwise_op(bias_op, bias_pw, CUDNN_POINTWISE_ADD, t_mul, &bias, t_biased));
+  if (with_z) SAFECKPT_CHECK(pointwise_op(add_op, add_pw, CUDNN_POINTWISE_ADD, t_biased, &z, t_add));
+  SAFECKPT_CHECK(pointwise_op(relu_op, relu_pw, CUDNN_POINTWISE_RELU_FWD, with_z ? t_add : t_biased, nullptr, y));
+
+  Bd graph;
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph));
+  std::vector<cudnnBackendDescriptor_t> ops = {conv_op.d, mul_op.d, bias_op.d};
+  if (with_z) ops.push_back(add_op.d);
+  ops.push_back(relu_op.d);
+  SAFECKPT_CHECK(bd_set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                        static_cast<std::int64_t>(ops.size()), ops.data()));
+  SAFECKPT_CHECK(bd_set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle->h));
+  if (cudnnBackendFinalize(graph.d) != CUDNN_STATUS_SUCCESS) return std::shared_ptr<GraphConvPlan>();
+
+  Bd heur;
+  SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, heur));
+  const cudnnBackendHeurMode_t hm = CUDNN_HEUR_MODE_A;
+  SAFECKPT_CHECK(bd_set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph));
+  SAFECKPT_CHECK(bd_set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm));
+  if (cudnnBackendFinalize(heur.d) != CUDNN_STATUS_SUCCESS) return std::shared_ptr<GraphConvPlan>();
+  std::int64_t count = 0;
+  if (cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                               nullptr) != CUDNN_STATUS_SUCCESS ||
+      count <= 0)
+    return std::shared_ptr<GraphConvPlan>();
+  count = std::min<std::int64_t>(count, 16);
+  std::vector<Bd> cfgs(static_cast<std::size_t>(count));
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (auto& c : cfgs) {
+    SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, c));
+    raw.push_back(c.d);
+  }
+  std::int64_t got = 0;
+  if (cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                               raw.data()) != CUDNN_STATUS_SUCCESS)
+    return std::shared_ptr<GraphConvPlan>();
+  // Engines that compile their kernels at run time (NVRTC inside cuDNN:
+  // hundreds of milliseconds per geometry, in every process) are tried only
+  // when no precompiled one finalizes.
+  std::vector<char> runtime_compiled(static_cast<std::size_t>(count), 0);
+  std::vector<std::int64_t> global_index(static_cast<std::size_t>(count), -1);
+  for (std::int64_t i = 0; i < got && i < count; ++i) {
+    Bd engine;
+    SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_ENGINE_DESCRIPTOR, engine));
+    std::int64_t n = 0;
+    if (cudnnBackendGetAttribute(raw[static_cast<std::size_t>(i)], CUDNN_ATTR_ENGINECFG_ENGINE,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine.d) != CUDNN_STATUS_SUCCESS)
+      continue;
+    cudnnBackendBehaviorNote_t notes[16];
+    std::int64_t nn = 0;
+    if (cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE, 16, &nn, notes) ==
+        CUDNN_STATUS_SUCCESS)
+      for (std::int64_t k = 0; k < nn && k < 16; ++k)
+        if (notes[k] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) runtime_compiled[static_cast<std::size_t>(i)] = 1;
+    std::int64_t gi = -1;
+    if (cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &gi) ==
+        CUDNN_STATUS_SUCCESS)
+      global_index[static_cast<std::size_t>(i)] = gi;
+  }
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::int64_t i = 0; i < got && i < count; ++i) {
+      if (runtime_compiled[static_cast<std::size_t>(i)] != (pass == 1 ? 1 : 0)) continue;
+      auto c = std::make_shared<GraphConvPlan>();
+      SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, c->plan));
+      SAFECKPT_CHECK(bd_set(c->plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle->h));
+      SAFECKPT_CHECK(bd_set(c->plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                            &raw[static_cast<std::size_t>(i)]));
+      if (cudnnBackendFinalize(c->plan.d) != CUDNN_STATUS_SUCCESS) continue;
+      std::int64_t wsb = 0, n = 0;
+      if (cudnnBackendGetAttribute(c->plan.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                   &wsb) != CUDNN_STATUS_SUCCESS ||
+          wsb < 0 || static_cast<std::uint64_t>(wsb) > max_workspace)
+        continue;
+      c->handle = handle;
+      c->workspace = static_cast<std::uint64_t>(wsb);
+      c->with_z = with_z;
+      c->engine = "engine " + std::to_string(global_index[static_cast<std::size_t>(i)]) +
+                  (pass == 1 ? " (runtime-compiled)" : "");
+      return c;
+    }
+  return std::shared_ptr<GraphConvPlan>();
+}
+
+std::uint64_t graph_conv_workspace_bytes(const GraphConvPlan& c) {
+  return c.workspace;
+}
+
+int graph_conv_forward(const GraphConvPlan& c, const void* x, const void* w, const void* scale, const void* bias,
+                       const void* z, void* y, void* workspace, std::uint64_t workspace_bytes, void* stream) {
+  (void)workspace_bytes;  // at least c.workspace: the plan's workspace is the largest of its steps'
+  cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
+  if (st != CUDNN_STATUS_SUCCESS) return kDnnStatusBase + static_cast<int>(st);
+  std::int64_t uids[6] = {kUidX, kUidW, kUidY, kUidScale, kUidBias, kUidZ};
+  void* ptrs[6] = {const_cast<void*>(x),     const_cast<void*>(w),    y,
+                   const_cast<void*>(scale), const_cast<void*>(bias), const_cast<void*>(z)};
+  const std::int64_t n = c.with_z ? 6 : 5;
+  Bd vp;
+  st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp.d);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(vp.d);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(c.handle->h, c.plan.d, vp.d);
+  return st == CUDNN_STATUS_SUCCESS ? 0 : kDnnStatusBase + static_cast<int>(st);
+}
+
+std::string graph_conv_name(const GraphConvPlan& c) {
+  return "cuDNN graph " + c.engine;
 }
 
 }  // namespace safeckpt::engine::detail

@@ -97,6 +97,29 @@ Status conv_enable_bias_relu(ConvPlan& c, const ConvGeometry& g);
 int conv_bias_relu_forward(const ConvPlan& c, const void* x, const void* w, const void* bias, const void* z, void* y,
                            void* workspace, std::uint64_t workspace_bytes, void* stream);
 
+// The same epilogue for bfloat16 (and a batch norm kept exact: the filter
+// is not changed), where cudnnConvolutionBiasActivationForward does not
+// apply: y = relu(conv(x, w) * scale[k] + bias[k] (+ z)), one cuDNN
+// operation graph of the backend API (cudnn_graph.h: conv_fprop, mul, add,
+// [add,] relu; float32 intermediates that never reach memory; ATen's
+// cudnn_convolution_add_relu builds this kind of graph through
+// cudnn-frontend, aten/src/ATen/native/cudnn/Conv_v8.cpp), the first of
+// cuDNN's heuristic engine configs (CUDNN_HEUR_MODE_A) that finalizes within
+// `max_workspace`. Tensors 16-byte aligned; `scale` and `bias` K float32s;
+// z (when `with_z`) y's shape and layout. groups == 1 only. Returns nullptr
+// (not an error) when cuDNN has no engine for the graph; errors: kDevice
+// (a descriptor cuDNN refuses, cuDNN missing).
+struct GraphConvPlan;
+Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                                          bool with_z, std::uint64_t max_workspace);
+std::uint64_t graph_conv_workspace_bytes(const GraphConvPlan& c);
+// e.g. "cuDNN graph config 0".
+std::string graph_conv_name(const GraphConvPlan& c);
+// Enqueues the graph on `stream` (capturable; the variant pack is made per
+// call on the host). Returns 0 or kDnnStatusBase + status.
+int graph_conv_forward(const GraphConvPlan& c, const void* x, const void* w, const void* scale, const void* bias,
+                       const void* z, void* y, void* workspace, std::uint64_t workspace_bytes, void* stream);
+
 // ------------------------------------------------------------ pool.cu
 // NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous
 // [planes, oh, ow] — or, with `channels` > 0, channels-last: x N,H,W,C and
@@ -124,22 +147,29 @@ int launch_max_pool2d(const MaxPoolArgs& a, void* stream);
 // throughout. Filters are K x C x R x S
 // (C per group) read and written through their own element strides (so the
 // copy may change the layout, e.g. to K,R,S,C); the per-channel vectors
-// through `vs` (strides; a null gamma, beta or conv_bias reads as 1, 0, 0).
+// through `vs` (strides; float32 or bfloat16, read as float; a null gamma,
+// beta or conv_bias reads as 1, 0, 0).
+// wf null: no filter written (the graph path keeps the filter and applies
+// `scale`, when not null, K contiguous floats s[k], in its epilogue).
 struct FoldBnArgs {
-  const float* w;
+  const float* w;  // float32 filter (read only when wf is set)
   float* wf;
   long long k, c, r, s;
-  long long ws[4], wfs[4];  // element strides of w and wf, dimensions K, C, R, S
-  const float *gamma, *beta, *mean, *var, *conv_bias;
-  long long vs[5];  // element strides of gamma, beta, mean, var, conv_bias
+  long long ws[4], wfs[4];                            // element strides of w and wf, dimensions K, C, R, S
+  const void *gamma, *beta, *mean, *var, *conv_bias;  // float32, or bfloat16 where vbf16[i]
+  long long vs[5];                                    // element strides of gamma, beta, mean, var, conv_bias
+  int vbf16[5];
   float eps;
-  float* bias;  // K contiguous floats
+  float* bias;   // K contiguous floats
+  float* scale;  // null, or K contiguous floats
 };
 int launch_fold_batch_norm(const FoldBnArgs& a, void* stream);
-// y = relu(y + bias[channel] (+ z)) over `count` float32 elements, channel =
-// (i / inner) % channels (NCHW: inner = H * W; channels-last: inner = 1); z
-// null or y's layout: the fallback of conv_bias_relu_forward.
-int launch_bias_add_relu(float* y, const float* bias, const float* z, long long count, long long channels,
-                         long long inner, void* stream);
+// y = relu(y * scale[channel] + bias[channel] (+ z)) over `count` elements
+// of y's dtype (float32, or bfloat16 with `bf16`; float arithmetic), channel
+// = (i / inner) % channels (NCHW: inner = H * W; channels-last: inner = 1);
+// scale null reads as 1; z null or y's dtype and layout: the fallback of the
+// fused convolutions above when cuDNN refuses them at run time.
+int launch_bias_add_relu(void* y, const float* scale, const float* bias, const void* z, long long count,
+                         long long channels, long long inner, int bf16, void* stream);
 
 }  // namespace safeckpt::engine::detail

@@ -213,3 +213,46 @@ extern "C" cudnnStatus_t CUDNNWINAPI cudnnConvolutionBiasActivationForward(
                             zDesc, z, biasDesc, bias, activationDesc, yDesc, y)
                        : kDnnUnavailable;
 }
+
+// The backend graph API (cudnn_graph.h) for the bfloat16 fused convolution
+// (conv.cpp, graph_conv_prepare).
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
+                                                                  cudnnBackendDescriptor_t* descriptor) {
+  static const auto fn = resolve<decltype(&cudnnBackendCreateDescriptor)>(cudnn(), "cudnnBackendCreateDescriptor");
+  return fn != nullptr ? fn(descriptorType, descriptor) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor) {
+  static const auto fn = resolve<decltype(&cudnnBackendDestroyDescriptor)>(cudnn(), "cudnnBackendDestroyDescriptor");
+  return fn != nullptr ? fn(descriptor) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
+  static const auto fn = resolve<decltype(&cudnnBackendFinalize)>(cudnn(), "cudnnBackendFinalize");
+  return fn != nullptr ? fn(descriptor) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
+                                                              cudnnBackendAttributeName_t attributeName,
+                                                              cudnnBackendAttributeType_t attributeType,
+                                                              int64_t elementCount, const void* arrayOfElements) {
+  static const auto fn = resolve<decltype(&cudnnBackendSetAttribute)>(cudnn(), "cudnnBackendSetAttribute");
+  return fn != nullptr ? fn(descriptor, attributeName, attributeType, elementCount, arrayOfElements) : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+                                                              cudnnBackendAttributeName_t attributeName,
+                                                              cudnnBackendAttributeType_t attributeType,
+                                                              int64_t requestedElementCount, int64_t* elementCount,
+                                                              void* arrayOfElements) {
+  static const auto fn = resolve<decltype(&cudnnBackendGetAttribute)>(cudnn(), "cudnnBackendGetAttribute");
+  return fn != nullptr
+             ? fn(descriptor, attributeName, attributeType, requestedElementCount, elementCount, arrayOfElements)
+             : kDnnUnavailable;
+}
+
+extern "C" cudnnStatus_t CUDNNWINAPI cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
+                                                         cudnnBackendDescriptor_t variantPack) {
+  static const auto fn = resolve<decltype(&cudnnBackendExecute)>(cudnn(), "cudnnBackendExecute");
+  return fn != nullptr ? fn(handle, executionPlan, variantPack) : kDnnUnavailable;
+}

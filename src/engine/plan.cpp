@@ -1481,6 +1481,8 @@ struct Lowering {
   // batch_norm as micro-ops of the open pointwise group (so a relu or a
   // residual add after them joins the same kernel); pooling as fixed kernels.
   std::shared_ptr<DnnHandle> dnn;  // made on the first convolution of a device plan
+  // Batch norm folding's bfloat16 graph plans by geometry (nullptr: cuDNN has no engine).
+  std::map<std::string, std::shared_ptr<GraphConvPlan>> graph_plans;
 
   // An operand of chain(): a program value (a register when the open group
   // produced it), or a tensor loaded with broadcasting against the output.
@@ -1626,7 +1628,7 @@ struct Lowering {
   // (EngineOptions::fold_batch_norm; safeckpt/engine.hpp "Batch norm
   // folding"). What folds into the convolution producing value `y`: an
   // inference batch_norm as y's only use, its running statistics (weight and
-  // bias too, when present) checkpoint tensors of K float32s, then relu as
+  // bias too, when present) checkpoint tensors of K floats, then relu as
   // its result's only use — or add (alpha 1) with a value computed before the
   // convolution, in the convolution output's layout (the residual of a ResNet
   // block), then relu. nullopt: nothing folds (the ops run as before).
@@ -1662,10 +1664,11 @@ struct Lowering {
     const auto id = static_cast<std::size_t>(a->tensor);
     if (weights.size() <= id || !weights[id]) return std::nullopt;
     const DevTensor& t = *weights[id];
-    if (t.dtype != DType::kFloat32 || t.shape.size() != 1 || t.shape[0] != k) return std::nullopt;
+    if (!floating(t.dtype) || t.shape.size() != 1 || t.shape[0] != k) return std::nullopt;
     return a->tensor;
   }
-  std::optional<ConvFold> conv_fold_for(std::int32_t y, const std::vector<std::int64_t>& yshape, bool nhwc) const {
+  std::optional<ConvFold> conv_fold_for(std::int32_t y, const std::vector<std::int64_t>& yshape, bool nhwc,
+                                        DType dt) const {
     if (!fuse || !eng.opt.fold_batch_norm) return std::nullopt;
     ConvFold f;
     auto bn = only_use(y);
@@ -1711,8 +1714,8 @@ struct Lowering {
       if (!alpha_one || z < 0 || z == b.outputs[0] || n->outputs.empty() || !vals[static_cast<std::size_t>(z)])
         return std::nullopt;
       const DevTensor& zt = *vals[static_cast<std::size_t>(z)];
-      if (zt.dtype != DType::kFloat32 || zt.shape != yshape || !(nhwc ? zt.nhwc_memory() : zt.contiguous()) ||
-          p.values[static_cast<std::size_t>(n->outputs[0])].dtype != DType::kFloat32)
+      if (zt.dtype != dt || zt.shape != yshape || !(nhwc ? zt.nhwc_memory() : zt.contiguous()) ||
+          p.values[static_cast<std::size_t>(n->outputs[0])].dtype != dt)
         return std::nullopt;
       f.add = *next;
       f.z = z;
@@ -1755,25 +1758,28 @@ struct Lowering {
         eng.opt.conv_layout == ConvLayout::kChannelsLast || (eng.opt.conv_layout == ConvLayout::kAuto && tensor_cores);
     // A batch norm (+ add) + relu to fold in (float32; the conv bias, if
     // any, a checkpoint tensor too).
+    // float32: cudnnConvolutionBiasActivationForward on a folded filter;
+    // bfloat16 (groups 1): the backend graph, when cuDNN has an engine for it.
     std::optional<ConvFold> fold;
+    const bool graph = x.dtype == DType::kBFloat16;
     const Arg& bias_arg = arg("bias");
-    if (x.dtype == DType::kFloat32 &&
-        (!bias || (bias->dtype == DType::kFloat32 && bias->shape.size() == 1 && bias->shape[0] == w.shape[0] &&
+    if ((!graph || (groups == 1 && eng.opt.cudnn_graph_fusion)) &&
+        (!bias || (floating(bias->dtype) && bias->shape.size() == 1 && bias->shape[0] == w.shape[0] &&
                    weights.size() > static_cast<std::size_t>(bias_arg.tensor) &&
                    weights[static_cast<std::size_t>(bias_arg.tensor)])))
-      fold = conv_fold_for(node->outputs[0], oshape, nhwc);
+      fold = conv_fold_for(node->outputs[0], oshape, nhwc, x.dtype);
     if (nhwc) {
       if (!x.nhwc_memory()) {
         DevTensor c = new_tensor(x.dtype, x.shape, true);
         emit_copy(x, c, x.shape, "channels-last(" + node->name + ")", "copy");
         x = c;
       }
-      if (!fold) {
+      if (!fold || graph) {
         SAFECKPT_TRY(w, channels_last_weight(w, arg("weight").tensor));
       }
     } else {
       SAFECKPT_TRY(x, contiguous(x));
-      if (!fold) {
+      if (!fold || graph) {
         SAFECKPT_TRY(w, contiguous(w));
       }
     }
@@ -1799,6 +1805,7 @@ struct Lowering {
     DevTensor y = new_tensor(od, oshape, nhwc);
     plan.convs.push_back(cg);
     std::shared_ptr<ConvPlan> cp;
+    std::shared_ptr<GraphConvPlan> gp;
     if (eng.lt != nullptr) {  // a device (dry plans choose no algorithm and run nothing)
       if (!dnn) {
         auto h = dnn_create();
@@ -1822,12 +1829,30 @@ struct Lowering {
       }
       plan.workspace_bytes = std::max(plan.workspace_bytes, conv_workspace_bytes(*cp));
       plan.warmup_before_capture = true;
-      if (fold) {
+      if (fold && !graph) {
         Status st = conv_enable_bias_relu(*cp, cg);
         if (!st) return fail(st.error().code(), st.error().message());
       }
+      if (fold && graph) {
+        // One graph plan per geometry (cuDNN may compile its kernels).
+        const std::string gkey = conv_choice_key(cg, kMaxConvWorkspaceBytes) + (fold->z >= 0 ? ",z" : ",-");
+        auto known = graph_plans.find(gkey);
+        if (known != graph_plans.end()) {
+          gp = known->second;
+        } else {
+          auto made = graph_conv_prepare(dnn, cg, fold->z >= 0, kMaxConvWorkspaceBytes);
+          if (!made) return fail(made.error().code(), made.error().message());
+          gp = *made;
+          graph_plans.emplace(gkey, gp);
+        }
+        if (!gp) {
+          fold.reset();  // no engine for the graph: the batch norm stays a generated kernel
+        } else {
+          plan.workspace_bytes = std::max(plan.workspace_bytes, graph_conv_workspace_bytes(*gp));
+        }
+      }
     }
-    if (fold) return lower_folded_conv(*fold, cg, cp, x, w, bias, y);
+    if (fold) return lower_folded_conv(*fold, cg, cp, gp, graph, x, w, bias, y);
     use(x);
     use(w);
     def(y);
@@ -1845,52 +1870,65 @@ struct Lowering {
                  [od](const auto& r, const Emit& emit) { return emit(micro(MicroKind::kAdd, od, r[0], r[1], 1.0)); });
   }
 
-  // The convolution with `f` folded in: a prep step writes the folded
-  // filter (in the convolution's layout) and bias from the checkpoint's
-  // tensors; the step runs cuDNN's fused conv + bias (+ z) + relu, and
-  // should cuDNN refuse that call on its first run (no fused kernel for this
-  // algorithm and geometry), the convolution and launch_bias_add_relu on
-  // every run from then on: the same values either way.
+  // The convolution with `f` folded in. A prep step computes the batch
+  // norm's per-channel scale and bias from the checkpoint's tensors (float32
+  // kPrepared buffers). Without a graph plan (float32): the prep step also
+  // writes the filter times the scale (in the convolution's layout) and the
+  // step runs cudnnConvolutionBiasActivationForward. With `gp` (bfloat16):
+  // the filter stays, the step runs the operation graph with the scale in
+  // its epilogue. Should cuDNN refuse the fused call on its first run, or a
+  // pointer not be 16-byte aligned, the step runs the plain convolution and
+  // launch_bias_add_relu instead: the same values either way.
   Status lower_folded_conv(const ConvFold& f, const ConvGeometry& cg, const std::shared_ptr<ConvPlan>& cp,
-                           const DevTensor& x, const DevTensor& w, const std::optional<DevTensor>& conv_bias,
-                           const DevTensor& y) {
+                           const std::shared_ptr<GraphConvPlan>& gp, bool graph, const DevTensor& x,
+                           const DevTensor& w_in, const std::optional<DevTensor>& conv_bias, const DevTensor& y) {
     auto weight = [&](std::int32_t id) -> std::optional<DevTensor> {
       if (id < 0) return std::nullopt;
       return weights[static_cast<std::size_t>(id)];
     };
     const std::optional<DevTensor> gamma = weight(f.gamma), beta = weight(f.beta), mean = weight(f.mean),
                                    var = weight(f.var);
-    DevTensor wf = prepared_tensor(DType::kFloat32, w.shape,
-                                   cg.nhwc ? channels_last_strides(w.shape) : contiguous_strides(w.shape));
+    std::optional<DevTensor> wf, sc;
+    if (!graph) {
+      wf = prepared_tensor(DType::kFloat32, w_in.shape,
+                           cg.nhwc ? channels_last_strides(w_in.shape) : contiguous_strides(w_in.shape));
+    } else {
+      sc = prepared_tensor(DType::kFloat32, {cg.k}, {1});
+    }
+    const DevTensor w = wf ? *wf : w_in;  // what the convolution reads
     DevTensor bf = prepared_tensor(DType::kFloat32, {cg.k}, {1});
     Plan* pl = &plan;
     prep = true;
-    use(w);
+    if (wf) use(w_in);
     for (const auto* t : {&gamma, &beta, &mean, &var, &conv_bias})
       if (*t) use(**t);
     const float eps = f.eps;
     add_step(
         "fold " + p.nodes[f.bn].name + " into " + node->name,
-        [pl, w, wf, bf, gamma, beta, mean, var, conv_bias, eps](cudaStream_t s) {
+        [pl, w_in, wf, sc, bf, gamma, beta, mean, var, conv_bias, eps](cudaStream_t s) {
           FoldBnArgs a{};
-          a.w = static_cast<const float*>(pl->ptr(w));
-          a.wf = static_cast<float*>(pl->ptr(wf));
-          a.k = w.shape[0];
-          a.c = w.shape[1];
-          a.r = w.shape[2];
-          a.s = w.shape[3];
-          for (int d = 0; d < 4; ++d) {
-            a.ws[d] = w.strides[static_cast<std::size_t>(d)];
-            a.wfs[d] = wf.strides[static_cast<std::size_t>(d)];
+          a.k = w_in.shape[0];
+          a.c = w_in.shape[1];
+          a.r = w_in.shape[2];
+          a.s = w_in.shape[3];
+          if (wf) {
+            a.w = static_cast<const float*>(pl->ptr(w_in));
+            a.wf = static_cast<float*>(pl->ptr(*wf));
+            for (int d = 0; d < 4; ++d) {
+              a.ws[d] = w_in.strides[static_cast<std::size_t>(d)];
+              a.wfs[d] = wf->strides[static_cast<std::size_t>(d)];
+            }
           }
           const std::optional<DevTensor>* vec[5] = {&gamma, &beta, &mean, &var, &conv_bias};
-          const float** dst[5] = {&a.gamma, &a.beta, &a.mean, &a.var, &a.conv_bias};
+          const void** dst[5] = {&a.gamma, &a.beta, &a.mean, &a.var, &a.conv_bias};
           for (int i = 0; i < 5; ++i) {
-            *dst[i] = *vec[i] ? static_cast<const float*>(pl->ptr(**vec[i])) : nullptr;
+            *dst[i] = *vec[i] ? pl->ptr(**vec[i]) : nullptr;
             a.vs[i] = *vec[i] ? (*vec[i])->strides[0] : 0;
+            a.vbf16[i] = *vec[i] && (*vec[i])->dtype == DType::kBFloat16 ? 1 : 0;
           }
           a.eps = eps;
           a.bias = static_cast<float*>(pl->ptr(bf));
+          a.scale = sc ? static_cast<float*>(pl->ptr(*sc)) : nullptr;
           return launch_fold_batch_norm(a, s);
         },
         "prepare");
@@ -1898,30 +1936,40 @@ struct Lowering {
     std::optional<DevTensor> z;
     if (f.z >= 0) z = vals[static_cast<std::size_t>(f.z)];
     use(x);
+    use(w);
     if (z) use(*z);
     def(y);
     // 0: not run yet; 1: the fused call ran; 2: cuDNN refused it.
     auto mode = std::make_shared<std::atomic<int>>(0);
     const long long count = static_cast<long long>(y.numel()), inner = cg.nhwc ? 1 : cg.oh * cg.ow, channels = cg.k;
+    const int bf16 = cg.bf16 ? 1 : 0;
     std::string name = node->name + "+" + p.nodes[f.bn].name;
     if (f.add) name += "+" + p.nodes[*f.add].name;
     name += "+" + p.nodes[f.relu].name;
-    add_step(name, [pl, cp, x, wf, bf, z, y, mode, count, inner, channels](cudaStream_t s) {
-      if (!cp) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
+    if (gp) name += " (" + graph_conv_name(*gp) + ")";
+    add_step(name, [pl, cp, gp, graph, x, w, sc, bf, z, y, mode, count, inner, channels, bf16](cudaStream_t s) {
+      if (!cp || (graph && !gp)) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
+      const void* xp = pl->ptr(x);
+      const void* wp = pl->ptr(w);
+      void* yp = pl->ptr(y);
       const void* zp = z ? pl->ptr(*z) : nullptr;
-      if (mode->load() != 2) {
-        int r = conv_bias_relu_forward(*cp, pl->ptr(x), pl->ptr(wf), pl->ptr(bf), zp, pl->ptr(y), pl->workspace,
-                                       pl->workspace_bytes, s);
+      const void* sp = sc ? pl->ptr(*sc) : nullptr;
+      const void* bp = pl->ptr(bf);
+      auto a16 = [](const void* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0; };
+      const bool aligned = a16(xp) && a16(wp) && a16(yp) && a16(zp) && a16(sp) && a16(bp);
+      if (mode->load() != 2 && (!graph || aligned)) {
+        int r = graph ? graph_conv_forward(*gp, xp, wp, sp, bp, zp, yp, pl->workspace, pl->workspace_bytes, s)
+                      : conv_bias_relu_forward(*cp, xp, wp, bp, zp, yp, pl->workspace, pl->workspace_bytes, s);
         if (r == 0 || mode->load() == 1) {
           if (r == 0) mode->store(1);
           return r;
         }
         mode->store(2);
       }
-      int r = conv_forward(*cp, pl->ptr(x), pl->ptr(wf), pl->ptr(y), pl->workspace, pl->workspace_bytes, s);
+      int r = conv_forward(*cp, xp, wp, yp, pl->workspace, pl->workspace_bytes, s);
       if (r != 0) return r;
-      return launch_bias_add_relu(static_cast<float*>(pl->ptr(y)), static_cast<const float*>(pl->ptr(bf)),
-                                  static_cast<const float*>(zp), count, channels, inner, s);
+      return launch_bias_add_relu(yp, static_cast<const float*>(sp), static_cast<const float*>(bp), zp, count, channels,
+                                  inner, bf16, s);
     });
     absorbed[f.bn] = 1;
     if (f.add) absorbed[*f.add] = 1;

@@ -98,26 +98,31 @@ __global__ void fold_batch_norm_kernel(FoldBnArgs a) {
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     const long long s = i % a.s, r = (i / a.s) % a.r, c = (i / (a.s * a.r)) % a.c, k = i / (a.s * a.r * a.c);
-    const float g = a.gamma != nullptr ? a.gamma[k * a.vs[0]] : 1.0f;
-    const float invstd = 1.0f / sqrtf(a.var[k * a.vs[3]] + a.eps);
+    const float g = a.gamma != nullptr ? ld(a.gamma, k * a.vs[0], a.vbf16[0]) : 1.0f;
+    const float invstd = 1.0f / sqrtf(ld(a.var, k * a.vs[3], a.vbf16[3]) + a.eps);
     const float scale = g * invstd;
-    a.wf[k * a.wfs[0] + c * a.wfs[1] + r * a.wfs[2] + s * a.wfs[3]] =
-        a.w[k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3]] * scale;
+    if (a.wf != nullptr)
+      a.wf[k * a.wfs[0] + c * a.wfs[1] + r * a.wfs[2] + s * a.wfs[3]] =
+          a.w[k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3]] * scale;
     if (c == 0 && r == 0 && s == 0) {
-      const float beta = a.beta != nullptr ? a.beta[k * a.vs[1]] : 0.0f;
-      const float cb = a.conv_bias != nullptr ? a.conv_bias[k * a.vs[4]] : 0.0f;
-      a.bias[k] = (cb - a.mean[k * a.vs[2]]) * scale + beta;
+      const float beta = a.beta != nullptr ? ld(a.beta, k * a.vs[1], a.vbf16[1]) : 0.0f;
+      const float cb = a.conv_bias != nullptr ? ld(a.conv_bias, k * a.vs[4], a.vbf16[4]) : 0.0f;
+      a.bias[k] = (cb - ld(a.mean, k * a.vs[2], a.vbf16[2])) * scale + beta;
+      if (a.scale != nullptr) a.scale[k] = scale;
     }
   }
 }
 
-__global__ void bias_add_relu_kernel(float* y, const float* bias, const float* z, long long count, long long channels,
-                                     long long inner) {
+__global__ void bias_add_relu_kernel(void* y, const float* scale, const float* bias, const void* z, long long count,
+                                     long long channels, long long inner, int bf16) {
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    float v = y[i] + bias[(i / inner) % channels];
-    if (z != nullptr) v += z[i];
-    y[i] = v > 0.0f || isnan(v) ? v : 0.0f;
+    const long long ch = (i / inner) % channels;
+    float v = ld(y, i, bf16);
+    if (scale != nullptr) v *= scale[ch];
+    v += bias[ch];
+    if (z != nullptr) v += ld(z, i, bf16);
+    st(y, i, v > 0.0f || isnan(v) ? v : 0.0f, bf16);
   }
 }
 
@@ -160,11 +165,11 @@ int launch_fold_batch_norm(const FoldBnArgs& a, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-int launch_bias_add_relu(float* y, const float* bias, const float* z, long long count, long long channels,
-                         long long inner, void* stream) {
+int launch_bias_add_relu(void* y, const float* scale, const float* bias, const void* z, long long count,
+                         long long channels, long long inner, int bf16, void* stream) {
   if (count == 0) return 0;
-  bias_add_relu_kernel<<<grid_for(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(y, bias, z, count, channels,
-                                                                                       inner);
+  bias_add_relu_kernel<<<grid_for(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(y, scale, bias, z, count,
+                                                                                       channels, inner, bf16);
   return static_cast<int>(cudaGetLastError());
 }
 
