@@ -1756,10 +1756,10 @@ struct Lowering {
     const bool tensor_cores = x.dtype == DType::kBFloat16 || eng.opt.cudnn_allow_tf32;
     const bool nhwc =
         eng.opt.conv_layout == ConvLayout::kChannelsLast || (eng.opt.conv_layout == ConvLayout::kAuto && tensor_cores);
-    // A batch norm (+ add) + relu to fold in (float32; the conv bias, if
-    // any, a checkpoint tensor too).
-    // float32: cudnnConvolutionBiasActivationForward on a folded filter;
-    // bfloat16 (groups 1): the backend graph, when cuDNN has an engine for it.
+    // A batch norm (+ add) + relu to fold in (the conv bias, if any, a
+    // checkpoint tensor too). float32: cudnnConvolutionBiasActivationForward
+    // on a folded filter; bfloat16 (groups 1): the backend graph, when cuDNN
+    // has an engine for it.
     std::optional<ConvFold> fold;
     const bool graph = x.dtype == DType::kBFloat16;
     const Arg& bias_arg = arg("bias");

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -610,6 +611,39 @@ TEST_CASE("engine: cnn with PyTorch's TF32 default for convolutions (cudnn_allow
   }
 }
 
+// The small convolutional programs with residual adds and batch norms: cnn
+// (corpus) and resnet_tiny (pt2-2.11-extra), both IRs, each with its io
+// file's first case and the corpus CUDA tolerances (eager_cuda_vs_cpu).
+struct ConvCase {
+  std::string file;
+  Loaded l;
+  Inputs inputs;
+  std::string prefix;  // of the case's outputs in the io file
+  double atol = 0, rtol = 0;
+};
+void for_each_conv_case(const std::function<void(const ConvCase&, const SafetensorsFile&)>& fn) {
+  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
+  for (const char* model : {"cnn", "resnet_tiny"}) {
+    const bool corpus = std::string(model) == "cnn";
+    const std::string dir = corpus ? data_dir() : extra;
+    json meta = json::parse(read_text(dir + model + ".json"));
+    auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
+    REQUIRE(io.has_value());
+    for (const char* ir : {"train", "core"}) {
+      ConvCase c;
+      c.file = std::string(model) + "." + ir + ".pt2";
+      CAPTURE(c.file);
+      c.l = corpus ? load_program(c.file) : test_support::load_program(c.file, true, "pt2-2.11-extra");
+      auto cases = cases_of(c.l.program, *io);
+      c.inputs = cases[0].inputs;
+      c.prefix = cases[0].prefix;
+      c.atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+      c.rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+      fn(c, *io);
+    }
+  }
+}
+
 // Channels-last convolutions (conv_layout kChannelsLast) with TF32 off, so
 // the corpus tolerances hold: cnn (corpus) and resnet_tiny (pt2-2.11-extra,
 // residual adds and max_pool2d between convolutions) against PyTorch's CUDA
@@ -619,31 +653,17 @@ TEST_CASE("engine: convolutional programs in channels-last match PyTorch CUDA (T
   engine::EngineOptions o = no_cache();
   o.conv_layout = engine::ConvLayout::kChannelsLast;
   auto eng = make_engine(o);
-  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
-  for (const char* model : {"cnn", "resnet_tiny"}) {
-    const bool corpus = std::string(model) == "cnn";
-    const std::string dir = corpus ? data_dir() : extra;
-    json meta = json::parse(read_text(dir + model + ".json"));
-    double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
-    double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
-    auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
-    REQUIRE(io.has_value());
-    for (const char* ir : {"train", "core"}) {
-      const std::string file = std::string(model) + "." + ir + ".pt2";
-      CAPTURE(file);
-      Loaded l = corpus ? load_program(file) : test_support::load_program(file, true, "pt2-2.11-extra");
-      auto cases = cases_of(l.program, *io);
-      const CompiledAndEager r = compiled_and_eager(eng, l, cases[0].inputs);
-      for (std::size_t i = 0; i < r.compiled.size(); ++i) {
-        HostTensor ref = tensor_of(*io, cases[0].prefix + "output." + std::to_string(i) + ".cuda");
-        double dc = check_close(r.compiled[i], ref, atol, rtol, file + " channels-last compiled vs PyTorch CUDA");
-        double de = check_close(r.eager[i], ref, atol, rtol, file + " channels-last eager vs PyTorch CUDA");
-        MESSAGE(file << " channels-last: max|out - PyTorch CUDA| compiled " << dc << ", eager " << de);
-      }
-      CHECK(r.compiled_stats.prepared_bytes > 0);
-      CHECK(r.eager_stats.prepared_bytes > 0);
+  for_each_conv_case([&](const ConvCase& c, const SafetensorsFile& io) {
+    const CompiledAndEager r = compiled_and_eager(eng, c.l, c.inputs);
+    for (std::size_t i = 0; i < r.compiled.size(); ++i) {
+      HostTensor ref = tensor_of(io, c.prefix + "output." + std::to_string(i) + ".cuda");
+      double dc = check_close(r.compiled[i], ref, c.atol, c.rtol, c.file + " channels-last compiled vs PyTorch CUDA");
+      double de = check_close(r.eager[i], ref, c.atol, c.rtol, c.file + " channels-last eager vs PyTorch CUDA");
+      MESSAGE(c.file << " channels-last: max|out - PyTorch CUDA| compiled " << dc << ", eager " << de);
     }
-  }
+    CHECK(r.compiled_stats.prepared_bytes > 0);
+    CHECK(r.eager_stats.prepared_bytes > 0);
+  });
 }
 
 // Batch norm folding on the GPU (EngineOptions::fold_batch_norm): compiled
@@ -653,48 +673,34 @@ TEST_CASE("engine: convolutional programs in channels-last match PyTorch CUDA (T
 // folded plans are shorter.
 TEST_CASE("engine: batch norm folded into cuDNN's fused convolution matches PyTorch CUDA (TF32 off)") {
   if (!have_device()) return;
-  const std::string extra = test_support::test_data_dir("pt2-2.11-extra");
   for (auto layout : {engine::ConvLayout::kNchw, engine::ConvLayout::kChannelsLast}) {
     engine::EngineOptions on = no_cache(), off = no_cache();
     on.conv_layout = off.conv_layout = layout;
     off.fold_batch_norm = false;
     auto folded = make_engine(on), kept = make_engine(off);
-    for (const char* model : {"cnn", "resnet_tiny"}) {
-      const bool corpus = std::string(model) == "cnn";
-      const std::string dir = corpus ? data_dir() : extra;
-      json meta = json::parse(read_text(dir + model + ".json"));
-      double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
-      double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
-      auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
-      REQUIRE(io.has_value());
-      for (const char* ir : {"train", "core"}) {
-        const std::string file =
-            std::string(model) + "." + ir + ".pt2" + (layout == engine::ConvLayout::kNchw ? " nchw" : " channels-last");
-        CAPTURE(file);
-        Loaded l = corpus ? load_program(std::string(model) + "." + ir + ".pt2")
-                          : test_support::load_program(std::string(model) + "." + ir + ".pt2", true, "pt2-2.11-extra");
-        auto cases = cases_of(l.program, *io);
-        auto a = folded.compile(l.program, l.weights);
-        auto b = kept.compile(l.program, l.weights);
-        REQUIRE(a.has_value());
-        REQUIRE(b.has_value());
-        for (int call = 0; call < 2; ++call) {  // the first run, then the CUDA graph
-          auto oa = a->run_host(cases[0].inputs);
-          auto ob = b->run_host(cases[0].inputs);
-          REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
-          REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
-          for (std::size_t i = 0; i < oa->size(); ++i) {
-            HostTensor ref = tensor_of(*io, cases[0].prefix + "output." + std::to_string(i) + ".cuda");
-            double da = check_close((*oa)[i], ref, atol, rtol, file + " folded vs PyTorch CUDA");
-            double db = check_close((*ob)[i], ref, atol, rtol, file + " unfolded vs PyTorch CUDA");
-            double dab = check_close((*oa)[i], (*ob)[i], atol, rtol, file + " folded vs unfolded");
-            MESSAGE(file << " call " << call << ": max|out - PyTorch CUDA| folded " << da << ", unfolded " << db
-                         << "; folded vs unfolded " << dab);
-          }
+    for_each_conv_case([&](const ConvCase& c, const SafetensorsFile& io) {
+      const std::string file = c.file + (layout == engine::ConvLayout::kNchw ? " nchw" : " channels-last");
+      CAPTURE(file);
+      auto a = folded.compile(c.l.program, c.l.weights);
+      auto b = kept.compile(c.l.program, c.l.weights);
+      REQUIRE(a.has_value());
+      REQUIRE(b.has_value());
+      for (int call = 0; call < 2; ++call) {  // the first run, then the CUDA graph
+        auto oa = a->run_host(c.inputs);
+        auto ob = b->run_host(c.inputs);
+        REQUIRE_MESSAGE(oa.has_value(), (oa ? "" : oa.error().to_string()));
+        REQUIRE_MESSAGE(ob.has_value(), (ob ? "" : ob.error().to_string()));
+        for (std::size_t i = 0; i < oa->size(); ++i) {
+          HostTensor ref = tensor_of(io, c.prefix + "output." + std::to_string(i) + ".cuda");
+          double da = check_close((*oa)[i], ref, c.atol, c.rtol, file + " folded vs PyTorch CUDA");
+          double db = check_close((*ob)[i], ref, c.atol, c.rtol, file + " unfolded vs PyTorch CUDA");
+          double dab = check_close((*oa)[i], (*ob)[i], c.atol, c.rtol, file + " folded vs unfolded");
+          MESSAGE(file << " call " << call << ": max|out - PyTorch CUDA| folded " << da << ", unfolded " << db
+                       << "; folded vs unfolded " << dab);
         }
-        CHECK(a->stats().steps < b->stats().steps);
       }
-    }
+      CHECK(a->stats().steps < b->stats().steps);
+    });
   }
 }
 
