@@ -8,7 +8,10 @@
 // forward convolution is four small descriptors and one heuristic query —
 // the backend API needs an operation graph, engine heuristics, engine
 // configs and a variant pack per convolution for the same kernels. Should a
-// future cuDNN drop them, this file is the one place to port.
+// future cuDNN drop them, this file is the one place to port. The backend
+// graph API is used only where the legacy one has no kernel: bfloat16
+// convolutions with a batch norm + relu epilogue (graph_conv_prepare, at the
+// end of this file).
 //
 // Precision (the engine header's TF32 policy): float32 convolutions use
 // CUDNN_FMA_MATH (no TF32) unless ConvGeometry::allow_tf32, then
