@@ -104,10 +104,10 @@
 //
 // Batch norm folding (EngineOptions::fold_batch_norm; torch/nn/utils/
 // fusion.py's fuse_conv_bn_eval, which inductor's freezing applies with
-// torch._inductor.config.freezing = True): in a
-// compiled plan, an inference batch_norm that is the only reader of a
-// float32 convolution's output, with its running statistics (and weight,
-// bias) checkpoint tensors, is folded into a copy of the filter and a bias —
+// torch._inductor.config.freezing = True): in a compiled plan, an
+// inference batch_norm that is the only reader of a convolution's output,
+// with its running statistics (and weight, bias) checkpoint tensors, is
+// folded — for a float32 convolution into a copy of the filter and a bias,
 // s = weight / sqrt(running_var + eps), filter * s[k], (conv_bias -
 // running_mean) * s + bias — written once per plan by a prep step
 // (ProgramStats::prepared_bytes; the checkpoint's tensors stay untouched),

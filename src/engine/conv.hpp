@@ -113,7 +113,9 @@ struct GraphConvPlan;
 Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
                                                           bool with_z, std::uint64_t max_workspace);
 std::uint64_t graph_conv_workspace_bytes(const GraphConvPlan& c);
-// e.g. "cuDNN graph config 0".
+// e.g. "cuDNN graph engine 4 (runtime-compiled)" (cuDNN's global engine
+// index; runtime-compiled engines are taken only when no precompiled one
+// finalizes).
 std::string graph_conv_name(const GraphConvPlan& c);
 // Enqueues the graph on `stream` (capturable; the variant pack is made per
 // call on the host). Returns 0 or kDnnStatusBase + status.
@@ -144,9 +146,9 @@ int launch_max_pool2d(const MaxPoolArgs& a, void* stream);
 // fuse_conv_bn_weights: with s = gamma / sqrt(var + eps) per output channel
 // k (gamma 1 when absent), the folded filter wf[k, c, r, s] = w[k, c, r, s]
 // * s[k] and bias[k] = (conv_bias[k] - mean[k]) * s[k] + beta[k]; float32
-// throughout. Filters are K x C x R x S
-// (C per group) read and written through their own element strides (so the
-// copy may change the layout, e.g. to K,R,S,C); the per-channel vectors
+// throughout. Filters are K x C x R x S (C per group) read and written
+// through their own element strides (so the copy may change the layout,
+// e.g. to K,R,S,C); the per-channel vectors
 // through `vs` (strides; float32 or bfloat16, read as float; a null gamma,
 // beta or conv_bias reads as 1, 0, 0).
 // wf null: no filter written (the graph path keeps the filter and applies
