@@ -288,10 +288,8 @@ std::string decompose(const FusedKernel& k, const std::string& var, const std::s
 }
 
 // One trip of `count` elements: `setup(u)` declares i and ix0.. of element
-// u; every element's loads and arithmetic come before any store (`ok(u)`:
-// the guard of element u's stores, empty for none).
-std::string unrolled_trip(const FusedKernel& k, int count, const std::function<std::string(int)>& setup,
-                          const std::function<std::string(int)>& ok) {
+// u; every element's loads and arithmetic come before any store.
+std::string unrolled_trip(const FusedKernel& k, int count, const std::function<std::string(int)>& setup) {
   std::string src;
   const int nin = static_cast<int>(k.in_dtypes.size());
   for (int u = 0; u < count; ++u)
@@ -323,8 +321,7 @@ std::string unrolled_trip(const FusedKernel& k, int count, const std::function<s
       if (o.store < 0) continue;
       const int t = nin + o.store;
       const std::string js = std::to_string(u) + "_" + std::to_string(j);
-      const std::string g = ok(u);
-      src += "      " + (g.empty() ? std::string() : "if (" + g + ") ") +
+      src += "      " +
              store_stmt(k.out_dtypes[static_cast<std::size_t>(o.store)], "p.t[" + std::to_string(t) + "].p", "so" + js,
                         "sv" + js) +
              "\n";
@@ -356,23 +353,19 @@ std::string fused_source(const std::vector<FusedKernel>& kernels) {
       src += "  if (p.shape[" + last + "] % " + U + " == 0) {\n";
       src += "    for (long long e_ = t_ * " + U + "; e_ < p.n; e_ += " + U + " * S_) {\n";
       src += decompose(k, "e_", "f", "      ");
-      src += unrolled_trip(
-          k, kFusedUnroll,
-          [&](int u) {
-            std::string s = "        const long long i = e_ + " + std::to_string(u) + ";\n";
-            for (int r = 0; r < k.rank; ++r) {
-              const std::string rs = std::to_string(r);
-              s += "        const long long ix" + rs + " = f" + rs +
-                   (r == k.rank - 1 ? " + " + std::to_string(u) : std::string()) + ";\n";
-            }
-            return s;
-          },
-          [](int) { return std::string(); });
+      src += unrolled_trip(k, kFusedUnroll, [&](int u) {
+        std::string s = "        const long long i = e_ + " + std::to_string(u) + ";\n";
+        for (int r = 0; r < k.rank; ++r) {
+          const std::string rs = std::to_string(r);
+          s += "        const long long ix" + rs + " = f" + rs +
+               (r == k.rank - 1 ? " + " + std::to_string(u) : std::string()) + ";\n";
+        }
+        return s;
+      });
       src += "    }\n    return;\n  }\n";
     }
     src += "  for (long long i = t_; i < p.n; i += S_) {\n";
-    src += unrolled_trip(
-        k, 1, [&](int) { return decompose(k, "i", "ix", "        "); }, [](int) { return std::string(); });
+    src += unrolled_trip(k, 1, [&](int) { return decompose(k, "i", "ix", "        "); });
     src += "  }\n}\n";
   }
   return src;

@@ -94,12 +94,16 @@ struct Lowering {
   }
 
   // ------------------------------------------------------------ helpers
+  // Node `n`'s argument `name` (by schema position), nullptr when it has none.
+  static const Arg* arg_of(const Node& n, std::string_view name) {
+    for (std::size_t k = 0; k < n.schema->args.size(); ++k)
+      if (n.schema->args[k].name == name) return &n.args[k];
+    return nullptr;
+  }
   const Arg& arg(std::string_view name) const {
-    const graph::OpSchema* s = node->schema;
-    for (std::size_t k = 0; k < s->args.size(); ++k)
-      if (s->args[k].name == name) return node->args[k];
     static const Arg none;
-    return none;
+    const Arg* a = arg_of(*node, name);
+    return a != nullptr ? *a : none;
   }
   Result<std::int64_t> sym(const graph::SymInt& s) {
     if (!s.is_symbolic()) return s.value;
@@ -810,8 +814,8 @@ struct Lowering {
     int act = 0;
     if (op == "aten::relu" || op == "aten::relu_") act = 1;
     if (op == "aten::gelu") {
-      for (std::size_t k = 0; k < c.schema->args.size(); ++k)
-        if (c.schema->args[k].name == "approximate" && c.args[k].s == "tanh") act = 2;
+      const Arg* approximate = arg_of(c, "approximate");
+      if (approximate != nullptr && approximate->s == "tanh") act = 2;
     }
     if (act == 0 || c.outputs.empty() || c.outputs[0] < 0) return 0;
     absorbed[cs[0]] = 1;
@@ -1640,11 +1644,6 @@ struct Lowering {
     std::int32_t gamma = -1, beta = -1, mean = -1, var = -1;
     float eps = 0;
   };
-  static const Arg* arg_of(const Node& n, std::string_view name) {
-    for (std::size_t k = 0; k < n.schema->args.size(); ++k)
-      if (n.schema->args[k].name == name) return &n.args[k];
-    return nullptr;
-  }
   // The node reading value `v`, when it is the only read (once) and `v` is
   // not a program output.
   std::optional<std::size_t> only_use(std::int32_t v) const {
