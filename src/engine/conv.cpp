@@ -390,6 +390,7 @@ struct GraphConvPlan {
   std::uint64_t workspace = 0;
   bool with_z = false;
   std::string engine;  // "engine <global index>" of the chosen config
+  bool runtime_compiled = false;
 };
 
 Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
@@ -526,9 +527,60 @@ Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHan
       c->with_z = with_z;
       c->engine = "engine " + std::to_string(global_index[static_cast<std::size_t>(i)]) +
                   (pass == 1 ? " (runtime-compiled)" : "");
+      c->runtime_compiled = pass == 1;
       return c;
     }
   return std::shared_ptr<GraphConvPlan>();
+}
+
+std::vector<std::uint8_t> graph_conv_plan_bytes(const GraphConvPlan& c) {
+  if (!c.runtime_compiled) return {};
+  std::int64_t n = 0;
+  if (cudnnBackendGetAttribute(c.plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n,
+                               nullptr) != CUDNN_STATUS_SUCCESS ||
+      n <= 0)
+    return {};
+  std::vector<std::uint8_t> b(c.engine.begin(), c.engine.end());
+  b.push_back(0);
+  const std::size_t at = b.size();
+  b.resize(at + static_cast<std::size_t>(n));
+  std::int64_t got = 0;
+  if (cudnnBackendGetAttribute(c.plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &got,
+                               b.data() + at) != CUDNN_STATUS_SUCCESS ||
+      got <= 0 || got > n)
+    return {};
+  b.resize(at + static_cast<std::size_t>(got));
+  return b;
+}
+
+std::shared_ptr<GraphConvPlan> graph_conv_from_bytes(std::shared_ptr<DnnHandle> handle, bool with_z,
+                                                     std::uint64_t max_workspace,
+                                                     const std::vector<std::uint8_t>& bytes) {
+  const auto nul = std::find(bytes.begin(), bytes.end(), std::uint8_t{0});
+  if (nul == bytes.end() || nul + 1 == bytes.end()) return nullptr;
+  if (!cudnn_load_error().empty()) return nullptr;
+  auto c = std::make_shared<GraphConvPlan>();
+  c->engine.assign(bytes.begin(), nul);
+  const auto at = static_cast<std::size_t>(nul - bytes.begin()) + 1;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &c->plan.d) != CUDNN_STATUS_SUCCESS ||
+      cudnnBackendSetAttribute(c->plan.d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle->h) !=
+          CUDNN_STATUS_SUCCESS ||
+      cudnnBackendSetAttribute(c->plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                               static_cast<std::int64_t>(bytes.size() - at),
+                               bytes.data() + at) != CUDNN_STATUS_SUCCESS ||
+      cudnnBackendFinalize(c->plan.d) != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  std::int64_t wsb = 0, n = 0;
+  if (cudnnBackendGetAttribute(c->plan.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &wsb) !=
+          CUDNN_STATUS_SUCCESS ||
+      wsb < 0 || static_cast<std::uint64_t>(wsb) > max_workspace)
+    return nullptr;
+  c->handle = std::move(handle);
+  c->workspace = static_cast<std::uint64_t>(wsb);
+  c->with_z = with_z;
+  c->runtime_compiled = true;
+  c->engine += " from the compile cache";
+  return c;
 }
 
 std::uint64_t graph_conv_workspace_bytes(const GraphConvPlan& c) {

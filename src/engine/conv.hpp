@@ -112,6 +112,22 @@ int conv_bias_relu_forward(const ConvPlan& c, const void* x, const void* w, cons
 struct GraphConvPlan;
 Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
                                                           bool with_z, std::uint64_t max_workspace);
+// A runtime-compiled plan kept across processes: graph_conv_plan_bytes is
+// the engine name, a NUL, then cuDNN's own serialization of the finalized
+// execution plan (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, cudnn_graph.h;
+// cuDNN serializes runtime-compiled engines only and the text carries the
+// compiled kernel, so finalizing it again skips cuDNN's NVRTC step). Empty
+// when the plan is precompiled (cheap to choose again) or cuDNN cannot
+// serialize it. These bytes are handed to cuDNN's parser only from an entry of
+// our HMAC-authenticated compile cache that this engine wrote (the choice
+// key names the geometry, with_z, max_workspace and cuDNN's version).
+std::vector<std::uint8_t> graph_conv_plan_bytes(const GraphConvPlan& c);
+// The plan back from those bytes, re-checked: the workspace within
+// `max_workspace`. nullptr (not an error) when cuDNN refuses them (a stale
+// entry is a miss; the caller prepares the plan again and overwrites it).
+std::shared_ptr<GraphConvPlan> graph_conv_from_bytes(std::shared_ptr<DnnHandle> handle, bool with_z,
+                                                     std::uint64_t max_workspace,
+                                                     const std::vector<std::uint8_t>& bytes);
 std::uint64_t graph_conv_workspace_bytes(const GraphConvPlan& c);
 // e.g. "cuDNN graph engine 4 (runtime-compiled)" (cuDNN's global engine
 // index; runtime-compiled engines are taken only when no precompiled one

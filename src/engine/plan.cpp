@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "engine/conv.hpp"
@@ -1485,8 +1486,20 @@ struct Lowering {
   // batch_norm as micro-ops of the open pointwise group (so a relu or a
   // residual add after them joins the same kernel); pooling as fixed kernels.
   std::shared_ptr<DnnHandle> dnn;  // made on the first convolution of a device plan
-  // Batch norm folding's bfloat16 graph plans by geometry (nullptr: cuDNN has no engine).
-  std::map<std::string, std::shared_ptr<GraphConvPlan>> graph_plans;
+  // Batch norm folding's bfloat16 graph plans, one slot per geometry, filled
+  // by prepare_graph_plans after lowering: cuDNN's engines for these graphs
+  // compile their kernels at run time (NVRTC, hundreds of milliseconds per
+  // geometry), so the geometries are compiled together on several threads
+  // instead of one by one as the lowering meets them. A slot left empty
+  // (cuDNN has no engine) makes its step take the unfused path at run time.
+  struct GraphSlot {
+    ConvGeometry cg;
+    bool with_z = false;
+    std::string key;                      // the choice key of the serialized plan
+    std::shared_ptr<GraphConvPlan> plan;  // set once, before the first run
+    std::vector<std::size_t> steps;       // plan.steps indices named after the engine
+  };
+  std::map<std::string, std::shared_ptr<GraphSlot>> graph_plans;
 
   // An operand of chain(): a program value (a register when the open group
   // produced it), or a tensor loaded with broadcasting against the output.
@@ -1804,7 +1817,7 @@ struct Lowering {
     DevTensor y = new_tensor(od, oshape, nhwc);
     plan.convs.push_back(cg);
     std::shared_ptr<ConvPlan> cp;
-    std::shared_ptr<GraphConvPlan> gp;
+    std::shared_ptr<GraphSlot> gp;
     if (eng.lt != nullptr) {  // a device (dry plans choose no algorithm and run nothing)
       if (!dnn) {
         auto h = dnn_create();
@@ -1835,20 +1848,14 @@ struct Lowering {
       if (fold && graph) {
         // One graph plan per geometry (cuDNN may compile its kernels).
         const std::string gkey = conv_choice_key(cg, kMaxConvWorkspaceBytes) + (fold->z >= 0 ? ",z" : ",-");
-        auto known = graph_plans.find(gkey);
-        if (known != graph_plans.end()) {
-          gp = known->second;
-        } else {
-          auto made = graph_conv_prepare(dnn, cg, fold->z >= 0, kMaxConvWorkspaceBytes);
-          if (!made) return fail(made.error().code(), made.error().message());
-          gp = *made;
-          graph_plans.emplace(gkey, gp);
+        auto& slot = graph_plans[gkey];
+        if (!slot) {
+          slot = std::make_shared<GraphSlot>();
+          slot->cg = cg;
+          slot->with_z = fold->z >= 0;
+          slot->key = "graph plan " + gkey;
         }
-        if (!gp) {
-          fold.reset();  // no engine for the graph: the batch norm stays a generated kernel
-        } else {
-          plan.workspace_bytes = std::max(plan.workspace_bytes, graph_conv_workspace_bytes(*gp));
-        }
+        gp = slot;
       }
     }
     if (fold) return lower_folded_conv(*fold, cg, cp, gp, graph, x, w, bias, y);
@@ -1878,9 +1885,70 @@ struct Lowering {
   // its epilogue. Should cuDNN refuse the fused call on its first run, or a
   // pointer not be 16-byte aligned, the step runs the plain convolution and
   // launch_bias_add_relu instead: the same values either way.
+  // Fills the graph slots of a device plan: a runtime-compiled plan the
+  // persistent cache kept (cuDNN's own serialization, conv.hpp: no kernel
+  // compilation), else cuDNN's heuristics (then kept). Up to 8 threads, one
+  // cuDNN handle each (cuDNN allows concurrent calls on distinct handles;
+  // a plan executes on the handle it was made with). Errors: what
+  // graph_conv_prepare returns (the first, by geometry order).
+  Status prepare_graph_plans() {
+    std::vector<GraphSlot*> todo;
+    for (auto& [key, slot] : graph_plans)
+      if (slot && !slot->plan) todo.push_back(slot.get());
+    if (todo.empty() || eng.lt == nullptr) return {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return make_error(ErrorCode::kDevice, "cudaGetDevice failed");
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const std::size_t threads = std::min<std::size_t>({todo.size(), hw, 8});
+    std::vector<Status> status(todo.size());
+    std::atomic<std::size_t> next{0};
+    auto work = [&](std::shared_ptr<DnnHandle> h) {
+      if (!h) {
+        if (cudaSetDevice(device) != cudaSuccess) {
+          for (std::size_t i; (i = next++) < todo.size();)
+            status[i] = make_error(ErrorCode::kDevice, "cudaSetDevice failed");
+          return;
+        }
+        auto made = dnn_create();
+        if (!made) {
+          for (std::size_t i; (i = next++) < todo.size();) status[i] = made.error();
+          return;
+        }
+        h = *made;
+      }
+      for (std::size_t i; (i = next++) < todo.size();) {
+        GraphSlot& s = *todo[i];
+        bool cached = false;
+        if (auto bytes = eng.find_choice(s.key, &cached))
+          s.plan = graph_conv_from_bytes(h, s.with_z, kMaxConvWorkspaceBytes, *bytes);
+        if (s.plan) continue;
+        auto made = graph_conv_prepare(h, s.cg, s.with_z, kMaxConvWorkspaceBytes);
+        if (!made) {
+          status[i] = made.error();
+          continue;
+        }
+        s.plan = *made;
+        if (s.plan)
+          if (auto bytes = graph_conv_plan_bytes(*s.plan); !bytes.empty()) eng.store_choice(s.key, std::move(bytes));
+      }
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work, nullptr);
+    work(dnn);  // this thread: the lowering's handle, on the plan's device already
+    for (auto& t : pool) t.join();
+    for (auto& st : status)
+      if (!st) return make_error(st.error().code(), "batch norm folding (cuDNN graph): " + st.error().message());
+    for (auto& [key, slot] : graph_plans) {
+      if (!slot || !slot->plan) continue;
+      plan.workspace_bytes = std::max(plan.workspace_bytes, graph_conv_workspace_bytes(*slot->plan));
+      for (auto i : slot->steps) plan.steps[i].name += " (" + graph_conv_name(*slot->plan) + ")";
+    }
+    return {};
+  }
+
   Status lower_folded_conv(const ConvFold& f, const ConvGeometry& cg, const std::shared_ptr<ConvPlan>& cp,
-                           const std::shared_ptr<GraphConvPlan>& gp, bool graph, const DevTensor& x,
-                           const DevTensor& w_in, const std::optional<DevTensor>& conv_bias, const DevTensor& y) {
+                           const std::shared_ptr<GraphSlot>& gp, bool graph, const DevTensor& x, const DevTensor& w_in,
+                           const std::optional<DevTensor>& conv_bias, const DevTensor& y) {
     auto weight = [&](std::int32_t id) -> std::optional<DevTensor> {
       if (id < 0) return std::nullopt;
       return weights[static_cast<std::size_t>(id)];
@@ -1945,9 +2013,10 @@ struct Lowering {
     std::string name = node->name + "+" + p.nodes[f.bn].name;
     if (f.add) name += "+" + p.nodes[*f.add].name;
     name += "+" + p.nodes[f.relu].name;
-    if (gp) name += " (" + graph_conv_name(*gp) + ")";
+    if (gp) gp->steps.push_back(plan.steps.size());  // named after its engine by prepare_graph_plans
     add_step(name, [pl, cp, gp, graph, x, w, sc, bf, z, y, mode, count, inner, channels, bf16](cudaStream_t s) {
-      if (!cp || (graph && !gp)) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
+      if (!cp) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
+      const GraphConvPlan* gc = gp ? gp->plan.get() : nullptr;
       const void* xp = pl->ptr(x);
       const void* wp = pl->ptr(w);
       void* yp = pl->ptr(y);
@@ -1956,8 +2025,8 @@ struct Lowering {
       const void* bp = pl->ptr(bf);
       auto a16 = [](const void* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0; };
       const bool aligned = a16(xp) && a16(wp) && a16(yp) && a16(zp) && a16(sp) && a16(bp);
-      if (mode->load() != 2 && (!graph || aligned)) {
-        int r = graph ? graph_conv_forward(*gp, xp, wp, sp, bp, zp, yp, pl->workspace, pl->workspace_bytes, s)
+      if (mode->load() != 2 && (!graph || (aligned && gc != nullptr))) {
+        int r = graph ? graph_conv_forward(*gc, xp, wp, sp, bp, zp, yp, pl->workspace, pl->workspace_bytes, s)
                       : conv_bias_relu_forward(*cp, xp, wp, bp, zp, yp, pl->workspace, pl->workspace_bytes, s);
         if (r == 0 || mode->load() == 1) {
           if (r == 0) mode->store(1);
@@ -2261,6 +2330,7 @@ Status build_plan(const Program& program, EngineImpl& eng, const std::vector<std
   Lowering lw(program, plan, eng, weights, fuse, fuse && eng.opt.fuse_gemm_epilogue);
   lw.symbols = symbols;
   SAFECKPT_CHECK(lw.run(inputs));
+  SAFECKPT_CHECK(lw.prepare_graph_plans());
   return {};
 }
 
