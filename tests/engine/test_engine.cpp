@@ -704,6 +704,71 @@ TEST_CASE("engine: batch norm folded into cuDNN's fused convolution matches PyTo
   }
 }
 
+// bfloat16 batch norms folded into cuDNN operation graphs (plan.cpp
+// prepare_graph_plans): an engine with an empty persistent cache compiles
+// the runtime-compiled graph plans and stores cuDNN's serialization of each;
+// a second engine on the same directory (as a second process would) finalizes
+// them from the cache instead (conv.hpp graph_conv_from_bytes), step for step,
+// and gives the same outputs.
+void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inputs& in, const std::string& what) {
+  const auto dir = std::filesystem::temp_directory_path() / ("safeckpt_graph_plans_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  engine::EngineOptions o = no_cache();
+  o.cache = engine::CacheMode::kReadWrite;
+  o.cache_dir = dir;
+  auto names = [&](engine::CompiledProgram& cp, std::vector<HostTensor>* out) {
+    auto r = cp.run_host(in);
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
+    *out = std::move(r).value();
+    // The one input "x" (float32 or bfloat16 [N,3,H,W]) as a host DLPack tensor.
+    HostTensor x = in.at("x");
+    DLTensor dl{};
+    dl.data = x.data->data();
+    dl.device = {kDLCPU, 0};
+    dl.ndim = static_cast<std::int32_t>(x.shape.size());
+    dl.dtype = x.dtype == DType::kBFloat16 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 32, 1};
+    dl.shape = x.shape.data();
+    engine::ProfileOptions po;
+    po.iters = 1;
+    auto prof = cp.profile({{"x", &dl}}, po);
+    REQUIRE_MESSAGE(prof.has_value(), (prof ? "" : prof.error().to_string()));
+    std::size_t compiled = 0, cached = 0;
+    for (const auto& s : prof->steps) {
+      if (s.name.find("(runtime-compiled)") != std::string::npos) ++compiled;
+      if (s.name.find("(runtime-compiled) from the compile cache") != std::string::npos) ++cached;
+    }
+    return std::pair{compiled - cached, cached};
+  };
+  std::vector<HostTensor> cold_out, warm_out;
+  std::pair<std::size_t, std::size_t> cold, warm;
+  std::size_t stored = 0, from_cache = 0;
+  {
+    auto eng = make_engine(o);
+    auto cp = eng.compile(prog, w);
+    REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+    cold = names(*cp, &cold_out);
+    stored = eng.stats().choices_stored;
+  }
+  {
+    auto eng = make_engine(o);
+    auto cp = eng.compile(prog, w);
+    REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+    warm = names(*cp, &warm_out);
+    from_cache = eng.stats().choices_from_cache;
+  }
+  std::filesystem::remove_all(dir);
+  MESSAGE(what << ": runtime-compiled graph convolutions " << cold.first << " compiled, then " << warm.second
+               << " from the compile cache (" << warm.first << " compiled again); choices stored " << stored
+               << ", read " << from_cache);
+  CHECK(cold.second == 0);
+  CHECK(warm.first == 0);
+  CHECK(warm.second == cold.first);
+  if (warm.second > 0) CHECK(from_cache > 0);  // choices are per geometry, steps per convolution
+  REQUIRE(cold_out.size() == warm_out.size());
+  for (std::size_t i = 0; i < cold_out.size(); ++i)
+    CHECK(check_close(as_f32(warm_out[i]), as_f32(cold_out[i]), 0, 0, what + " cached graph plans vs compiled") == 0);
+}
+
 // bench/export_resnet50.py's archives and io file (made on the GPU machine,
 // not committed): set SAFECKPT_RESNET50_DIR to its output directory.
 TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch CUDA eager, compiled and eager") {
@@ -755,6 +820,7 @@ TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch
       }
       auto stats = cp->stats();
       MESSAGE(what << ": " << stats.steps << " launches (compiled), arena " << stats.arena_bytes << " B");
+      if (std::string(dt) == "bfloat16" && std::string(ir) == "train") check_graph_plans_cached(prog, *w, in, what);
     }
   }
 }
