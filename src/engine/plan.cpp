@@ -672,8 +672,12 @@ struct Lowering {
 
   // D[M,N] (+)= A[M,K] @ B[K,N] (+ bias[N]) with an optional activation.
   // a/b: rank 2 or 3 (batch first) views; out contiguous.
+  // `out` row-major with row stride out.strides[r - 2] (N, or more: the
+  // padded output of lower_gemm). `align`: the bytes every operand pointer
+  // is aligned to (cuBLASLt assumes 256 unless told, CUBLASLT_MATMUL_PREF_
+  // MIN_ALIGNMENT_*; lower_gemm's column tail is 16-byte aligned).
   Status gemm(DevTensor a, DevTensor b, const DevTensor& out, const std::optional<DevTensor>& bias, int act,
-              float alpha, float beta) {
+              float alpha, float beta, std::uint32_t align = 256) {
     const bool batched = a.shape.size() == 3;
     const std::size_t r = a.shape.size();
     std::int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
@@ -730,11 +734,16 @@ struct Lowering {
         mk_layout(&g2->la, lb->trans ? u(K) : u(N), lb->trans ? u(N) : u(K), lb->ld, batched ? b.strides[0] : 0));
     SAFECKPT_CHECK(
         mk_layout(&g2->lb, la->trans ? u(M) : u(K), la->trans ? u(K) : u(M), la->ld, batched ? a.strides[0] : 0));
-    SAFECKPT_CHECK(mk_layout(&g2->lc, u(N), u(M), N, batched ? M * N : 0));
+    const std::int64_t ldc = out.strides.size() == r && out.strides[r - 1] == 1 ? out.strides[r - 2] : N;
+    SAFECKPT_CHECK(mk_layout(&g2->lc, u(N), u(M), ldc, batched ? M * ldc : 0));
     cublasLtMatmulPreference_t pref = nullptr;
     cublasLtMatmulPreferenceCreate(&pref);
     std::uint64_t ws = kWorkspaceBytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (align < 256)
+      for (auto at : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        cublasLtMatmulPreferenceSetAttribute(pref, at, &align, sizeof align);
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
     // Everything the heuristic sees (pointers aside: cuBLASLt assumes
@@ -744,8 +753,8 @@ struct Lowering {
     // (cublasLtMatmulAlgoCheck) before it is used.
     std::string key = "gemm cublasLt " + std::to_string(eng.lt != nullptr ? cublasLtGetVersion() : 0) + ":";
     for (std::int64_t x : {std::int64_t{ty}, std::int64_t{ct}, std::int64_t{opa}, std::int64_t{opb}, std::int64_t{epi},
-                           M, N, K, std::int64_t{lb->ld}, std::int64_t{la->ld}, batch, batched ? a.strides[0] : 0,
-                           batched ? b.strides[0] : 0, static_cast<std::int64_t>(ws)})
+                           M, N, K, std::int64_t{lb->ld}, std::int64_t{la->ld}, ldc, std::int64_t{align}, batch,
+                           batched ? a.strides[0] : 0, batched ? b.strides[0] : 0, static_cast<std::int64_t>(ws)})
       key += std::to_string(x) + ",";
     std::optional<cublasLtMatmulAlgo_t> known;
     if (eng.lt != nullptr) {
@@ -823,6 +832,11 @@ struct Lowering {
     return act;
   }
 
+  // The least multiply-adds (M * N * K) for which lower_gemm splits a GEMM
+  // with a misaligned N: below it the two extra launches cost more than the
+  // slower kernel saves.
+  static constexpr double kPadGemmMinMacs = 1u << 27;
+
   Status lower_gemm(const std::string& op) {
     SAFECKPT_TRY(DType od, out_dtype());
     std::int32_t out_id = node->outputs[0];
@@ -889,12 +903,51 @@ struct Lowering {
       g_out.strides = contiguous_strides(g_out.shape);
     }
     int act = epilogue_for(out_id);
-    SAFECKPT_CHECK(gemm(a, b, g_out, bias, act, alpha, beta));
+    std::size_t gemm_step = 0;
+    // An N that is not a multiple of 16 bytes' worth of elements (GPT-2's
+    // lm_head: N = 50257) keeps cuBLASLt's tensor-core GEMMs 7x slower
+    // (measured on the H200, bench/RESULTS.md: 0.84 ms against 0.12 ms for
+    // N = 50264; a padded output row alone does not help). A tensor-core GEMM
+    // of at least kPadGemmMinMacs is split: the first N rounded down to that
+    // multiple, then the remaining columns (16-byte aligned operands), both
+    // into an output whose rows are padded to the multiple, made dense by one
+    // copy (inductor pads such strides too: torch/_inductor/config.py
+    // comprehensive_padding).
+    const auto per16 = static_cast<std::int64_t>(16 / esize(od));
+    const bool tensor_cores = od == DType::kBFloat16 || eng.opt.allow_tf32;
+    const std::int64_t gn = g_out.shape.size() == 2 ? g_out.shape[1] : 0;
+    if (tensor_cores && g_out.shape.size() == 2 && a.shape.size() == 2 && b.shape.size() == 2 && !preset && beta == 0 &&
+        gn % per16 != 0 && gn > per16 &&
+        static_cast<double>(g_out.shape[0]) * static_cast<double>(gn) * static_cast<double>(a.shape[1]) >=
+            kPadGemmMinMacs) {
+      const std::int64_t M = g_out.shape[0], head = gn / per16 * per16, ld = head + per16;
+      DevTensor padded;
+      padded.dtype = od;
+      padded.shape = {M, gn};
+      padded.strides = {ld, 1};
+      padded.buf = new_buf(static_cast<std::uint64_t>(M * ld) * esize(od));
+      auto cols = [](DevTensor t, std::int64_t from, std::int64_t n) {
+        t.offset += from * t.strides.back();
+        t.shape.back() = n;
+        return t;
+      };
+      std::optional<DevTensor> bias_head, bias_tail;
+      if (bias) bias_head = cols(*bias, 0, head), bias_tail = cols(*bias, head, gn - head);
+      SAFECKPT_CHECK(gemm(a, cols(b, 0, head), cols(padded, 0, head), bias_head, act, alpha, beta));
+      gemm_step = plan.steps.size() - 1;
+      plan.steps[gemm_step].shapes += " (of N=" + std::to_string(gn) + ", ldc " + std::to_string(ld) + ")";
+      SAFECKPT_CHECK(gemm(a, cols(b, head, gn - head), cols(padded, head, gn - head), bias_tail, act, alpha, beta, 16));
+      plan.steps.back().name += ".tail";
+      emit_copy(padded, g_out, g_out.shape, node->name + ".unpad", "copy");
+    } else {
+      SAFECKPT_CHECK(gemm(a, b, g_out, bias, act, alpha, beta));
+      gemm_step = plan.steps.size() - 1;
+    }
     set_out(0, out);
     if (act != 0) {
       const Node& c = p.nodes[consumers[static_cast<std::size_t>(out_id)][0]];
       vals[static_cast<std::size_t>(c.outputs[0])] = out;
-      plan.steps.back().name += "+" + c.name;
+      plan.steps[gemm_step].name += "+" + c.name;
     }
     return {};
   }

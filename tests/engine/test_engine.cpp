@@ -825,6 +825,68 @@ TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch
   }
 }
 
+// A GEMM whose N is not a multiple of 8 bfloat16s (GPT-2's lm_head: N =
+// 50257; here misaligned_linear of pt2-2.11-extra: M 1024, N 1025, K 128,
+// with a bias) keeps cuBLASLt off its fast kernels, so the planner splits
+// it into N = 1024 and a 1-column tail, both into rows padded to 1032
+// elements, then one copy makes the output dense. Both stances plan it.
+TEST_CASE("engine: a GEMM with a misaligned N splits into an aligned GEMM, a tail and one copy (no device)") {
+  using safeckpt::engine::detail::dry_plan;
+  auto l = test_support::load_program("misaligned_linear.train.pt2", false, "pt2-2.11-extra");
+  for (bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    auto d = dry_plan(l.program, {{1024, 128}}, fuse, 90);
+    REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+    std::string all;
+    for (std::size_t i = 0; i < d->steps.size(); ++i)
+      all += d->steps[i] + " [" + d->step_kinds[i] + "] " + d->step_shapes[i] + "\n";
+    MESSAGE(all);
+    REQUIRE(d->steps.size() == 3);
+    const std::string head = d->steps[0];
+    CHECK(d->step_kinds[0] == "gemm");
+    CHECK(d->step_shapes[0] == "M=1024 N=1024 K=128 bfloat16 (of N=1025, ldc 1032)");
+    CHECK(d->steps[1] == head + ".tail");
+    CHECK(d->step_kinds[1] == "gemm");
+    CHECK(d->step_shapes[1] == "M=1024 N=1 K=128 bfloat16");
+    CHECK(d->steps[2] == head + ".unpad");
+    CHECK(d->step_kinds[2] == "copy");
+    CHECK(d->step_shapes[2].rfind("[1024,1025]", 0) == 0);
+  }
+}
+
+// The same program on the GPU: the split GEMM (bias epilogue on both parts)
+// against PyTorch's CUDA eager output, compiled (CUDA graph) and force_eager.
+TEST_CASE("engine: a GEMM with a misaligned N, split, matches PyTorch CUDA") {
+  if (!have_device()) return;
+  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+  json meta = json::parse(read_text(dir + "misaligned_linear.json"));
+  const double atol = meta["tolerance"]["atol"].get<double>(), rtol = meta["tolerance"]["rtol"].get<double>();
+  auto io = SafetensorsFile::open(dir + "misaligned_linear.io.safetensors");
+  REQUIRE(io.has_value());
+  auto l = test_support::load_program("misaligned_linear.train.pt2", true, "pt2-2.11-extra");
+  auto eng = make_engine();
+  auto cp = eng.compile(l.program, l.weights);
+  REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+  // io's input.x is the program's one user input (nn.Sequential names it "input").
+  Inputs in;
+  for (const auto& gi : l.program.inputs)
+    if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input.x");
+  REQUIRE(in.size() == 1);
+  const HostTensor ref = tensor_of(*io, "output.0.cuda");
+  for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
+    engine::RunOptions ro;
+    ro.stance = s;
+    for (int call = 0; call < 2; ++call) {
+      auto out = cp->run_host(in, ro);
+      REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+      const double d = check_close(as_f32((*out)[0]), as_f32(ref), atol, rtol,
+                                   "misaligned_linear " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
+      MESSAGE("misaligned_linear " << engine::stance_name(s) << " call " << call
+                                   << ": max|out - PyTorch CUDA| = " << d);
+    }
+  }
+}
+
 TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join one generated kernel") {
   using safeckpt::engine::detail::dry_plan;
   for (const char* ir : {"train", "core"}) {

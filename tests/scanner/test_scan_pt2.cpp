@@ -117,7 +117,8 @@ TEST_CASE("scan/pt2: clean exactly when the engine accepts the program (extra co
     CHECK((code_of(r) == 0) == accepted);
     if (!accepted) CHECK(r.findings.size() > 0);
   }
-  CHECK(n == 12);  // bert, llama, llama_cuda, llama_cuda_bf16, mlp_small, resnet_tiny: train + core each
+  // bert, llama, llama_cuda, llama_cuda_bf16, mlp_small, resnet_tiny: train + core each; misaligned_linear: train
+  CHECK(n == 13);
 }
 
 TEST_CASE("scan/pt2: the bf16 CUDA export (cudnn attention, SymInt outputs) is clean") {
