@@ -671,9 +671,8 @@ struct Lowering {
   }
 
   // D[M,N] (+)= A[M,K] @ B[K,N] (+ bias[N]) with an optional activation.
-  // a/b: rank 2 or 3 (batch first) views; out contiguous.
-  // `out` row-major with row stride out.strides[r - 2] (N, or more: the
-  // padded output of lower_gemm). `align`: the bytes every operand pointer
+  // a/b: rank 2 or 3 (batch first) views; `out` row-major with row stride
+  // out.strides[r - 2] (N, or more: the padded output of lower_gemm). `align`: the bytes every operand pointer
   // is aligned to (cuBLASLt assumes 256 unless told, CUBLASLT_MATMUL_PREF_
   // MIN_ALIGNMENT_*; lower_gemm's column tail is 16-byte aligned).
   Status gemm(DevTensor a, DevTensor b, const DevTensor& out, const std::optional<DevTensor>& bias, int act,
@@ -1929,15 +1928,6 @@ struct Lowering {
                  [od](const auto& r, const Emit& emit) { return emit(micro(MicroKind::kAdd, od, r[0], r[1], 1.0)); });
   }
 
-  // The convolution with `f` folded in. A prep step computes the batch
-  // norm's per-channel scale and bias from the checkpoint's tensors (float32
-  // kPrepared buffers). Without a graph plan (float32): the prep step also
-  // writes the filter times the scale (in the convolution's layout) and the
-  // step runs cudnnConvolutionBiasActivationForward. With `gp` (bfloat16):
-  // the filter stays, the step runs the operation graph with the scale in
-  // its epilogue. Should cuDNN refuse the fused call on its first run, or a
-  // pointer not be 16-byte aligned, the step runs the plain convolution and
-  // launch_bias_add_relu instead: the same values either way.
   // Fills the graph slots of a device plan: a runtime-compiled plan the
   // persistent cache kept (cuDNN's own serialization, conv.hpp: no kernel
   // compilation), else cuDNN's heuristics (then kept). Up to 8 threads, one
@@ -1999,6 +1989,16 @@ struct Lowering {
     return {};
   }
 
+  // The convolution with `f` folded in. A prep step computes the batch
+  // norm's per-channel scale and bias from the checkpoint's tensors (float32
+  // kPrepared buffers). Without a graph plan (float32): the prep step also
+  // writes the filter times the scale (in the convolution's layout) and the
+  // step runs cudnnConvolutionBiasActivationForward. With `gp` (bfloat16):
+  // the filter stays, the step runs the operation graph with the scale in
+  // its epilogue (`gp`'s plan is set by prepare_graph_plans; none: the
+  // unfused path below). Should cuDNN refuse the fused call on its first run, or a
+  // pointer not be 16-byte aligned, the step runs the plain convolution and
+  // launch_bias_add_relu instead: the same values either way.
   Status lower_folded_conv(const ConvFold& f, const ConvGeometry& cg, const std::shared_ptr<ConvPlan>& cp,
                            const std::shared_ptr<GraphSlot>& gp, bool graph, const DevTensor& x, const DevTensor& w_in,
                            const std::optional<DevTensor>& conv_bias, const DevTensor& y) {
