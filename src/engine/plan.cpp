@@ -834,7 +834,7 @@ struct Lowering {
   // The least multiply-adds (M * N * K) for which lower_gemm splits a GEMM
   // with a misaligned N: below it the two extra launches cost more than the
   // slower kernel saves.
-  static constexpr double kPadGemmMinMacs = 1u << 27;
+  static constexpr double kSplitGemmMinMacs = 1u << 27;
 
   Status lower_gemm(const std::string& op) {
     SAFECKPT_TRY(DType od, out_dtype());
@@ -907,18 +907,17 @@ struct Lowering {
     // lm_head: N = 50257) keeps cuBLASLt's tensor-core GEMMs 7x slower
     // (measured on the H200, bench/RESULTS.md: 0.84 ms against 0.12 ms for
     // N = 50264; a padded output row alone does not help). A tensor-core GEMM
-    // of at least kPadGemmMinMacs is split: the first N rounded down to that
+    // of at least kSplitGemmMinMacs is split: the first N rounded down to that
     // multiple, then the remaining columns (16-byte aligned operands), both
     // into an output whose rows are padded to the multiple, made dense by one
     // copy (inductor pads such strides too: torch/_inductor/config.py
     // comprehensive_padding).
     const auto per16 = static_cast<std::int64_t>(16 / esize(od));
     const bool tensor_cores = od == DType::kBFloat16 || eng.opt.allow_tf32;
-    const std::int64_t gn = g_out.shape.size() == 2 ? g_out.shape[1] : 0;
-    if (tensor_cores && g_out.shape.size() == 2 && a.shape.size() == 2 && b.shape.size() == 2 && !preset && beta == 0 &&
-        gn % per16 != 0 && gn > per16 &&
+    const std::int64_t gn = g_out.shape.size() == 2 ? g_out.shape[1] : 0;  // 0: batched, never split
+    if (tensor_cores && a.shape.size() == 2 && b.shape.size() == 2 && beta == 0 && gn % per16 != 0 && gn > per16 &&
         static_cast<double>(g_out.shape[0]) * static_cast<double>(gn) * static_cast<double>(a.shape[1]) >=
-            kPadGemmMinMacs) {
+            kSplitGemmMinMacs) {
       const std::int64_t M = g_out.shape[0], head = gn / per16 * per16, ld = head + per16;
       DevTensor padded;
       padded.dtype = od;

@@ -704,6 +704,23 @@ TEST_CASE("engine: batch norm folded into cuDNN's fused convolution matches PyTo
   }
 }
 
+// `cp` run twice in each of `stances` (the first run, then the CUDA graph or
+// the next eager run): output 0 against PyTorch's CUDA eager output `ref`.
+void check_stances_vs_cuda(engine::CompiledProgram& cp, const Inputs& in, const HostTensor& ref, double atol,
+                           double rtol, const std::string& what, std::initializer_list<Stance> stances) {
+  for (Stance s : stances) {
+    engine::RunOptions ro;
+    ro.stance = s;
+    for (int call = 0; call < 2; ++call) {
+      auto out = cp.run_host(in, ro);
+      REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+      double d = check_close(as_f32((*out)[0]), ref, atol, rtol,
+                             what + " " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
+      MESSAGE(what << " " << engine::stance_name(s) << " call " << call << ": max|out - PyTorch CUDA| = " << d);
+    }
+  }
+}
+
 // bfloat16 batch norms folded into cuDNN operation graphs (plan.cpp
 // prepare_graph_plans): an engine with an empty persistent cache compiles
 // the runtime-compiled graph plans and stores cuDNN's serialization of each;
@@ -716,7 +733,7 @@ void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inp
   engine::EngineOptions o = no_cache();
   o.cache = engine::CacheMode::kReadWrite;
   o.cache_dir = dir;
-  auto names = [&](engine::CompiledProgram& cp, std::vector<HostTensor>* out) {
+  auto run_and_count = [&](engine::CompiledProgram& cp, std::vector<HostTensor>* out) {
     auto r = cp.run_host(in);
     REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
     *out = std::move(r).value();
@@ -746,14 +763,14 @@ void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inp
     auto eng = make_engine(o);
     auto cp = eng.compile(prog, w);
     REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
-    cold = names(*cp, &cold_out);
+    cold = run_and_count(*cp, &cold_out);
     stored = eng.stats().choices_stored;
   }
   {
     auto eng = make_engine(o);
     auto cp = eng.compile(prog, w);
     REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
-    warm = names(*cp, &warm_out);
+    warm = run_and_count(*cp, &warm_out);
     from_cache = eng.stats().choices_from_cache;
   }
   std::filesystem::remove_all(dir);
@@ -807,17 +824,7 @@ TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch
         double d = check_close((*cpu)[0], tensor_of(*io, "output.0.cpu"), atol, rtol, what + " CPU reference");
         MESSAGE(what << " CPU reference: max|out - PyTorch CPU| = " << d);
       }
-      for (Stance s : {Stance::kForceEager, Stance::kDefault}) {
-        engine::RunOptions ro;
-        ro.stance = s;
-        for (int call = 0; call < 2; ++call) {
-          auto out = cp->run_host(in, ro);
-          REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
-          double d = check_close(as_f32((*out)[0]), ref, atol, rtol,
-                                 what + " " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
-          MESSAGE(what << " " << engine::stance_name(s) << " call " << call << ": max|out - PyTorch CUDA| = " << d);
-        }
-      }
+      check_stances_vs_cuda(*cp, in, ref, atol, rtol, what, {Stance::kForceEager, Stance::kDefault});
       auto stats = cp->stats();
       MESSAGE(what << ": " << stats.steps << " launches (compiled), arena " << stats.arena_bytes << " B");
       if (std::string(dt) == "bfloat16" && std::string(ir) == "train") check_graph_plans_cached(prog, *w, in, what);
@@ -872,19 +879,8 @@ TEST_CASE("engine: a GEMM with a misaligned N, split, matches PyTorch CUDA") {
   for (const auto& gi : l.program.inputs)
     if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input.x");
   REQUIRE(in.size() == 1);
-  const HostTensor ref = tensor_of(*io, "output.0.cuda");
-  for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
-    engine::RunOptions ro;
-    ro.stance = s;
-    for (int call = 0; call < 2; ++call) {
-      auto out = cp->run_host(in, ro);
-      REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
-      const double d = check_close(as_f32((*out)[0]), as_f32(ref), atol, rtol,
-                                   "misaligned_linear " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
-      MESSAGE("misaligned_linear " << engine::stance_name(s) << " call " << call
-                                   << ": max|out - PyTorch CUDA| = " << d);
-    }
-  }
+  check_stances_vs_cuda(*cp, in, tensor_of(*io, "output.0.cuda"), atol, rtol, "misaligned_linear",
+                        {Stance::kDefault, Stance::kForceEager});
 }
 
 TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join one generated kernel") {
