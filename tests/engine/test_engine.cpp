@@ -714,7 +714,7 @@ void check_stances_vs_cuda(engine::CompiledProgram& cp, const Inputs& in, const 
     for (int call = 0; call < 2; ++call) {
       auto out = cp.run_host(in, ro);
       REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
-      double d = check_close(as_f32((*out)[0]), ref, atol, rtol,
+      double d = check_close(as_f32((*out)[0]), as_f32(ref), atol, rtol,
                              what + " " + std::string(engine::stance_name(s)) + " vs PyTorch CUDA");
       MESSAGE(what << " " << engine::stance_name(s) << " call " << call << ": max|out - PyTorch CUDA| = " << d);
     }
