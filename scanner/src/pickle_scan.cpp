@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "catalogue.hpp"
+#include "torch/weights_only_rules.hpp"
 
 namespace safeckpt::scan {
 
@@ -24,6 +25,10 @@ void Sink::event(Event e) {
     return;
   }
   rep_.events.push_back(std::move(e));
+}
+
+void Sink::refuse_last_event(std::uint64_t offset) {
+  if (!rep_.events.empty() && rep_.events.back().offset == offset) rep_.events.back().allowed = false;
 }
 
 void Sink::finish() {
@@ -179,14 +184,24 @@ void ScanObserver::on_event(const PickleEvent& e) {
     }
     case PickleEvent::Type::kCall: {
       ev.type = Event::Type::kCall;
-      ev.allowed = e.opcode != "INST" && e.opcode != "OBJ" && e.opcode != "NEWOBJ_EX" && is_allowed(allow_, e.name);
+      // REDUCE and NEWOBJ: the loader's rule for the callee
+      // (weights_only::check_call), which ScanHooks applies too.
+      const bool listed = is_allowed(allow_, e.name);
+      Status rule = listed ? weights_only::check_call(*allow_.find(e.name), e.opcode == "NEWOBJ") : Status{};
+      ev.allowed = e.opcode != "INST" && e.opcode != "OBJ" && e.opcode != "NEWOBJ_EX" && listed && rule.has_value();
       const CatalogueEntry* c = catalogue_lookup(e.name);
       if (c != nullptr && c->category == "loader") nested_loader_called = true;
       if (e.opcode == "OBJ" || e.opcode == "NEWOBJ_EX") {
         finding(Rule::kRefusedOpcode, Severity::kHigh, e, e.name, e.opcode + " calls " + e.name,
                 "the loader never accepts " + e.opcode + " (it builds objects of any class)");
+      } else if (listed && !rule) {
+        finding(Rule::kCall, Severity::kMedium, e, e.name,
+                e.opcode + " calls " + e.name + ": " + rule.error().message(),
+                "the global is allowlisted but the weights-only rules do not let " + e.opcode +
+                    " call it (a value such as a dtype or qscheme, a class used only as a storage type, or NEWOBJ of "
+                    "anything but nn.Parameter and add_safe_globals classes); the loader refuses the file");
       }
-      if (!ev.allowed && !is_allowed(allow_, e.name)) {
+      if (!ev.allowed && !listed) {
         std::string what =
             e.name.rfind(kResultOf, 0) == 0 || is_kind_name(e.name) ? "a value (" + e.name + ")" : e.name;
         Severity sev = c != nullptr ? c->severity : Severity::kHigh;
@@ -258,27 +273,40 @@ Result<NodeId> ScanHooks::resolve_global(std::string_view qualname, const OpCont
   return arena_.add(std::move(g));
 }
 
-Result<NodeId> ScanHooks::call(NodeId callable, NodeId args, const OpContext&) {
+// Calls follow the loader's rules (weights_only::check_call): a call the
+// loader refuses is returned as its policy error (the machine records it and
+// pushes a refused placeholder; ScanObserver reported it as a kCall finding
+// from the event). A call it accepts gives a value of the kind the loader's
+// object model makes, where that decides later opcodes: dict-like
+// containers (SETITEM), user objects and numpy objects (BUILD), bytes
+// (embedded payloads); other results are plain objects, which BUILD,
+// SETITEM and APPEND refuse as the loader does on tensors and sizes.
+Result<NodeId> ScanHooks::do_call(NodeId callable, NodeId args, bool newobj) {
   const Node& c = arena_[callable];
-  std::string name = c.kind == Kind::kGlobal ? c.text : std::string(kind_name(c.kind));
+  const AllowEntry* e = c.kind == Kind::kGlobal ? allow_.find(c.text) : nullptr;
+  if (e == nullptr) {
+    // Not a global (a value: the observer reported the call) or refused.
+    std::string name = c.kind == Kind::kGlobal ? c.text : std::string(kind_name(c.kind));
+    return opaque(std::string(kResultOf) + name + "()");
+  }
+  SAFECKPT_CHECK(weights_only::check_call(*e, newobj));
   Node n;
-  if (c.kind == Kind::kGlobal) {
-    if (name == "collections.OrderedDict") {
-      n.kind = Kind::kOrderedDict;
-      return arena_.add(std::move(n));
-    }
-    if (name == "collections.Counter") {
-      n.kind = Kind::kCounter;
-      return arena_.add(std::move(n));
-    }
-    if (name == "builtins.set" || name == "builtins.frozenset") {
-      n.kind = name == "builtins.set" ? Kind::kSet : Kind::kFrozenSet;
-      return arena_.add(std::move(n));
-    }
-    if (name == "builtins.bytearray" || name == "_codecs.encode") {
+  if (e->user && e->builtin == Builtin::kGeneric) {
+    n.kind = Kind::kObject;  // as TorchHooks: a user object, BUILD sets its state
+    n.text = e->name;
+    n.items = {args, kNoNode};
+    return arena_.add(std::move(n));
+  }
+  switch (e->builtin) {
+    case Builtin::kOrderedDict: n.kind = Kind::kOrderedDict; return arena_.add(std::move(n));
+    case Builtin::kCounter: n.kind = Kind::kCounter; return arena_.add(std::move(n));
+    case Builtin::kSet: n.kind = Kind::kSet; return arena_.add(std::move(n));
+    case Builtin::kFrozenSet: n.kind = Kind::kFrozenSet; return arena_.add(std::move(n));
+    case Builtin::kByteArray:
+    case Builtin::kCodecsEncode: {
+      n.kind = e->builtin == Builtin::kCodecsEncode ? Kind::kBytes : Kind::kByteArray;
       // bytes are pickled (protocol 2) as _codecs.encode(str, 'latin1'):
       // recover them so embedded payloads can be scanned.
-      n.kind = name == "_codecs.encode" ? Kind::kBytes : Kind::kByteArray;
       const Node& a = arena_[args];
       if (!a.items.empty()) {
         const Node& s = arena_[a.items[0]];
@@ -312,18 +340,46 @@ Result<NodeId> ScanHooks::call(NodeId callable, NodeId args, const OpContext&) {
       }
       return arena_.add(std::move(n));
     }
+    default: break;
   }
-  return opaque(std::string(kResultOf) + name + "()");
+  n.kind = Kind::kObject;
+  n.text = std::string(kResultOf) + e->name + "()";
+  const NodeId id = arena_.add(std::move(n));
+  if (e->builtin == Builtin::kNumpyDtype || e->builtin == Builtin::kNumpyReconstruct) numpy_objects_.insert(id);
+  return id;
 }
 
-Result<NodeId> ScanHooks::new_object(NodeId cls, NodeId, const OpContext&) {
-  const Node& c = arena_[cls];
-  std::string name = c.kind == Kind::kGlobal ? c.text : std::string(kind_name(c.kind));
-  return opaque(std::string(kResultOf) + name + "()");
+Result<NodeId> ScanHooks::call(NodeId callable, NodeId args, const OpContext&) {
+  return do_call(callable, args, false);
 }
 
-Status ScanHooks::build(NodeId, NodeId, const OpContext&) {
-  return {};
+Result<NodeId> ScanHooks::new_object(NodeId cls, NodeId args, const OpContext&) {
+  return do_call(cls, args, true);
+}
+
+Status ScanHooks::build(NodeId obj, NodeId state, const OpContext& ctx) {
+  const Node& o = arena_[obj];
+  using weights_only::BuildTarget;
+  const BuildTarget target = weights_only::build_target(o, numpy_objects_.count(obj) != 0, allow_);
+  auto st = weights_only::check_build(target, o.kind == Kind::kObject ? o.text : std::string(kind_name(o.kind)), arena_,
+                                      state);
+  if (!st && sink_ != nullptr) {
+    Finding f;
+    f.rule = Rule::kRefusedOperation;
+    f.severity = Severity::kHigh;
+    f.member = member_;
+    f.stream = stream_;
+    f.offset = base_ + ctx.offset;
+    f.opcode = "BUILD";
+    f.message = st.error().message();
+    f.why =
+        "BUILD calls __setstate__ or sets attributes; the weights-only rules allow it only on OrderedDicts (a dict of "
+        "attribute names), numpy arrays and dtypes, and classes allowlisted with add_safe_globals; the loader refuses "
+        "this one";
+    sink_->refuse_last_event(f.offset);
+    sink_->add(std::move(f));
+  }
+  return st;
 }
 
 Result<NodeId> ScanHooks::persistent_load(NodeId pid, const OpContext&) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "safeckpt/allowlist.hpp"
@@ -29,6 +30,9 @@ class Sink {
   explicit Sink(FileReport& rep, bool keep_events) : rep_(rep), keep_events_(keep_events) {}
   void add(Finding f);
   void event(Event e);
+  // The event just recorded at `offset` (a BUILD the hooks refuse after the
+  // observer listed it) is marked not allowed.
+  void refuse_last_event(std::uint64_t offset);
   void finish();  // appends the "N more findings" note
   FileReport& report() { return rep_; }
 
@@ -64,12 +68,14 @@ class ScanHooks final : public PickleHooks {
 
  private:
   Result<NodeId> opaque(std::string what);
+  Result<NodeId> do_call(NodeId callable, NodeId args, bool newobj);
   ValueArena& arena_;
   const Allowlist& allow_;
   Sink* sink_;
   std::string member_;
   int stream_ = 0;
   std::uint64_t base_ = 0;
+  std::unordered_set<NodeId> numpy_objects_;  // numpy dtypes/arrays: BUILD states them (as TorchHooks)
 };
 
 bool is_allowed(const Allowlist& allow, std::string_view name);

@@ -11,6 +11,7 @@
 
 #include "pickle/key.hpp"
 #include "torch/hook_args.hpp"
+#include "torch/weights_only_rules.hpp"
 
 namespace safeckpt {
 
@@ -102,6 +103,7 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
                       "Trying to call reduce for unrecognized function " +
                           (arena_[callable].kind == Kind::kGlobal ? arena_[callable].text
                                                                   : std::string(kind_name(arena_[callable].kind))));
+  SAFECKPT_CHECK(weights_only::check_call(*e, false));
   const std::vector<NodeId> v = arena_[args_id].items;  // copy: arena may grow
   Args a{arena_, v, e->name};
   Node n;
@@ -285,50 +287,37 @@ Result<NodeId> TorchHooks::call(NodeId callable, NodeId args_id, const OpContext
 Result<NodeId> TorchHooks::new_object(NodeId cls, NodeId args, const OpContext& ctx) {
   budget_ = ctx.budget;
   const AllowEntry* e = entry_of(cls);
-  if (e != nullptr && e->builtin == Builtin::kParameter) return call(cls, args, ctx);
-  if (e != nullptr && e->user) {
-    if (e->builtin == Builtin::kGeneric) {
-      Node n;
-      n.kind = Kind::kObject;
-      n.text = e->name;
-      n.items = {args, kNoNode};
-      return add(std::move(n));
-    }
-    return call(cls, args, ctx);
+  if (e == nullptr)
+    return make_error(
+        ErrorCode::kDisallowedOperation,
+        "Can only create new object for nn.Parameter or classes allowlisted via add_safe_globals "
+        "(--allow FILE), but got " +
+            (arena_[cls].kind == Kind::kGlobal ? arena_[cls].text : std::string(kind_name(arena_[cls].kind))));
+  SAFECKPT_CHECK(weights_only::check_call(*e, true));
+  if (e->user && e->builtin == Builtin::kGeneric) {
+    Node n;
+    n.kind = Kind::kObject;
+    n.text = e->name;
+    n.items = {args, kNoNode};
+    return add(std::move(n));
   }
-  return make_error(
-      ErrorCode::kDisallowedOperation,
-      "Can only create new object for nn.Parameter or classes allowlisted via add_safe_globals "
-      "(--allow FILE), but got " +
-          (arena_[cls].kind == Kind::kGlobal ? arena_[cls].text : std::string(kind_name(arena_[cls].kind))));
+  return call(cls, args, ctx);
 }
 
 Status TorchHooks::build(NodeId obj, NodeId state, const OpContext& ctx) {
   budget_ = ctx.budget;
-  Node& o = arena_[obj];
-  if (o.kind == Kind::kOrderedDict) {
-    // OrderedDict.__dict__.update(state): attributes such as `_metadata`.
-    const Node& s = arena_[state];
-    if (s.kind != Kind::kDict)
-      return make_error(ErrorCode::kDisallowedOperation, "OrderedDict BUILD state must be a dict");
-    for (std::size_t i = 0; i < s.items.size(); i += 2)
-      if (arena_[s.items[i]].kind != Kind::kStr)
-        return make_error(ErrorCode::kDisallowedOperation, "attribute names must be str");
-    arena_[obj].attrs = state;
-    return {};
+  const Node& o = arena_[obj];
+  using weights_only::BuildTarget;
+  const BuildTarget target = weights_only::build_target(o, numpy_objects_.count(obj) != 0, allow_);
+  SAFECKPT_CHECK(weights_only::check_build(target, o.kind == Kind::kObject ? o.text : std::string(kind_name(o.kind)),
+                                           arena_, state));
+  switch (target) {
+    case BuildTarget::kOrderedDict: arena_[obj].attrs = state; return {};
+    case BuildTarget::kNumpy: return numpy_build(obj, state);
+    case BuildTarget::kUserObject: arena_[obj].items[1] = state; return {};
+    case BuildTarget::kOther: break;
   }
-  if (numpy_objects_.count(obj)) return numpy_build(obj, state);
-  if (o.kind == Kind::kObject && o.items.size() == 2) {
-    const AllowEntry* e = allow_.find(o.text);
-    if (e != nullptr && e->user) {
-      arena_[obj].items[1] = state;
-      return {};
-    }
-  }
-  return make_error(
-      ErrorCode::kDisallowedOperation,
-      "Can only build Tensor, Parameter, OrderedDict or types allowlisted via add_safe_globals, but got " +
-          (o.kind == Kind::kObject ? o.text : std::string(kind_name(o.kind))));
+  return make_error(ErrorCode::kInternal, "BUILD target refused without an error");
 }
 
 }  // namespace safeckpt

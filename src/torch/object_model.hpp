@@ -22,6 +22,9 @@
 //     storage_type a legacy storage class or UntypedStorage; key str (bytes
 //     decoded as ASCII); numel >= 0. Storages are resolved by a
 //     StorageProvider (the container layer) and shared per key.
+// What 2-4 decide without looking at arguments (which globals REDUCE and
+// NEWOBJ may call, which targets BUILD may update) is weights_only_rules.hpp,
+// the scanner's rules too.
 #pragma once
 
 #include <cstdint>

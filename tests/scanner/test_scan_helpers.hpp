@@ -159,10 +159,9 @@ inline Buf legacy_magic() {
 }
 inline Buf legacy_file(const Buf& s2, const Buf& s4, const Buf& after = "") {
   // 1 magic, 2 protocol, 3 sys_info, 4 object, 5 keys, raw storages.
-  Buf obj = s4;
   Buf keys = proto(2) + "]" + binunicode("0") + "a" + kStop;
   Buf raw = u64(2) + Buf(8, '\0');
-  return legacy_magic() + s2 + (proto(2) + kEmptyDict + kStop) + obj + keys + raw + after;
+  return legacy_magic() + s2 + (proto(2) + kEmptyDict + kStop) + s4 + keys + raw + after;
 }
 inline Buf legacy_protocol() {
   return proto(2) + Buf("M\xe9\x03", 3) + kStop;
