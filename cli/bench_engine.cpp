@@ -35,7 +35,7 @@
 // kernel only) for every engine of the run; --conv-layout auto|nchw|
 // channels-last sets EngineOptions::conv_layout; --no-fold-batch-norm and
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
-// cudnn_graph_fusion.
+// cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -72,6 +72,7 @@ struct BenchEngineArgs {
   std::string conv_layout = "auto";
   bool no_fold_batch_norm = false;
   bool no_cudnn_graph = false;
+  bool no_attention_tensor_cores = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -270,6 +271,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.device = device;
   if (a.attention_workspace_mib >= 0)
     eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
+  eo.attention_tensor_cores = !a.no_attention_tensor_cores;
   auto layout = engine::parse_conv_layout(a.conv_layout);
   if (!layout) return bench_fail("--conv-layout", layout.error());
   eo.conv_layout = *layout;
@@ -486,6 +488,8 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"auto", "nchw", "channels-last"}));
   sub->add_flag("--no-fold-batch-norm", args->no_fold_batch_norm,
                 "keep inference batch norms as their own kernels (EngineOptions::fold_batch_norm off)");
+  sub->add_flag("--no-attention-tensor-cores", args->no_attention_tensor_cores,
+                "bfloat16 attention without the tensor-core flash kernel (EngineOptions::attention_tensor_cores off)");
   sub->add_flag("--no-cudnn-graph", args->no_cudnn_graph,
                 "no cuDNN operation graphs for bfloat16 batch norms (EngineOptions::cudnn_graph_fusion off)");
   sub->callback([args, &exit_code] {

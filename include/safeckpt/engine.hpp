@@ -54,6 +54,12 @@
 //  - otherwise the flash-style kernel (online softmax, no workspace; blocks
 //    of 64 query rows x 64-key tiles in shared memory, fp32 on the CUDA
 //    cores for both dtypes, src/engine/kernels.cu).
+// bfloat16 on a device with bf16 tensor cores (sm_80+) takes neither: a
+// flash kernel on the tensor cores (EngineOptions::attention_tensor_cores,
+// src/engine/attention_tc.cu): the same tiles, Q K^T and P V as WMMA
+// 16x16x16 bf16 products with fp32 accumulation, the online softmax in fp32,
+// the probabilities rounded to bfloat16 for P V (as the materialized path
+// and PyTorch's flash kernels); no workspace.
 // Both give a row of zeros where every key is masked (the CPU reference's
 // and PyTorch's math SDPA rule since _safe_softmax), never NaN.
 //  3. A static activation arena: buffers reused by liveness (first fit);
@@ -236,6 +242,10 @@ struct EngineOptions {
   // materialized (one batch element at a time if need be). Tests force each
   // path with it; plans of different values are not shared.
   std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes;
+  // bfloat16 attention on the tensor-core flash kernel where the device has
+  // bf16 tensor cores (sm_80 and later; see "Attention" above); false: the
+  // two paths above, as for float32.
+  bool attention_tensor_cores = true;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
   // Its directory. Empty: enginecache::CompileCache::default_dir()

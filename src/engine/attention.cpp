@@ -13,6 +13,10 @@ namespace safeckpt::engine::detail {
 
 AttnChoice choose_attention(const AttnShape& s, std::uint64_t max_workspace_bytes) {
   AttnChoice c;
+  if (s.bf16 && s.tensor_cores && s.D > 0 && s.Dv > 0 && s.D <= 128 && s.Dv <= 128) {
+    c.tensor_core_flash = true;
+    return c;
+  }
   if (max_workspace_bytes == 0 || s.B <= 0 || s.H <= 0 || s.L <= 0 || s.S <= 0 || s.H > kMaxAttnGemmBatch) return c;
   const std::uint64_t per_score = s.bf16 ? 6 : 4;  // fp32 score (+ bf16 probability)
   std::uint64_t one = 0;                           // workspace of one batch element

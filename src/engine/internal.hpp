@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,14 @@ struct DevTensor {
   }
 };
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
+// The strides of `new_shape` as a view of memory laid out as shape/strides
+// (no copy), or nullopt when no such view exists: aten::view's rule
+// (PyTorch's computeStride in aten/src/ATen/TensorUtils.cpp: new dims may
+// split or merge old ones only inside a run of dims that is one block of
+// memory). Zero elements: contiguous strides.
+std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& shape,
+                                                      const std::vector<std::int64_t>& strides,
+                                                      const std::vector<std::int64_t>& new_shape);
 // The channels-last strides of a rank-4 shape (N,H,W,C in memory).
 std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>& shape);
 
@@ -151,12 +160,16 @@ struct AttnArgs {
   int mask_kind;     // 0 none, 1 bool (true = keep), 2 additive (same dtype as q)
   long long B, H, L, S, D, Dv;
   long long q_s[3], k_s[3], v_s[3];  // strides of b, h, row (the last dim is unit)
+  long long o_s[3];                  // output strides of b, h, row (flash kernels; the last dim is unit)
   long long m_s[4];                  // mask strides for b, h, l, s (0 = broadcast)
   float scale;
   int causal;
   int bf16;  // q/k/v/out bfloat16 (else float32)
 };
 int launch_attention(const AttnArgs& a, void* stream);
+// The tensor-core flash kernel (attention_tc.cu): bfloat16 only, sm_80 and
+// later, D and Dv <= 128.
+int launch_attention_tc(const AttnArgs& a, void* stream);
 // Which attention lowering a shape gets (safeckpt/engine.hpp, "Attention"):
 // host logic, tested without a device.
 struct AttnShape {
@@ -166,15 +179,19 @@ struct AttnShape {
   // stride (B == 1, H == 1 or stride(b) == H * stride(h) for each): a group
   // may hold several batch elements.
   bool batch_collapsible = false;
+  bool tensor_cores = false;  // the device has bf16 tensor cores (sm_80 and later)
 };
 struct AttnChoice {
-  bool materialized = false;      // else the flash-style kernel
-  long long group_batches = 0;    // batch elements per group (a divisor of B)
-  long long groups = 0;           // B / group_batches: GEMM, softmax, GEMM per group
-  std::uint64_t score_bytes = 0;  // float32 scores of one group
-  std::uint64_t prob_bytes = 0;   // bfloat16 probabilities of one group (bf16 only; else in place)
+  bool materialized = false;       // else a flash-style kernel
+  bool tensor_core_flash = false;  // the flash kernel on the tensor cores (bfloat16 on sm_80+)
+  long long group_batches = 0;     // batch elements per group (a divisor of B)
+  long long groups = 0;            // B / group_batches: GEMM, softmax, GEMM per group
+  std::uint64_t score_bytes = 0;   // float32 scores of one group
+  std::uint64_t prob_bytes = 0;    // bfloat16 probabilities of one group (bf16 only; else in place)
 };
-// Materialized when H*L*S*(4, bf16: 6) <= max_workspace_bytes; then the most
+// bfloat16 on a device with tensor cores: the tensor-core flash kernel (no
+// workspace). Otherwise materialized when H*L*S*(4, bf16: 6) <=
+// max_workspace_bytes; then the most
 // batch elements per group whose workspace fits (1 if not collapsible), with
 // group_batches * H <= kMaxAttnGemmBatch.
 inline constexpr long long kMaxAttnGemmBatch = 65535;

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
     for (int cg = 0; cg < kCols / 4; ++cg)
       for (int j = 0; j < 4; ++j) {
         const long long d = cg * 64 + tx * 4 + j;
-        if (d < Dv) st(a.out, ((b * a.H + h) * a.L + row) * Dv + d, acc[i][cg * 4 + j] * inv, a.bf16);
+        if (d < Dv) st(a.out, b * a.o_s[0] + h * a.o_s[1] + row * a.o_s[2] + d, acc[i][cg * 4 + j] * inv, a.bf16);
       }
   }
 }

@@ -619,11 +619,16 @@ struct Lowering {
         t.strides[d] = x.strides[d] * step;
       }
     } else if (op == "aten::view" || op == "aten::reshape" || op == "aten::flatten.using_ints") {
-      if (!x.contiguous()) {
+      // A view where the memory allows one (q/k/v heads split from a fused
+      // projection), else a contiguous copy.
+      auto vs = view_strides(x.shape, x.strides, shape);
+      if (vs) {
+        t.strides = std::move(*vs);
+      } else {
         SAFECKPT_TRY(t, contiguous(x));
+        t.strides = contiguous_strides(shape);
       }
       t.shape = shape;
-      t.strides = contiguous_strides(shape);
     } else if (op == "aten::permute") {
       SAFECKPT_TRY(auto dims, ints("dims"));
       if (dims.size() != x.shape.size()) return fail(ErrorCode::kMalformed, "permute rank");
@@ -1311,7 +1316,8 @@ struct Lowering {
       return fail(ErrorCode::kInternal, "attention output shape disagrees with tensor_meta");
     // The materialized path's GEMMs need row strides >= the head dim and
     // non-zero batch strides (expanded operands are copied first).
-    AttnShape ash{aa.B, aa.H, aa.L, aa.S, aa.D, aa.Dv, aa.bf16 != 0, false};
+    AttnShape ash{
+        aa.B, aa.H, aa.L, aa.S, aa.D, aa.Dv, aa.bf16 != 0, false, eng.sm >= 80 && eng.opt.attention_tensor_cores};
     AttnChoice choice = choose_attention(ash, eng.opt.attention_workspace_bytes);
     if (choice.materialized) {
       for (DevTensor* t : {&q, &k, &v}) {
@@ -1343,7 +1349,13 @@ struct Lowering {
       set_out(0, y);
       return {};
     }
+    const bool tc = choice.tensor_core_flash;
+    // The flash kernels write [B, H, L, Dv] with heads inside rows ([B, L,
+    // H, Dv] in memory): the usual transpose(1, 2) + view back to [B, L,
+    // H * Dv] is then a view, not a copy.
     DevTensor y = new_tensor(od, oshape);
+    y.strides = {aa.L * aa.H * aa.Dv, aa.Dv, aa.H * aa.Dv, 1};
+    for (int i = 0; i < 3; ++i) aa.o_s[i] = y.strides[static_cast<std::size_t>(i)];
     use(q);
     use(k);
     use(v);
@@ -1359,9 +1371,9 @@ struct Lowering {
           a.v = pl->ptr(v);
           a.out = pl->ptr(y);
           a.mask = mask ? pl->ptr(*mask) : nullptr;
-          return launch_attention(a, s);
+          return tc ? launch_attention_tc(a, s) : launch_attention(a, s);
         },
-        "attention", attn_shapes(aa, "flash"));
+        "attention", attn_shapes(aa, tc ? "flash, tensor cores" : "flash"));
     set_out(0, y);
     return {};
   }

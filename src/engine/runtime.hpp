@@ -184,11 +184,13 @@ struct DryPlan {
   std::string source;
   std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
-// `attention_workspace_bytes`, `conv_layout`, `fold_batch_norm`: those
+// `attention_workspace_bytes`, `conv_layout`, `fold_batch_norm`,
+// `attention_tensor_cores`: those
 // EngineOptions (the other options at their defaults: cudnn_allow_tf32, so
 // kAuto plans channels-last convolutions).
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm, std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes,
-                         ConvLayout conv_layout = ConvLayout::kAuto, bool fold_batch_norm = true);
+                         ConvLayout conv_layout = ConvLayout::kAuto, bool fold_batch_norm = true,
+                         bool attention_tensor_cores = true);
 
 }  // namespace safeckpt::engine::detail
