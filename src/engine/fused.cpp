@@ -203,42 +203,6 @@ std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& sh
   return s;
 }
 
-std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& shape,
-                                                      const std::vector<std::int64_t>& strides,
-                                                      const std::vector<std::int64_t>& new_shape) {
-  std::int64_t numel = 1, new_numel = 1;
-  for (auto d : shape) numel *= d;
-  for (auto d : new_shape) new_numel *= d;
-  if (numel != new_numel) return std::nullopt;
-  if (numel == 0 || shape.empty()) return contiguous_strides(new_shape);
-  // Walk the old dims from the last: a run of dims where each stride is the
-  // next one's stride x size is one block of memory (a "chunk"); the new dims
-  // must cover each chunk exactly, and take strides inside it. Size-1 dims
-  // never break a chunk.
-  std::vector<std::int64_t> out(new_shape.size(), 0);
-  auto nd = static_cast<std::ptrdiff_t>(new_shape.size()) - 1;
-  std::int64_t base = strides.back(), chunk = 1, covered = 1;
-  for (auto d = static_cast<std::ptrdiff_t>(shape.size()) - 1; d >= 0; --d) {
-    chunk *= shape[static_cast<std::size_t>(d)];
-    const bool chunk_ends = d == 0 || (shape[static_cast<std::size_t>(d - 1)] != 1 &&
-                                       strides[static_cast<std::size_t>(d - 1)] != chunk * base);
-    if (!chunk_ends) continue;
-    while (nd >= 0 && (covered < chunk || new_shape[static_cast<std::size_t>(nd)] == 1)) {
-      out[static_cast<std::size_t>(nd)] = covered * base;
-      covered *= new_shape[static_cast<std::size_t>(nd)];
-      --nd;
-    }
-    if (covered != chunk) return std::nullopt;
-    if (d > 0) {
-      base = strides[static_cast<std::size_t>(d - 1)];
-      chunk = 1;
-      covered = 1;
-    }
-  }
-  if (nd != -1) return std::nullopt;
-  return out;
-}
-
 std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>& shape) {
   if (shape.size() != 4) return contiguous_strides(shape);
   const std::int64_t c = shape[1], h = shape[2], w = shape[3];

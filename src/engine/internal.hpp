@@ -58,14 +58,6 @@ struct DevTensor {
   }
 };
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
-// The strides of `new_shape` as a view of memory laid out as shape/strides
-// (no copy), or nullopt when no such view exists: aten::view's rule
-// (PyTorch's computeStride in aten/src/ATen/TensorUtils.cpp: new dims may
-// split or merge old ones only inside a run of dims that is one block of
-// memory). Zero elements: contiguous strides.
-std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& shape,
-                                                      const std::vector<std::int64_t>& strides,
-                                                      const std::vector<std::int64_t>& new_shape);
 // The channels-last strides of a rank-4 shape (N,H,W,C in memory).
 std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>& shape);
 

@@ -21,6 +21,7 @@
 #include "engine/conv.hpp"
 #include "engine/runtime.hpp"
 #include "graph/internal.hpp"
+#include "graph/view_strides.hpp"
 
 namespace safeckpt::engine::detail {
 
@@ -621,7 +622,7 @@ struct Lowering {
     } else if (op == "aten::view" || op == "aten::reshape" || op == "aten::flatten.using_ints") {
       // A view where the memory allows one (q/k/v heads split from a fused
       // projection), else a contiguous copy.
-      auto vs = view_strides(x.shape, x.strides, shape);
+      auto vs = graph::detail::view_strides(x.shape, x.strides, shape);
       if (vs) {
         t.strides = std::move(*vs);
       } else {

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "graph/internal.hpp"
+#include "graph/view_strides.hpp"
 
 #if defined(SAFECKPT_HAVE_BLAS)
 #include <cblas.h>  // OpenBLAS (libopenblas-dev); SAFECKPT_BLAS in CMakeLists.txt
@@ -2028,38 +2029,6 @@ std::vector<std::int64_t> contiguous_of(const std::vector<std::int64_t>& shape) 
   return st;
 }
 
-// ATen's view restriding rule: strides for `to` viewing a tensor of shape
-// `from` and strides `st`, or nullopt when no view exists.
-std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& from,
-                                                      const std::vector<std::int64_t>& st,
-                                                      const std::vector<std::int64_t>& to) {
-  std::int64_t numel = 1;
-  for (auto v : from) numel *= v;
-  if (numel == 0 || from.empty()) return contiguous_of(to);
-  std::vector<std::int64_t> out(to.size(), 1);
-  auto view_d = static_cast<std::int64_t>(to.size()) - 1;
-  std::int64_t chunk_base = st.back(), tensor_numel = 1, view_numel = 1;
-  for (auto td = static_cast<std::int64_t>(from.size()) - 1; td >= 0; --td) {
-    tensor_numel *= from[static_cast<std::size_t>(td)];
-    const bool chunk_ends = td == 0 || (from[static_cast<std::size_t>(td - 1)] != 1 &&
-                                        st[static_cast<std::size_t>(td - 1)] != tensor_numel * chunk_base);
-    if (!chunk_ends) continue;
-    while (view_d >= 0 && (view_numel < tensor_numel || to[static_cast<std::size_t>(view_d)] == 1)) {
-      out[static_cast<std::size_t>(view_d)] = view_numel * chunk_base;
-      view_numel *= to[static_cast<std::size_t>(view_d)];
-      --view_d;
-    }
-    if (view_numel != tensor_numel) return std::nullopt;
-    if (td > 0) {
-      chunk_base = st[static_cast<std::size_t>(td - 1)];
-      tensor_numel = 1;
-      view_numel = 1;
-    }
-  }
-  if (view_d != -1) return std::nullopt;
-  return out;
-}
-
 std::string ints_text(const std::vector<std::int64_t>& v) {
   std::string s = "[";
   for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
@@ -2164,7 +2133,7 @@ Status check_strides(Ctx& c, std::size_t k, std::int32_t id, const HostTensor& o
       want->erase(want->begin() + d);
     } else if (op == "aten::view" || op == "aten::flatten.using_ints" || op == "aten::reshape" ||
                op == "aten::_unsafe_view") {
-      want = view_strides(in->shape, *in_st, out.shape);
+      want = detail::view_strides(in->shape, *in_st, out.shape);
       if (!want && op == "aten::view")
         return c.fail(ErrorCode::kMalformed, "view of '" + c.p.value_names[static_cast<std::size_t>(self.tensor)] +
                                                  "' with strides " + ints_text(*in_st) + " as shape " +

@@ -37,6 +37,7 @@
 #include <unordered_map>
 
 #include "graph/internal.hpp"
+#include "graph/view_strides.hpp"
 #include "safeckpt/graph_plan.hpp"
 #include "safeckpt/hash.hpp"
 
@@ -154,42 +155,6 @@ std::vector<std::int64_t> contiguous(const std::vector<std::int64_t>& sizes) {
   return st;
 }
 
-// Strides of `new_sizes` viewing a tensor of `sizes`/`strides` without a
-// copy, or nullopt when the strides do not allow it (the rule of aten's
-// computeStride: each run of dims that is contiguous in memory may be
-// regrouped; a view may not merge dims across a gap).
-std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& sizes,
-                                                      const std::vector<std::int64_t>& strides,
-                                                      const std::vector<std::int64_t>& new_sizes) {
-  std::uint64_t numel = 1;
-  for (auto s : sizes) numel *= static_cast<std::uint64_t>(s);
-  if (numel == 0 || sizes.empty()) return contiguous(new_sizes);
-  std::vector<std::int64_t> out(new_sizes.size(), 0);
-  auto view_d = static_cast<std::int64_t>(new_sizes.size()) - 1;
-  std::int64_t chunk_base = strides.back();
-  std::int64_t tensor_numel = 1, view_numel = 1;
-  for (auto d = static_cast<std::int64_t>(sizes.size()) - 1; d >= 0; --d) {
-    auto ud = static_cast<std::size_t>(d);
-    tensor_numel *= sizes[ud];
-    // A chunk ends at dim 0 or where the next-outer dim is not contiguous with this run.
-    if (d == 0 || (sizes[ud - 1] != 1 && strides[ud - 1] != tensor_numel * chunk_base)) {
-      while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[static_cast<std::size_t>(view_d)] == 1)) {
-        out[static_cast<std::size_t>(view_d)] = view_numel * chunk_base;
-        view_numel *= new_sizes[static_cast<std::size_t>(view_d)];
-        --view_d;
-      }
-      if (view_numel != tensor_numel) return std::nullopt;
-      if (d > 0) {
-        chunk_base = strides[ud - 1];
-        tensor_numel = 1;
-        view_numel = 1;
-      }
-    }
-  }
-  if (view_d != -1) return std::nullopt;
-  return out;
-}
-
 const Arg* arg_of(const Node& n, std::string_view name) {
   if (n.schema == nullptr) return nullptr;
   for (std::size_t k = 0; k < n.schema->args.size() && k < n.args.size(); ++k)
@@ -241,7 +206,7 @@ bool view_layout(const Node& n, const std::vector<ConcreteShape>& shapes, std::v
   const std::size_t rank = in.sizes.size();
   if (op == "aten::view" || op == "aten::flatten.using_ints") {
     ConcreteShape& o = out.at(0);
-    auto st = view_strides(in.sizes, in.strides, o.sizes);
+    auto st = detail::view_strides(in.sizes, in.strides, o.sizes);
     if (!st) return false;
     o.strides = *st;
     o.storage_offset = in.storage_offset;
@@ -659,6 +624,42 @@ std::uint64_t align_up(std::uint64_t x, std::uint64_t a) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::optional<std::vector<std::int64_t>> view_strides(const std::vector<std::int64_t>& sizes,
+                                                      const std::vector<std::int64_t>& strides,
+                                                      const std::vector<std::int64_t>& new_sizes) {
+  std::uint64_t numel = 1;
+  for (auto s : sizes) numel *= static_cast<std::uint64_t>(s);
+  if (numel == 0 || sizes.empty()) return contiguous(new_sizes);
+  std::vector<std::int64_t> out(new_sizes.size(), 0);
+  auto view_d = static_cast<std::int64_t>(new_sizes.size()) - 1;
+  std::int64_t chunk_base = strides.back();
+  std::int64_t tensor_numel = 1, view_numel = 1;
+  for (auto d = static_cast<std::int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    auto ud = static_cast<std::size_t>(d);
+    tensor_numel *= sizes[ud];
+    // A chunk ends at dim 0 or where the next-outer dim is not contiguous with this run.
+    if (d == 0 || (sizes[ud - 1] != 1 && strides[ud - 1] != tensor_numel * chunk_base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[static_cast<std::size_t>(view_d)] == 1)) {
+        out[static_cast<std::size_t>(view_d)] = view_numel * chunk_base;
+        view_numel *= new_sizes[static_cast<std::size_t>(view_d)];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_base = strides[ud - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+}  // namespace detail
 
 // ------------------------------------------------------------- shapes
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "engine/runtime.hpp"
+#include "graph/view_strides.hpp"
 #include "safeckpt/builder.hpp"
 #include "safeckpt/cuda.hpp"
 #include "safeckpt/device_checkpoint.hpp"
@@ -261,7 +262,7 @@ TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and n
 }
 
 TEST_CASE("engine: view/reshape keep a view where aten::view would (view_strides)") {
-  using safeckpt::engine::detail::view_strides;
+  using safeckpt::graph::detail::view_strides;
   using V = std::vector<std::int64_t>;
   // Expected strides: torch 1.13 (Debian), as_strided(shape, strides).view(new_shape).stride(),
   // or the RuntimeError aten::view raises (nullopt).
