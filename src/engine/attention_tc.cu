@@ -1,9 +1,13 @@
 // src/engine/attention_tc.cu — flash-style attention on the tensor cores for
 // bfloat16 (sm_80 and later; safeckpt/engine.hpp "Attention").
 //
-// Grid (B * H, ceil(L / 64)), 128 threads = 4 warps; a block owns 64 query
-// rows (the last row blocks of every head first: under a causal mask they
-// have the most keys), warp w the rows 16w .. 16w+15. Per tile of 64 keys,
+// Grid (B * H, ceil(L / 64)), 256 threads = two warp groups of 4 warps; a
+// block owns 64 query rows (the last row blocks of every head first: under a
+// causal mask they have the most keys), warp w of each group the rows 16w ..
+// 16w+15. Group 0 takes the key tiles 0, 2, 4, ..., group 1 the tiles 1, 3,
+// ... (half the sequential work of a block); at the end group 1 hands its
+// (m, l, O) to group 0 through shared memory, which merges them (O and l
+// rescaled by exp(m_i - max m)) and writes the rows. Per tile of 64 keys,
 // staged in shared memory as bfloat16 (K and V rows as stored, zero beyond S
 // and beyond D / Dv; double-buffered with cp.async, the next tile loading
 // while this one is computed, when every row is 16-byte aligned), each warp
@@ -27,8 +31,8 @@
 //
 // Shared memory (kD = 64 or 128, the smallest >= D and Dv; rows padded by 16
 // bytes so that ldmatrix's eight row addresses fall in different banks): a Q
-// tile and two K and V tiles of 64 x (kD + 8) bf16: 45 KiB (kD 64) or
-// 85 KiB (128).
+// tile, and per group two K and two V tiles, of 64 x (kD + 8) bf16: 81 KiB
+// (kD 64, two blocks per SM) or 153 KiB (128).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
