@@ -98,6 +98,15 @@ safeckpt::Allowlist with_user_entries() {
            {"agree.QScheme", "torch.per_tensor_affine"},
            {"builtins.slice", ""},
            {"builtins.frozenset", ""},
+           // allowlist/numpy.allow, argparse.allow, dtensor.allow (as fuzz/fuzz_allowlists.hpp).
+           {"numpy._core.multiarray._reconstruct", ""},
+           {"numpy._core.multiarray.scalar", ""},
+           {"numpy.ndarray", ""},
+           {"numpy.dtype", ""},
+           {"argparse.Namespace", ""},
+           {"torch.distributed.tensor.DTensor", ""},
+           {"torch.distributed.tensor._dtensor_spec.DTensorSpec", ""},
+           {"torch.distributed.tensor.placement_types.Shard", ""},
        }) {
     auto st = a.add(name, as, "test");
     REQUIRE_MESSAGE(st.has_value(), st.error().to_string());
