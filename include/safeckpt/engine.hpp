@@ -56,8 +56,10 @@
 //    cores for both dtypes, src/engine/kernels.cu).
 // bfloat16 on a device with bf16 tensor cores (sm_80+) takes neither: a
 // flash kernel on the tensor cores (EngineOptions::attention_tensor_cores,
-// src/engine/attention_tc.cu): the same tiles, Q K^T and P V as WMMA
-// 16x16x16 bf16 products with fp32 accumulation, the online softmax in fp32,
+// src/engine/attention_tc.cu): 64-row blocks and 64-key tiles, Q K^T and
+// P V as mma.sync m16n8k16 bf16 products with fp32 accumulation kept in
+// registers, two warp groups per block on alternate key tiles, the online
+// softmax in fp32,
 // the probabilities rounded to bfloat16 for P V (as the materialized path
 // and PyTorch's flash kernels); no workspace.
 // Both give a row of zeros where every key is masked (the CPU reference's
