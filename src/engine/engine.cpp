@@ -303,14 +303,7 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
 
 int launch_fused(void* function, const FusedParams& p, void* stream) {
   void* args[] = {const_cast<FusedParams*>(&p)};
-  // kFusedUnroll elements per thread, but at least two blocks per SM of an
-  // H200 while there are elements for them (small tensors: latency, not
-  // bandwidth); at most 32 per SM (grid-stride beyond).
-  long long blocks = (p.n + 256LL * kFusedUnroll - 1) / (256LL * kFusedUnroll);
-  blocks = std::max(blocks, std::min((p.n + 255) / 256, 2LL * 132));
-  if (blocks > 132 * 32) blocks = 132 * 32;
-  if (blocks < 1) blocks = 1;
-  return cudaLaunchKernel(function, dim3(static_cast<unsigned>(blocks)), dim3(256), args, 0,
+  return cudaLaunchKernel(function, dim3(fused_grid_blocks(p.n)), dim3(kFusedBlockThreads), args, 0,
                           static_cast<cudaStream_t>(stream));
 }
 

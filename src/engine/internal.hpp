@@ -138,7 +138,21 @@ struct FusedParams {
   long long n;
   long long shape[kMaxRank];
   FusedTensorArg t[kMaxFusedTensors];  // inputs first, then outputs
+  // Bit t: tensor t (float32 or bfloat16) is read or written kFusedUnroll
+  // elements at a time with one vector access in the fast path — its
+  // innermost stride is 1, every other stride a multiple of kFusedUnroll and
+  // its pointer aligned to kFusedUnroll elements (fused_vector_mask).
+  unsigned vec;
 };
+// Launch geometry of a generated kernel over `n` elements (launch_fused;
+// the host tests run the kernels with the same grid): blocks of
+// kFusedBlockThreads threads.
+inline constexpr int kFusedBlockThreads = 256;
+unsigned fused_grid_blocks(long long n);
+// FusedParams::vec for tensors of `dtypes` at `ptrs` with `strides` over a
+// collapsed iteration space whose innermost extent is `inner`.
+unsigned fused_vector_mask(const std::vector<DType>& dtypes, const std::vector<const void*>& ptrs,
+                           const std::vector<std::vector<std::int64_t>>& strides, std::int64_t inner);
 
 // ---------------------------------------------------- fixed kernels (kernels.cu)
 // All asynchronous on `stream` (a cudaStream_t); return a cudaError_t value.

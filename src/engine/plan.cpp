@@ -320,13 +320,18 @@ struct Lowering {
             prm.n *= shape[d];
           }
           std::size_t t = 0;
+          std::vector<DType> dtypes;
+          std::vector<const void*> ptrs;
           for (const auto* list : {&ins, &outs})
             for (const auto& x : *list) {
               prm.t[t].ptr = pl->ptr(x);
+              dtypes.push_back(x.dtype);
+              ptrs.push_back(prm.t[t].ptr);
               for (std::size_t d = 0; d < strides[t].size(); ++d) prm.t[t].strides[d] = strides[t][d];
               ++t;
             }
           if (prm.n == 0) return 0;
+          prm.vec = shape.empty() ? 0u : fused_vector_mask(dtypes, ptrs, strides, shape.back());
           return launch_fused(pl->fns[index], prm, s);
         },
         std::move(kind), shapes_text);
