@@ -73,6 +73,7 @@ struct BenchEngineArgs {
   bool no_fold_batch_norm = false;
   bool no_cudnn_graph = false;
   bool no_attention_tensor_cores = false;
+  bool no_gemm_epilogue = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -277,6 +278,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.conv_layout = *layout;
   eo.fold_batch_norm = !a.no_fold_batch_norm;
   eo.cudnn_graph_fusion = !a.no_cudnn_graph;
+  eo.fuse_gemm_epilogue = !a.no_gemm_epilogue;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -492,6 +494,8 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
                 "bfloat16 attention without the tensor-core flash kernel (EngineOptions::attention_tensor_cores off)");
   sub->add_flag("--no-cudnn-graph", args->no_cudnn_graph,
                 "no cuDNN operation graphs for bfloat16 batch norms (EngineOptions::cudnn_graph_fusion off)");
+  sub->add_flag("--no-gemm-epilogue", args->no_gemm_epilogue,
+                "no gelu/relu or residual add in cuBLASLt epilogues (EngineOptions::fuse_gemm_epilogue off)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

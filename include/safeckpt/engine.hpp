@@ -19,7 +19,14 @@
 //     launch nothing (a view of a non-contiguous tensor that needs new
 //     strides is a copy); GEMMs (linear, addmm, mm, bmm) through cuBLASLt
 //     with the bias in the epilogue and, when compiled, a following
-//     gelu(approximate='tanh') or relu fused into it; layer_norm,
+//     gelu(approximate='tanh') or relu fused into it, or a following
+//     residual add (add.Tensor, alpha 1, reached through inference dropout
+//     and views; the other operand of the same shape, dtype and dense
+//     layout, computed before the GEMM) as cuBLASLt's C input with beta 1:
+//     D = A B + bias + residual in one rounding where PyTorch rounds the
+//     GEMM's result first (bfloat16 results can differ in the last bit);
+//     layer_norm (last dims; one warp per row with the row in registers up
+//     to 1024 elements of 4-element-aligned rows),
 //     _softmax (last dim), any.dim / mean.dim, embedding, gather and
 //     index.Tensor (integer indices on the leading dims; indices checked on
 //     the device: an out-of-range index is an error, not a fault), cat (one
@@ -224,8 +231,8 @@ struct EngineOptions {
   // Concrete shapes kept compiled per CompiledProgram (plans + CUDA graphs),
   // least recently used dropped first. 1..4096.
   std::size_t max_plans = 16;
-  // Fuse a gelu/relu that follows a GEMM into its cuBLASLt epilogue (compiled
-  // plans only).
+  // Fuse a gelu/relu, or a residual add, that follows a GEMM into its
+  // cuBLASLt epilogue (compiled plans only; see "What a plan is" above).
   bool fuse_gemm_epilogue = true;
   // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans

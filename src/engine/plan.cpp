@@ -686,8 +686,10 @@ struct Lowering {
   // out.strides[r - 2] (N, or more: the padded output of lower_gemm). `align`: the bytes every operand pointer
   // is aligned to (cuBLASLt assumes 256 unless told, CUBLASLT_MATMUL_PREF_
   // MIN_ALIGNMENT_*; lower_gemm's column tail is 16-byte aligned).
+  // `c_in`: C read from there instead of `out` (beta != 0; same layout as
+  // `out`, 256-byte aligned: a residual added in the epilogue).
   Status gemm(DevTensor a, DevTensor b, const DevTensor& out, const std::optional<DevTensor>& bias, int act,
-              float alpha, float beta, std::uint32_t align = 256) {
+              float alpha, float beta, std::uint32_t align = 256, const std::optional<DevTensor>& c_in = std::nullopt) {
     const bool batched = a.shape.size() == 3;
     const std::size_t r = a.shape.size();
     std::int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
@@ -803,17 +805,19 @@ struct Lowering {
     use(a);
     use(b);
     if (bias) use(*bias);
-    if (beta != 0) use(out);
+    if (c_in) use(*c_in);
+    if (beta != 0 && !c_in) use(out);
     def(out);
     Plan* pl = &plan;
     cublasLtHandle_t lt = eng.lt;
-    add_step(node->name, [pl, g2, a, b, out, bias_t = bias, alpha, beta, lt](cudaStream_t s) {
+    add_step(node->name, [pl, g2, a, b, out, bias_t = bias, c_in, alpha, beta, lt](cudaStream_t s) {
       if (bias_t) {
         const void* bp = pl->ptr(*bias_t);
         cublasLtMatmulDescSetAttribute(g2->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
       }
       void* d = pl->ptr(out);
-      cublasStatus_t s2 = cublasLtMatmul(lt, g2->op, &alpha, pl->ptr(b), g2->la, pl->ptr(a), g2->lb, &beta, d, g2->lc,
+      const void* c = c_in ? pl->ptr(*c_in) : d;
+      cublasStatus_t s2 = cublasLtMatmul(lt, g2->op, &alpha, pl->ptr(b), g2->la, pl->ptr(a), g2->lb, &beta, c, g2->lc,
                                          d, g2->lc, &g2->algo, pl->workspace, kWorkspaceBytes, s);
       return s2 == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(s2);
     });
@@ -840,6 +844,72 @@ struct Lowering {
     if (act == 0 || c.outputs.empty() || c.outputs[0] < 0) return 0;
     absorbed[cs[0]] = 1;
     return act;
+  }
+
+  // A residual add that may join the epilogue of the GEMM producing value
+  // `v` (shape `shape`, dtype `d`, dense row-major) as cuBLASLt's C input
+  // (beta = 1): D = A B (+ bias) + C. The pattern of a transformer block's
+  // output projections (HF BERT's `dense -> dropout -> + input`, nanoGPT's
+  // `x + c_proj(...)`, addmm -> view -> add in core IR): `v` flows through
+  // identities (inference dropout, view / reshape of the dense result) to an
+  // add.Tensor with alpha 1 whose other operand is already computed, has the
+  // same shape, dtype and dense layout, and starts a buffer (256-byte
+  // aligned, what cuBLASLt assumes). Every value on the way has that one
+  // reader and is no program output. inductor keeps this add a separate
+  // kernel; here it costs no pass over the activations. PyTorch rounds the
+  // GEMM's output to the dtype before the add: bfloat16 results can differ
+  // in the last bit (one rounding instead of two).
+  struct Residual {
+    DevTensor c;                      // the other operand, viewed as the GEMM's output
+    std::size_t add_node = 0;         // the add (absorbed, with `chain`)
+    std::vector<std::size_t> chain;   // the identities between
+    std::vector<std::int64_t> shape;  // the add's output shape
+  };
+  std::optional<Residual> residual_for(std::int32_t v, const DevTensor& g_out) {
+    if (!fuse_epilogue || v < 0) return std::nullopt;
+    Residual res;
+    for (int hops = 0; hops < 8; ++hops) {
+      if (is_output[static_cast<std::size_t>(v)]) return std::nullopt;
+      const auto& cs = consumers[static_cast<std::size_t>(v)];
+      if (cs.size() != 1) return std::nullopt;
+      const Node& c = p.nodes[cs[0]];
+      const std::string& op = c.schema->name;
+      if (c.outputs.empty() || c.outputs[0] < 0 || absorbed[cs[0]]) return std::nullopt;
+      if (op == "aten::dropout" || op == "aten::view" || op == "aten::reshape" || op == "aten::_unsafe_view") {
+        if (p.values[static_cast<std::size_t>(c.outputs[0])].dtype != g_out.dtype) return std::nullopt;
+        res.chain.push_back(cs[0]);
+        v = c.outputs[0];
+        continue;
+      }
+      if (op != "aten::add.Tensor") return std::nullopt;
+      const Arg* self = arg_of(c, "self");
+      const Arg* other = arg_of(c, "other");
+      const Arg* alpha = arg_of(c, "alpha");
+      if (self == nullptr || other == nullptr || self->kind != Arg::Kind::kTensor ||
+          other->kind != Arg::Kind::kTensor || self->tensor == other->tensor)
+        return std::nullopt;
+      if (alpha != nullptr && alpha->kind != Arg::Kind::kNone) {
+        const bool one = (alpha->kind == Arg::Kind::kFloat && alpha->f == 1.0) ||
+                         (alpha->kind == Arg::Kind::kInt && alpha->ints.size() == 1 && !alpha->ints[0].is_symbolic() &&
+                          alpha->ints[0].value == 1);
+        if (!one) return std::nullopt;
+      }
+      const std::int32_t r = self->tensor == v ? other->tensor : self->tensor;
+      if (r < 0 || !vals[static_cast<std::size_t>(r)]) return std::nullopt;
+      const DevTensor& rt = *vals[static_cast<std::size_t>(r)];
+      auto shape = shape_of(c.outputs[0]);
+      if (!shape || p.values[static_cast<std::size_t>(c.outputs[0])].dtype != g_out.dtype) return std::nullopt;
+      if (rt.dtype != g_out.dtype || rt.shape != *shape || !rt.contiguous() || rt.buf < 0 || rt.offset != 0 ||
+          rt.numel() != g_out.numel())
+        return std::nullopt;
+      res.c = rt;
+      res.c.shape = g_out.shape;
+      res.c.strides = g_out.strides;
+      res.add_node = cs[0];
+      res.shape = std::move(*shape);
+      return res;
+    }
+    return std::nullopt;
   }
 
   // The least multiply-adds (M * N * K) for which lower_gemm splits a GEMM
@@ -949,7 +1019,21 @@ struct Lowering {
       plan.steps.back().name += ".tail";
       emit_copy(padded, g_out, g_out.shape, node->name + ".unpad", "copy");
     } else {
-      SAFECKPT_CHECK(gemm(a, b, g_out, bias, act, alpha, beta));
+      std::optional<Residual> res;
+      if (act == 0 && beta == 0 && !preset && g_out.contiguous()) res = residual_for(out_id, g_out);
+      if (res) {
+        SAFECKPT_CHECK(gemm(a, b, g_out, bias, act, alpha, 1.0f, 256, res->c));
+        const Node& add = p.nodes[res->add_node];
+        for (std::size_t n : res->chain) absorbed[n] = 1;
+        absorbed[res->add_node] = 1;
+        DevTensor sum = out;
+        sum.strides = contiguous_strides(res->shape);
+        sum.shape = res->shape;
+        vals[static_cast<std::size_t>(add.outputs[0])] = sum;
+        plan.steps.back().name += "+" + add.name;
+      } else {
+        SAFECKPT_CHECK(gemm(a, b, g_out, bias, act, alpha, beta));
+      }
       gemm_step = plan.steps.size() - 1;
     }
     set_out(0, out);
