@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "engine/device_io.cuh"
 #include "engine/internal.hpp"
@@ -279,6 +280,117 @@ __global__ void layer_norm_kernel(const void* x, const void* w, const void* bias
   }
 }
 
+// Warp per row, the row held in registers (one read of x): kChunks chunks of
+// 4 consecutive elements per lane (elements (c * 32 + lane) * 4 .. + 3), one
+// 8- or 16-byte access each. For n a multiple of 4, n <= kChunks * 128, and
+// x, y, w, bias aligned to 4 elements (launch_layer_norm checks). 4 rows per
+// block of 128 threads: [1024, 768] is 256 blocks, [4096, 768] 1024, where the
+// block-per-row kernel above made three passes over global memory with four
+// block-wide barriers. Two-pass statistics (mean, then the squared deviations
+// from it) in fp32, as the block kernel.
+template <bool kBf16>
+__device__ __forceinline__ void ld4(const void* p, long long i, float (&v)[4]) {
+  if constexpr (kBf16) {
+    const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + i);
+    v[0] = __uint_as_float(w.x << 16);
+    v[1] = __uint_as_float(w.x & 0xffff0000u);
+    v[2] = __uint_as_float(w.y << 16);
+    v[3] = __uint_as_float(w.y & 0xffff0000u);
+  } else {
+    const float4 w = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    v[0] = w.x;
+    v[1] = w.y;
+    v[2] = w.z;
+    v[3] = w.w;
+  }
+}
+template <bool kBf16>
+__device__ __forceinline__ void st4(void* p, long long i, const float (&v)[4]) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 w;
+    w.x = *reinterpret_cast<const unsigned*>(&a);
+    w.y = *reinterpret_cast<const unsigned*>(&b);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = w;
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+constexpr int kLnWarpRows = 4;
+constexpr int kLnWarpMaxN = 8 * 128;  // 8 chunks of 4 elements per lane
+template <bool kBf16, int kChunks>
+__global__ void __launch_bounds__(32 * kLnWarpRows)
+    layer_norm_warp_kernel(const void* x, const void* w, const void* bias, void* y, void* mean_out, void* rstd_out,
+                           long long rows, int n, float eps, int stats_bf16) {
+  const long long row = static_cast<long long>(blockIdx.x) * kLnWarpRows + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const long long base = row * n;
+  float v[kChunks][4];
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * 32 + lane) * 4;
+    if (i < n) {
+      ld4<kBf16>(x, base + i, v[c]);
+      s += (v[c][0] + v[c][1]) + (v[c][2] + v[c][3]);
+    }
+  }
+  const float mean = warp_sum(s) / static_cast<float>(n);
+  float q = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    if ((c * 32 + lane) * 4 < n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float d = v[c][e] - mean;
+        q += d * d;
+      }
+  const float rstd = rsqrtf(warp_sum(q) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * 32 + lane) * 4;
+    if (i >= n) continue;
+    float g[4] = {1.f, 1.f, 1.f, 1.f}, b[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
+    if (w) ld4<kBf16>(w, i, g);
+    if (bias) ld4<kBf16>(bias, i, b);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float t = (v[c][e] - mean) * rstd;
+      if (w) t *= g[e];
+      if (bias) t += b[e];
+      o[e] = t;
+    }
+    st4<kBf16>(y, base + i, o);
+  }
+  if (lane == 0) {
+    if (mean_out) st(mean_out, row, mean, stats_bf16);
+    if (rstd_out) st(rstd_out, row, rstd, stats_bf16);
+  }
+}
+template <bool kBf16>
+int launch_layer_norm_warp(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,
+                           int n, float eps, int stats_bf16, cudaStream_t s) {
+  const long long blocks = (rows + kLnWarpRows - 1) / kLnWarpRows;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(32 * kLnWarpRows);
+  const int chunks = (n + 127) / 128;
+  if (chunks <= 1)
+    layer_norm_warp_kernel<kBf16, 1><<<grid, block, 0, s>>>(x, w, b, y, mean, rstd, rows, n, eps, stats_bf16);
+  else if (chunks <= 2)
+    layer_norm_warp_kernel<kBf16, 2><<<grid, block, 0, s>>>(x, w, b, y, mean, rstd, rows, n, eps, stats_bf16);
+  else if (chunks <= 4)
+    layer_norm_warp_kernel<kBf16, 4><<<grid, block, 0, s>>>(x, w, b, y, mean, rstd, rows, n, eps, stats_bf16);
+  else if (chunks <= 6)
+    layer_norm_warp_kernel<kBf16, 6><<<grid, block, 0, s>>>(x, w, b, y, mean, rstd, rows, n, eps, stats_bf16);
+  else
+    layer_norm_warp_kernel<kBf16, 8><<<grid, block, 0, s>>>(x, w, b, y, mean, rstd, rows, n, eps, stats_bf16);
+  return cudaGetLastError();
+}
+bool aligned_to(const void* p, unsigned bytes) {
+  return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
 // --------------------------------------------------------------- softmax
 __global__ void softmax_kernel(const void* x, void* y, long long n, int in_bf16, int out_bf16) {
   __shared__ float scratch[32];
@@ -418,6 +530,12 @@ int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream) {
 int launch_layer_norm(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,
                       long long n, float eps, int bf16, int stats_bf16, void* stream) {
   if (rows == 0) return cudaSuccess;
+  auto* s = static_cast<cudaStream_t>(stream);
+  const unsigned vec_bytes = bf16 ? 8 : 16;
+  if (n % 4 == 0 && n <= kLnWarpMaxN && rows <= 0x7fffffffLL * kLnWarpRows && aligned_to(x, vec_bytes) &&
+      aligned_to(y, vec_bytes) && aligned_to(w, vec_bytes) && aligned_to(b, vec_bytes))
+    return bf16 ? launch_layer_norm_warp<true>(x, w, b, y, mean, rstd, rows, static_cast<int>(n), eps, stats_bf16, s)
+                : launch_layer_norm_warp<false>(x, w, b, y, mean, rstd, rows, static_cast<int>(n), eps, stats_bf16, s);
   unsigned threads = n >= 1024 ? 1024 : (n >= 256 ? 256 : 128);
   layer_norm_kernel<<<static_cast<unsigned>(rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(
       x, w, b, y, mean, rstd, n, eps, bf16, stats_bf16);
