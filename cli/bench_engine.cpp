@@ -74,6 +74,7 @@ struct BenchEngineArgs {
   bool no_cudnn_graph = false;
   bool no_attention_tensor_cores = false;
   bool no_gemm_epilogue = false;
+  bool no_gemm_autotune = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -279,6 +280,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.fold_batch_norm = !a.no_fold_batch_norm;
   eo.cudnn_graph_fusion = !a.no_cudnn_graph;
   eo.fuse_gemm_epilogue = !a.no_gemm_epilogue;
+  eo.autotune_gemm = !a.no_gemm_autotune;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -365,10 +367,10 @@ int bench_engine(const BenchEngineArgs& a) {
   auto phases = [](const char* what, const engine::ProgramStats& s) {
     std::printf(
         "  %-22s upload %.1f, lowering %.1f (cuBLASLt heuristics %.1f: %zu asked, %zu reused), alloc %.1f, "
-        "kernels %.1f, capture %.1f; plan total %.1f\n",
+        "kernels %.1f, GEMM autotuning %.1f (%zu GEMMs), capture %.1f; plan total %.1f\n",
         what, 1e3 * s.weight_upload_seconds, 1e3 * s.last_lowering_seconds, 1e3 * s.last_heuristic_seconds,
         s.gemm_heuristics, s.gemm_heuristics_reused, 1e3 * s.last_alloc_seconds, 1e3 * s.last_module_seconds,
-        1e3 * s.last_capture_seconds, 1e3 * s.last_compile_seconds);
+        1e3 * s.last_tune_seconds, s.gemms_tuned, 1e3 * s.last_capture_seconds, 1e3 * s.last_compile_seconds);
   };
   phases("phases, cold (ms):", s1);
   if (warm_cache_ms) phases("phases, warm cache:", s3);
@@ -496,6 +498,8 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
                 "no cuDNN operation graphs for bfloat16 batch norms (EngineOptions::cudnn_graph_fusion off)");
   sub->add_flag("--no-gemm-epilogue", args->no_gemm_epilogue,
                 "no gelu/relu or residual add in cuBLASLt epilogues (EngineOptions::fuse_gemm_epilogue off)");
+  sub->add_flag("--no-gemm-autotune", args->no_gemm_autotune,
+                "cuBLASLt's first heuristic answer, no timing of candidates (EngineOptions::autotune_gemm off)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

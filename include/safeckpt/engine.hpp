@@ -234,6 +234,19 @@ struct EngineOptions {
   // Fuse a gelu/relu, or a residual add, that follows a GEMM into its
   // cuBLASLt epilogue (compiled plans only; see "What a plan is" above).
   bool fuse_gemm_epilogue = true;
+  // GEMM autotuning (compiled plans only; inductor's max-autotune for
+  // extern GEMMs, done on cuBLASLt's own candidates): for each distinct GEMM
+  // (shape, layouts, dtype, epilogue) cuBLASLt's heuristic is asked for up to
+  // kGemmTuneCandidates algorithms instead of one, and before the plan's
+  // first compiled run (before its CUDA-graph capture) each candidate runs on
+  // the plan's own buffers, kGemmTuneReps times between CUDA events after one
+  // untimed run; the fastest is kept for the plan, the engine and the
+  // persistent compile cache (re-checked with cublasLtMatmulAlgoCheck when
+  // read back), so a warm-cache start times nothing. Costs the first call
+  // about (candidates x (reps + 1)) runs of every distinct GEMM; a streaming
+  // start waits for every weight before it. false: the heuristic's first
+  // answer, as force_eager plans always use.
+  bool autotune_gemm = true;
   // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans
   // only).
@@ -313,6 +326,8 @@ struct ProgramStats {
   double last_module_seconds = 0;     // generated kernels: NVRTC, the persistent cache or the in-process map
   double last_alloc_seconds = 0;      // activation arena, I/O buffers, workspace (cudaMalloc)
   double last_capture_seconds = 0;    // CUDA-graph capture + instantiate (compiled plans, at the first run)
+  double last_tune_seconds = 0;       // GEMM autotuning (compiled plans, at the first run; 0 from the cache)
+  std::size_t gemms_tuned = 0;        // distinct GEMMs whose candidates were timed (most recent plan)
   // cuBLASLt heuristic queries of this program's plans. A GEMM of the same
   // shape, layout, dtype and epilogue as one the engine planned before (the
   // next layer's) or one in the persistent cache (EngineStats::

@@ -477,6 +477,11 @@ Status ProgramImpl::execute(Plan& plan) {
     ++stats.eager_runs;
   } else {
     if (plan.exec == nullptr) {
+      if (!plan.tunes.empty()) {  // times the GEMMs on every weight, landed
+        SAFECKPT_CHECK(all_weights());
+        SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
+        plan.compile_seconds += plan.tune_seconds;
+      }
       auto t0 = std::chrono::steady_clock::now();
       // cuDNN may load or build kernels on a convolution's first run, which
       // is not allowed inside a stream capture: run the steps once first (as
@@ -545,6 +550,7 @@ Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
     for (const auto& s : plan.prep_steps) SAFECKPT_CHECK(step_status(s, s.fn(stream)));
     plan.prepared = true;
   }
+  SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));  // the algorithms its graph replays would use
   const std::size_t n = plan.steps.size();
   Events events;
   for (std::size_t i = 0; i <= n; ++i) {
@@ -926,6 +932,8 @@ ProgramStats CompiledProgram::stats() const {
     s.last_module_seconds = p.module_seconds;
     s.last_alloc_seconds = p.alloc_seconds;
     s.last_capture_seconds = p.capture_seconds;
+    s.last_tune_seconds = p.tune_seconds;
+    s.gemms_tuned = p.gemms_tuned;
   }
   return s;
 }

@@ -758,12 +758,18 @@ struct Lowering {
         cublasLtMatmulPreferenceSetAttribute(pref, at, &align, sizeof align);
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
+    // Compiled plans time cuBLASLt's candidates before their first run
+    // (EngineOptions::autotune_gemm, tune_gemms); their choice has a key of
+    // its own, so an eager plan's untimed choice is never taken for it.
+    const bool tune = fuse && eng.opt.autotune_gemm && eng.lt != nullptr;
+    std::vector<cublasLtMatmulAlgo_t> candidates;
     // Everything the heuristic sees (pointers aside: cuBLASLt assumes
     // 256-byte alignment by default, which every buffer here has).
     // The choice is keyed by all of that and cuBLASLt's version; one found
     // in this engine or the persistent cache is re-checked by cuBLASLt
     // (cublasLtMatmulAlgoCheck) before it is used.
-    std::string key = "gemm cublasLt " + std::to_string(eng.lt != nullptr ? cublasLtGetVersion() : 0) + ":";
+    std::string key = std::string(tune ? "gemm cublasLt tuned " : "gemm cublasLt ") +
+                      std::to_string(eng.lt != nullptr ? cublasLtGetVersion() : 0) + ":";
     for (std::int64_t x : {std::int64_t{ty}, std::int64_t{ct}, std::int64_t{opa}, std::int64_t{opb}, std::int64_t{epi},
                            M, N, K, std::int64_t{lb->ld}, std::int64_t{la->ld}, ldc, std::int64_t{align}, batch,
                            batched ? a.strides[0] : 0, batched ? b.strides[0] : 0, static_cast<std::int64_t>(ws)})
@@ -787,13 +793,22 @@ struct Lowering {
       ++plan.gemm_heuristics_reused;
     } else if (eng.lt != nullptr) {
       const auto h0 = std::chrono::steady_clock::now();
-      st = cublasLtMatmulAlgoGetHeuristic(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, pref, 1, &res, &found);
+      cublasLtMatmulHeuristicResult_t results[kGemmTuneCandidates] = {};
+      st = cublasLtMatmulAlgoGetHeuristic(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, pref,
+                                          tune ? kGemmTuneCandidates : 1, results, &found);
       plan.heuristic_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
       ++plan.gemm_heuristics;
       if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-        std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
-        std::memcpy(bytes.data(), &res.algo, sizeof res.algo);
-        eng.store_choice(key, std::move(bytes));
+        res = results[0];
+        for (int i = 0; i < found && i < kGemmTuneCandidates; ++i)
+          if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= ws)
+            candidates.push_back(results[i].algo);
+        if (candidates.size() < 2) {  // nothing to choose between: keep the first answer
+          candidates.clear();
+          std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
+          std::memcpy(bytes.data(), &res.algo, sizeof res.algo);
+          eng.store_choice(key, std::move(bytes));
+        }
       }
     } else {
       found = 1;  // dry plan (no device): no algorithm is chosen, nothing runs
@@ -821,6 +836,14 @@ struct Lowering {
                                          d, g2->lc, &g2->algo, pl->workspace, kWorkspaceBytes, s);
       return s2 == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(s2);
     });
+    if (!candidates.empty()) {
+      GemmTune t;
+      t.step = plan.steps.size() - 1;
+      t.desc = g2;
+      t.key = std::move(key);
+      t.candidates = std::move(candidates);
+      plan.tunes.push_back(std::move(t));
+    }
     plan.steps.back().kind = "gemm";
     plan.steps.back().shapes = (batched ? "batch=" + std::to_string(batch) + " " : std::string()) +
                                "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " " +
@@ -2477,6 +2500,56 @@ struct Lowering {
 };
 
 }  // namespace
+
+Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
+  if (plan.tunes.empty()) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  struct EventPair {
+    EventPair() = default;
+    EventPair(const EventPair&) = delete;
+    EventPair& operator=(const EventPair&) = delete;
+    ~EventPair() {
+      if (a != nullptr) cudaEventDestroy(a);
+      if (b != nullptr) cudaEventDestroy(b);
+    }
+    cudaEvent_t a = nullptr, b = nullptr;
+  } ev;
+  cudaError_t e = cudaEventCreate(&ev.a);
+  if (e == cudaSuccess) e = cudaEventCreate(&ev.b);
+  if (e != cudaSuccess)
+    return make_error(ErrorCode::kDevice, std::string("cudaEventCreate (GEMM autotuning): ") + cudaGetErrorString(e));
+  for (auto& t : plan.tunes) {
+    const Step& s = plan.steps[t.step];
+    t.ms.assign(t.candidates.size(), -1.0);
+    std::size_t best = 0;
+    for (std::size_t i = 0; i < t.candidates.size(); ++i) {
+      t.desc->algo = t.candidates[i];
+      if (s.fn(stream) != 0) continue;  // refused by cuBLASLt for these pointers: not a candidate
+      bool ok = cudaEventRecord(ev.a, stream) == cudaSuccess;
+      for (int r = 0; ok && r < kGemmTuneReps; ++r) ok = s.fn(stream) == 0;
+      ok = ok && cudaEventRecord(ev.b, stream) == cudaSuccess && cudaEventSynchronize(ev.b) == cudaSuccess;
+      float ms = 0;
+      if (!ok || cudaEventElapsedTime(&ms, ev.a, ev.b) != cudaSuccess) continue;
+      t.ms[i] = ms / kGemmTuneReps;
+      if (t.ms[best] < 0 || t.ms[i] < t.ms[best]) best = i;
+    }
+    // A failed launch leaves a CUDA error behind only when the context is
+    // broken (cuBLASLt reports refusals as its own status): then stop here.
+    e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess)
+      return make_error(ErrorCode::kDevice, "GEMM autotuning of step '" + s.name + "': " + cudaGetErrorString(e));
+    t.desc->algo = t.candidates[best];
+    if (t.ms[best] >= 0) {
+      std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
+      std::memcpy(bytes.data(), &t.desc->algo, sizeof t.desc->algo);
+      eng.store_choice(t.key, std::move(bytes));
+    }
+    ++plan.gemms_tuned;
+  }
+  plan.tunes.clear();
+  plan.tune_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {};
+}
 
 Status build_plan(const Program& program, EngineImpl& eng, const std::vector<std::optional<DevTensor>>& weights,
                   const std::vector<std::pair<std::int32_t, DevTensor>>& inputs,

@@ -96,6 +96,19 @@ struct GemmDesc {
   cublasLtMatmulAlgo_t algo{};
 };
 
+// EngineOptions::autotune_gemm: at most this many of cuBLASLt's heuristic
+// candidates are timed per distinct GEMM, each kGemmTuneReps times.
+inline constexpr int kGemmTuneCandidates = 8;
+inline constexpr int kGemmTuneReps = 5;
+// A GEMM step of a compiled plan whose algorithm tune_gemms picks by timing.
+struct GemmTune {
+  std::size_t step = 0;                          // Plan::steps index
+  std::shared_ptr<GemmDesc> desc;                // the step's descriptors; algo is set from candidates
+  std::string key;                               // the choice's key (engine map, persistent cache)
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order, >= 2
+  std::vector<double> ms;                        // per candidate after tuning (-1: refused)
+};
+
 // One operand of a strided-batched cuBLASLt GEMM, column-major as stored.
 struct LtMat {
   cudaDataType_t type = CUDA_R_32F;
@@ -154,6 +167,11 @@ struct Plan {
   cudaGraphExec_t exec = nullptr;
   double compile_seconds = 0;
   double lowering_seconds = 0, heuristic_seconds = 0, module_seconds = 0, alloc_seconds = 0, capture_seconds = 0;
+  // GEMMs still to tune (EngineOptions::autotune_gemm; tune_gemms empties
+  // it), GEMMs tuned, and the time that took.
+  std::vector<GemmTune> tunes;
+  std::size_t gemms_tuned = 0;
+  double tune_seconds = 0;
   std::size_t gemm_heuristics = 0, gemm_heuristics_reused = 0;
 
   void* ptr(const DevTensor& t) const {
@@ -167,6 +185,14 @@ struct Plan {
 Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vector<std::optional<DevTensor>>& weights,
                   const std::vector<std::pair<std::int32_t, DevTensor>>& inputs,
                   const std::unordered_map<std::string, std::int64_t>& symbols, bool fuse, Plan& plan);
+
+// Times each pending GemmTune's candidates on `stream` (the plan's buffers
+// allocated, its prep steps run; what the buffers hold does not matter: every
+// step is run again before an output is read) and keeps the fastest in the
+// step's descriptor, eng's choices and the persistent cache. A candidate
+// cuBLASLt refuses at run time is skipped. Errors: kDevice (CUDA events, or
+// a CUDA error a candidate left behind).
+Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream);
 
 // Plans `program` at `shapes` (user inputs, signature order) without a
 // device (weights placed at null, no cuBLASLt algorithm chosen) and compiles

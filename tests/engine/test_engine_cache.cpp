@@ -13,8 +13,10 @@
 #include <stdlib.h>  // setenv, unsetenv
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -126,10 +128,15 @@ Gpt2 gpt2_core() {
   return g;
 }
 
+// GEMM autotuning off: these cases compare output bits across engines, and
+// timing may pick another (equally valid) cuBLASLt algorithm in another
+// engine; the heuristic's first answer is the same every time. The tuned
+// choices' round trip has a case of its own below.
 engine::EngineOptions cached(const fs::path& dir) {
   engine::EngineOptions o;
   o.cache = engine::CacheMode::kReadWrite;
   o.cache_dir = dir;
+  o.autotune_gemm = false;
   return o;
 }
 
@@ -337,11 +344,57 @@ TEST_CASE("engine cache: a second engine on the same directory loads every modul
   // And against an engine without the cache: the same bits too.
   engine::EngineOptions off;
   off.cache = engine::CacheMode::kOff;
+  off.autotune_gemm = false;
   Run uncached = run_once(g, off);
   CHECK(uncached.engine.cache_dir.empty());
   CHECK(uncached.program.cache_hits + uncached.program.cache_misses + uncached.program.cache_stores == 0);
   CHECK(uncached.program.kernels_compiled == first.program.kernels_compiled);
   check_same_bits(first, uncached);
+}
+
+TEST_CASE("engine cache: GEMM autotuning times candidates once; a second engine reads the choices, same bits") {
+  if (!cuda_test::have_device()) return;
+  ScratchDir dir("safeckpt-engine-cache");
+  Gpt2 g = gpt2_core();
+  engine::EngineOptions tuned = cached(dir.path);
+  tuned.autotune_gemm = true;
+  Run first = run_once(g, tuned);
+  MESSAGE("first engine: " << first.program.gemms_tuned << " GEMMs tuned in " << 1e3 * first.program.last_tune_seconds
+                           << " ms, " << first.engine.choices_stored << " choices stored");
+  REQUIRE(first.program.gemms_tuned > 0);  // cuBLASLt offers more than one algorithm for gpt2.core's GEMMs
+  CHECK(first.program.last_tune_seconds > 0);
+  CHECK(first.engine.choices_stored > 0);
+  Run second = run_once(g, tuned);
+  CHECK(second.engine.warnings.empty());
+  CHECK(second.program.gemms_tuned == 0);
+  CHECK(second.program.last_tune_seconds == 0);
+  CHECK(second.program.gemm_heuristics == 0);
+  CHECK(second.engine.choices_from_cache == first.engine.choices_stored);
+  CHECK(second.engine.choices_stored == 0);
+  check_same_bits(first, second);
+  // The untuned choice: the same program within float32 rounding (another
+  // algorithm may sum in another order).
+  engine::EngineOptions off;
+  off.cache = engine::CacheMode::kOff;
+  off.autotune_gemm = false;
+  Run untuned = run_once(g, off);
+  CHECK(untuned.program.gemms_tuned == 0);
+  REQUIRE(untuned.outputs.size() == first.outputs.size());
+  for (std::size_t i = 0; i < first.outputs.size(); ++i) {
+    REQUIRE(first.outputs[i].dtype == DType::kFloat32);
+    const auto a = first.outputs[i].bytes(), b = untuned.outputs[i].bytes();
+    REQUIRE(a.size() == b.size());
+    double max_diff = 0, max_ref = 0;
+    for (std::size_t k = 0; k + 4 <= a.size(); k += 4) {
+      float x = 0, y = 0;
+      std::memcpy(&x, a.data() + k, 4);
+      std::memcpy(&y, b.data() + k, 4);
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(x - y)));
+      max_ref = std::max(max_ref, static_cast<double>(std::fabs(y)));
+    }
+    MESSAGE("output " << i << ": tuned vs untuned max |diff| " << max_diff << " at max |x| " << max_ref);
+    CHECK(max_diff <= 1e-5 * std::max(1.0, max_ref));
+  }
 }
 
 TEST_CASE("engine cache: a tampered entry is a warning; the module is compiled again, rewritten, and correct") {
