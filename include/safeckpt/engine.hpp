@@ -55,7 +55,11 @@
 //    and output; bfloat16 inputs on tensor cores; float32 under the TF32
 //    policy below), one kernel for causal / boolean / additive mask +
 //    numerically stable softmax (max subtracted; in place in fp32), and a
-//    second batched GEMM P V into the output. The workspace is a buffer of
+//    second batched GEMM P V into the output. Causal attention of 512 query
+//    rows or more runs both GEMMs per block of about 256 rows (at most 8
+//    blocks) over the keys up to the block's last row only (is_causal is
+//    top-left: row r keeps keys 0..r), skipping the products the mask
+//    discards (62.5 % of them left at 4 blocks). The workspace is a buffer of
 //    the activation arena, live during that step only, so ProgramStats::
 //    arena_bytes includes it.
 //  - otherwise the flash-style kernel (online softmax, no workspace; blocks

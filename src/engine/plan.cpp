@@ -1510,11 +1510,34 @@ struct Lowering {
     return t.buf >= 0 ? off : reinterpret_cast<std::uintptr_t>(t.direct) + off;  // arena buffers: 256-aligned
   }
 
+  // Causal attention's row blocks on the materialized path: from
+  // kCausalSplitMinRows query rows on, the score and P V GEMMs run per block
+  // of rows [r0, r1) over the keys [0, min(S, r1)) only (top-left causal, as
+  // is_causal: row r keeps keys 0..r), skipping the scores the mask would
+  // discard: with 4 blocks 62.5 % of the products of one full GEMM each
+  // (inductor's SDPA kernels skip those tiles too). The softmax kernel never
+  // reads a score above the diagonal and writes zero probabilities there.
+  static constexpr long long kCausalSplitMinRows = 512;
+  static constexpr long long kCausalBlockRows = 256;
+  static constexpr long long kCausalMaxBlocks = 8;
+  static std::vector<std::pair<long long, long long>> causal_blocks(long long L, bool causal) {
+    std::vector<std::pair<long long, long long>> blocks;
+    if (!causal || L < kCausalSplitMinRows) {
+      blocks.emplace_back(0, L);
+      return blocks;
+    }
+    const long long nb = std::min(kCausalMaxBlocks, (L + kCausalBlockRows - 1) / kCausalBlockRows);
+    const long long rows = ((L + nb - 1) / nb + 63) / 64 * 64;
+    for (long long r0 = 0; r0 < L; r0 += rows) blocks.emplace_back(r0, std::min(L, r0 + rows));
+    return blocks;
+  }
+
   // Attention with the scores in the arena (safeckpt/engine.hpp,
   // "Attention"): per group of `c.group_batches` batch elements, S = scale
   // * Q K^T (fp32), mask + softmax in place (bf16: probabilities to a bf16
-  // buffer), O = P V. Column-major for cuBLASLt: a row-major [r, c] matrix
-  // with row stride ld is a column-major [c, r] one with the same ld.
+  // buffer), O = P V; causal rows in blocks (causal_blocks). Column-major
+  // for cuBLASLt: a row-major [r, c] matrix with row stride ld is a
+  // column-major [c, r] one with the same ld.
   Status lower_sdpa_materialized(const AttnArgs& aa, const AttnChoice& c, const DevTensor& q, const DevTensor& k,
                                  const DevTensor& v, const std::optional<DevTensor>& mask, const DevTensor& y) {
     const bool bf = aa.bf16 != 0;
@@ -1526,49 +1549,72 @@ struct Lowering {
     const cudaDataType_t ty = bf ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t ct = (!bf && eng.opt.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const std::uint32_t es = esize(q.dtype);
+    const std::uint32_t pes = bf ? 2 : 4;  // the probabilities' element size
     // Batch stride over (b, h) pairs of a group: h's, or b's when H == 1
     // (a group of several b with H > 1 is only formed when b's == H * h's).
     auto bstride = [&](const DevTensor& t) { return H == 1 ? t.strides[0] : t.strides[1]; };
     auto ld_of = [](const DevTensor& t) {
       return t.shape[2] == 1 ? std::max<std::int64_t>(t.shape[3], 1) : t.strides[2];
     };
-    auto mat = [&](const DevTensor& t, std::uint64_t rows, std::uint64_t cols) {
+    // `t` as cuBLASLt sees it, its first column `col0` rows (query / key
+    // positions) in.
+    auto mat = [&](const DevTensor& t, std::uint64_t rows, std::uint64_t cols, long long col0) {
       LtMat m;
       m.type = ty;
       m.rows = rows;
       m.cols = cols;
       m.ld = ld_of(t);
       m.batch_stride = bstride(t);
-      // Every matrix's start (groups, batch entries) and row: what the heuristic may assume.
-      m.align = alignment(
-          base_bytes(t) | static_cast<std::uint64_t>(m.batch_stride) * es | static_cast<std::uint64_t>(m.ld) * es,
-          static_cast<std::uint64_t>(gb * t.strides[0]) * es);
+      // Every matrix's start (groups, batch entries, row blocks) and row: what the heuristic may assume.
+      m.align = alignment(base_bytes(t) | static_cast<std::uint64_t>(col0 * m.ld) * es |
+                              static_cast<std::uint64_t>(m.batch_stride) * es | static_cast<std::uint64_t>(m.ld) * es,
+                          static_cast<std::uint64_t>(gb * t.strides[0]) * es);
       return m;
     };
     auto u = [](long long x) { return static_cast<std::uint64_t>(x); };
-    // S^T[S, L] = K[S, D] (stored [D, S], transposed) x Q^T[D, L].
-    LtMat sc;
-    sc.type = CUDA_R_32F;
-    sc.rows = u(S);
-    sc.cols = u(L);
-    sc.ld = S;
-    sc.batch_stride = L * S;
-    sc.align = alignment(static_cast<std::uint64_t>(L * S * 4) | static_cast<std::uint64_t>(S * 4), 0);
-    SAFECKPT_TRY(auto qk, make_batched_gemm(eng, ct, CUBLAS_OP_T, CUBLAS_OP_N, mat(k, u(D), u(S)), mat(q, u(D), u(L)),
-                                            sc, batch));
-    // O^T[Dv, L] = V^T[Dv, S] x P^T[S, L].
-    LtMat pm = sc;
-    pm.type = bf ? CUDA_R_16BF : CUDA_R_32F;
-    if (bf) pm.align = alignment(static_cast<std::uint64_t>(L * S * 2) | static_cast<std::uint64_t>(S * 2), 0);
-    LtMat om;
-    om.type = ty;
-    om.rows = u(Dv);
-    om.cols = u(L);
-    om.ld = Dv;
-    om.batch_stride = L * Dv;
-    om.align = alignment(base_bytes(y) | static_cast<std::uint64_t>(L * Dv) * es | static_cast<std::uint64_t>(Dv) * es,
-                         static_cast<std::uint64_t>(gb * H * L * Dv) * es);
-    SAFECKPT_TRY(auto pv, make_batched_gemm(eng, ct, CUBLAS_OP_N, CUBLAS_OP_N, mat(v, u(Dv), u(S)), pm, om, batch));
+    struct Block {
+      long long r0 = 0, r1 = 0, kn = 0;  // query rows [r0, r1), keys [0, kn)
+      std::shared_ptr<GemmDesc> qk, pv;
+    };
+    std::vector<Block> blocks;
+    for (const auto& [r0, r1] : causal_blocks(L, aa.causal != 0)) {
+      Block bl;
+      bl.r0 = r0;
+      bl.r1 = r1;
+      bl.kn = aa.causal != 0 ? std::min(S, r1) : S;
+      const long long rows = r1 - r0;
+      // S^T[kn, rows] = K[kn, D] (stored [D, S], transposed) x Q^T[D, rows],
+      // into the scores' columns r0.. (ld S).
+      LtMat sc;
+      sc.type = CUDA_R_32F;
+      sc.rows = u(bl.kn);
+      sc.cols = u(rows);
+      sc.ld = S;
+      sc.batch_stride = L * S;
+      sc.align = alignment(static_cast<std::uint64_t>(L * S * 4) | static_cast<std::uint64_t>(S * 4) |
+                               static_cast<std::uint64_t>(r0 * S * 4),
+                           0);
+      SAFECKPT_TRY(bl.qk, make_batched_gemm(eng, ct, CUBLAS_OP_T, CUBLAS_OP_N, mat(k, u(D), u(bl.kn), 0),
+                                            mat(q, u(D), u(rows), r0), sc, batch));
+      // O^T[Dv, rows] = V^T[Dv, kn] x P^T[kn, rows].
+      LtMat pm = sc;
+      pm.type = bf ? CUDA_R_16BF : CUDA_R_32F;
+      pm.align = alignment(static_cast<std::uint64_t>(L * S * pes) | static_cast<std::uint64_t>(S * pes) |
+                               static_cast<std::uint64_t>(r0 * S * pes),
+                           0);
+      LtMat om;
+      om.type = ty;
+      om.rows = u(Dv);
+      om.cols = u(rows);
+      om.ld = Dv;
+      om.batch_stride = L * Dv;
+      om.align = alignment(base_bytes(y) | static_cast<std::uint64_t>(L * Dv) * es |
+                               static_cast<std::uint64_t>(Dv) * es | static_cast<std::uint64_t>(r0 * Dv) * es,
+                           static_cast<std::uint64_t>(gb * H * L * Dv) * es);
+      SAFECKPT_TRY(bl.pv,
+                   make_batched_gemm(eng, ct, CUBLAS_OP_N, CUBLAS_OP_N, mat(v, u(Dv), u(bl.kn), 0), pm, om, batch));
+      blocks.push_back(std::move(bl));
+    }
     AttnSoftmaxArgs sa{};
     sa.probs_bf16 = bf ? 1 : 0;
     sa.rows = gb * H * L;
@@ -1582,6 +1628,14 @@ struct Lowering {
     const float alpha = aa.scale;
     const std::string what = attn_shapes(aa, "materialized");
     const std::string group_text = " group of " + std::to_string(gb) + " x " + std::to_string(H) + " heads";
+    auto block_text = [&](const Block& bl) {
+      if (blocks.size() == 1) return std::string();
+      return " rows " + std::to_string(bl.r0) + ".." + std::to_string(bl.r1) + " keys 0.." + std::to_string(bl.kn);
+    };
+    auto block_name = [&](const Block& bl) {
+      if (blocks.size() == 1) return std::string();
+      return "[" + std::to_string(bl.r0) + ":" + std::to_string(bl.r1) + "]";
+    };
     def(scores);
     if (probs) def(*probs);
     def(y);
@@ -1590,21 +1644,24 @@ struct Lowering {
     for (long long gi = 0; gi < c.groups; ++gi) {
       const long long b0 = gi * gb;
       const std::string gname = node->name + (c.groups > 1 ? "[" + std::to_string(b0) + "]" : "");
-      use(q);
-      use(k);
-      use(scores);
-      add_step(
-          gname + ".qk",
-          [pl, qk, q, k, scores, alpha, b0, lt](cudaStream_t s) {
-            const float beta = 0;
-            const char* qp = static_cast<const char*>(pl->ptr(q)) + b0 * q.strides[0] * esize(q.dtype);
-            const char* kp = static_cast<const char*>(pl->ptr(k)) + b0 * k.strides[0] * esize(k.dtype);
-            void* d = pl->ptr(scores);
-            cublasStatus_t st = cublasLtMatmul(lt, qk->op, &alpha, kp, qk->la, qp, qk->lb, &beta, d, qk->lc, d, qk->lc,
-                                               &qk->algo, pl->workspace, kWorkspaceBytes, s);
-            return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
-          },
-          "attention_gemm", "scores = Q K^T" + group_text + ": " + what);
+      for (const Block& bl : blocks) {
+        use(q);
+        use(k);
+        use(scores);
+        const long long q_off = b0 * q.strides[0] + bl.r0 * ld_of(q), s_off = bl.r0 * S;
+        add_step(
+            gname + ".qk" + block_name(bl),
+            [pl, qk = bl.qk, q, k, scores, alpha, b0, q_off, s_off, lt](cudaStream_t s) {
+              const float beta = 0;
+              const char* qp = static_cast<const char*>(pl->ptr(q)) + q_off * esize(q.dtype);
+              const char* kp = static_cast<const char*>(pl->ptr(k)) + b0 * k.strides[0] * esize(k.dtype);
+              void* d = static_cast<char*>(pl->ptr(scores)) + s_off * 4;
+              cublasStatus_t st = cublasLtMatmul(lt, qk->op, &alpha, kp, qk->la, qp, qk->lb, &beta, d, qk->lc, d,
+                                                 qk->lc, &qk->algo, pl->workspace, kWorkspaceBytes, s);
+              return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
+            },
+            "attention_gemm", "scores = Q K^T" + group_text + block_text(bl) + ": " + what);
+      }
       use(scores);
       if (probs) use(*probs);
       if (mask) use(*mask);
@@ -1620,20 +1677,24 @@ struct Lowering {
           },
           "attention_softmax", "softmax" + group_text + ": " + what);
       const DevTensor& p_t = probs ? *probs : scores;
-      use(p_t);
-      use(v);
-      use(y);
-      add_step(
-          gname + ".pv",
-          [pl, pv, p_t, v, y, b0, H, L, Dv, lt](cudaStream_t s) {
-            const float one = 1, beta = 0;
-            const char* vp = static_cast<const char*>(pl->ptr(v)) + b0 * v.strides[0] * esize(v.dtype);
-            char* d = static_cast<char*>(pl->ptr(y)) + b0 * H * L * Dv * esize(y.dtype);
-            cublasStatus_t st = cublasLtMatmul(lt, pv->op, &one, vp, pv->la, pl->ptr(p_t), pv->lb, &beta, d, pv->lc, d,
-                                               pv->lc, &pv->algo, pl->workspace, kWorkspaceBytes, s);
-            return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
-          },
-          "attention_gemm", "out = P V" + group_text + ": " + what);
+      for (const Block& bl : blocks) {
+        use(p_t);
+        use(v);
+        use(y);
+        const long long p_off = bl.r0 * S, y_off = b0 * H * L * Dv + bl.r0 * Dv;
+        add_step(
+            gname + ".pv" + block_name(bl),
+            [pl, pv = bl.pv, p_t, v, y, b0, p_off, y_off, lt](cudaStream_t s) {
+              const float one = 1, beta = 0;
+              const char* vp = static_cast<const char*>(pl->ptr(v)) + b0 * v.strides[0] * esize(v.dtype);
+              const char* pp = static_cast<const char*>(pl->ptr(p_t)) + p_off * esize(p_t.dtype);
+              char* d = static_cast<char*>(pl->ptr(y)) + y_off * esize(y.dtype);
+              cublasStatus_t st = cublasLtMatmul(lt, pv->op, &one, vp, pv->la, pp, pv->lb, &beta, d, pv->lc, d, pv->lc,
+                                                 &pv->algo, pl->workspace, kWorkspaceBytes, s);
+              return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
+            },
+            "attention_gemm", "out = P V" + group_text + block_text(bl) + ": " + what);
+      }
     }
     return {};
   }

@@ -1772,6 +1772,22 @@ std::vector<SdpaCase> sdpa_cases() {
   c = SdpaCase{"bf16 D=Dv=128 L=S=96", 1, 2, 96, 96, 128, 128};
   c.bf16 = true;
   v.push_back(c);
+  // Long causal rows: the materialized path's row blocks (keys up to the
+  // block's last row only), L > S (later blocks keep every key), bfloat16
+  // probabilities in blocks, a bool mask with the causal one.
+  c = SdpaCase{"fp32 causal L=S=600 (row blocks)", 1, 2, 600, 600, 64, 64};
+  c.causal = true;
+  v.push_back(c);
+  c = SdpaCase{"fp32 causal L=520 S=300 bool mask [B,1,1,S] (row blocks past the keys)", 2, 2, 520, 300, 32, 48};
+  c.causal = true;
+  c.mask = 1;
+  c.mask_shape = {2, 1, 1, 300};
+  c.transposed = false;
+  v.push_back(c);
+  c = SdpaCase{"bf16 causal L=S=640 (row blocks)", 1, 3, 640, 640, 64, 64};
+  c.bf16 = true;
+  c.causal = true;
+  v.push_back(c);
   return v;
 }
 
@@ -1841,6 +1857,49 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     const auto groups = std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention_softmax");
     // Transposed views of [B, L, H, D] cannot share one batch stride: one group per batch element.
     CHECK(groups == (c.transposed && c.L > 1 ? c.B : 1));
+    // Causal rows in blocks on long sequences: per group, score and P V GEMMs
+    // whose row ranges tile [0, L) in order, each over keys 0..min(S, last
+    // row + 1); one GEMM each otherwise.
+    std::vector<std::tuple<long long, long long, long long>> qk_all, pv_all;  // (r0, r1, keys), every group
+    std::size_t gemms = 0;
+    for (std::size_t i = 0; i < mat->step_kinds.size(); ++i) {
+      if (mat->step_kinds[i] != "attention_gemm") continue;
+      ++gemms;
+      const std::string& sh = mat->step_shapes[i];
+      const auto at = sh.find(" rows ");
+      if (at == std::string::npos) continue;
+      long long r0 = 0, r1 = 0, k0 = 0, kn = 0;
+      REQUIRE(std::sscanf(sh.c_str() + at, " rows %lld..%lld keys %lld..%lld", &r0, &r1, &k0, &kn) == 4);
+      CHECK(k0 == 0);
+      (sh.rfind("scores", 0) == 0 ? qk_all : pv_all).emplace_back(r0, r1, kn);
+    }
+    // Every group has the same blocks: group 0's are the first of them.
+    REQUIRE(qk_all.size() % static_cast<std::size_t>(groups) == 0);
+    const auto per_group = static_cast<std::ptrdiff_t>(qk_all.size() / static_cast<std::size_t>(groups));
+    const std::vector<std::tuple<long long, long long, long long>> qk_blocks(qk_all.begin(),
+                                                                             qk_all.begin() + per_group);
+    for (std::size_t g0 = 0; g0 < qk_all.size(); g0 += qk_blocks.size())
+      CHECK(std::equal(qk_blocks.begin(), qk_blocks.end(), qk_all.begin() + static_cast<std::ptrdiff_t>(g0)));
+    if (c.causal && c.L >= 512) {
+      const auto& pv_blocks = pv_all;
+      REQUIRE(qk_blocks.size() > 1);
+      CHECK(qk_all == pv_blocks);
+      REQUIRE(qk_blocks.size() > 1);
+      CHECK(qk_blocks == pv_blocks);
+      CHECK(gemms == 2 * static_cast<std::size_t>(groups) * qk_blocks.size());
+      long long next = 0;
+      for (const auto& [r0, r1, kn] : qk_blocks) {
+        CHECK(r0 == next);
+        CHECK(r1 > r0);
+        CHECK(kn == std::min<long long>(c.S, r1));
+        next = r1;
+      }
+      CHECK(next == c.L);
+    } else {
+      CHECK(qk_all.empty());
+      CHECK(pv_all.empty());
+      CHECK(gemms == 2 * static_cast<std::size_t>(groups));
+    }
     const std::uint64_t scores = static_cast<std::uint64_t>(c.B / groups * c.H * c.L * c.S);
     CHECK(mat->arena_bytes >= scores * (c.bf16 ? 6 : 4));
   }
