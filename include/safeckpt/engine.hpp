@@ -23,8 +23,8 @@
 //     residual add (add.Tensor, alpha 1, reached through inference dropout
 //     and views; the other operand of the same shape, dtype and dense
 //     layout, computed before the GEMM) as cuBLASLt's C input with beta 1:
-//     D = A B + bias + residual in one rounding where PyTorch rounds the
-//     GEMM's result first (bfloat16 results can differ in the last bit);
+//     D = A B + residual + bias in one rounding where PyTorch rounds the
+//     GEMM's result first (results can differ in the last bit);
 //     layer_norm (last dims; one warp per row with the row in registers up
 //     to 1024 elements of 4-element-aligned rows),
 //     _softmax (last dim), any.dim / mean.dim, embedding, gather and
@@ -240,15 +240,17 @@ struct EngineOptions {
   bool fuse_gemm_epilogue = true;
   // GEMM autotuning (compiled plans only; inductor's max-autotune for
   // extern GEMMs, done on cuBLASLt's own candidates): for each distinct GEMM
-  // (shape, layouts, dtype, epilogue) cuBLASLt's heuristic is asked for up to
-  // kGemmTuneCandidates algorithms instead of one, and before the plan's
-  // first compiled run (before its CUDA-graph capture) each candidate runs on
-  // the plan's own buffers, kGemmTuneReps times between CUDA events after one
-  // untimed run; the fastest is kept for the plan, the engine and the
+  // (shape, layouts, dtype, epilogue; a transformer's layers share one)
+  // cuBLASLt's heuristic is asked for up to 8 algorithms instead of one, and
+  // before the plan's first compiled run (before its CUDA-graph capture) each
+  // candidate runs on the plan's own buffers: once, then as many times as
+  // make about 0.5 ms (1..20) captured into one CUDA graph, timed between
+  // CUDA events; the fastest is kept for the plan, the engine and the
   // persistent compile cache (re-checked with cublasLtMatmulAlgoCheck when
   // read back), so a warm-cache start times nothing. Costs the first call
-  // about (candidates x (reps + 1)) runs of every distinct GEMM; a streaming
-  // start waits for every weight before it. false: the heuristic's first
+  // about 8 x (0.5 ms + 2 runs) per distinct GEMM; a streaming start waits
+  // for every weight before it. Results can differ from an untuned plan's in
+  // the last bits (another summation order). false: the heuristic's first
   // answer, as force_eager plans always use.
   bool autotune_gemm = true;
   // Fold an inference batch_norm (+ residual add) + relu into the

@@ -92,6 +92,15 @@ cublasLtMatmulAlgoCheck(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t opera
   return fn != nullptr ? fn(lightHandle, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, algo, result) : kLtUnavailable;
 }
 
+extern "C" cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                                         cublasLtMatmulAlgoCapAttributes_t attr,
+                                                                         void* buf, size_t sizeInBytes,
+                                                                         size_t* sizeWritten) {
+  static const auto fn =
+      resolve<decltype(&cublasLtMatmulAlgoCapGetAttribute)>(cublaslt(), "cublasLtMatmulAlgoCapGetAttribute");
+  return fn != nullptr ? fn(algo, attr, buf, sizeInBytes, sizeWritten) : kLtUnavailable;
+}
+
 extern "C" size_t CUBLASWINAPI cublasLtGetVersion(void) {
   static const auto fn = resolve<decltype(&cublasLtGetVersion)>(cublaslt(), "cublasLtGetVersion");
   return fn != nullptr ? fn() : 0;

@@ -68,6 +68,8 @@ struct Lowering {
   std::vector<std::vector<std::size_t>> consumers;  // value -> node indices
   std::vector<char> is_output;
   std::vector<char> absorbed;  // node folded into an earlier step
+  // GEMM choice key -> its entry in plan.tunes (the steps waiting to be timed together).
+  std::map<std::string, std::size_t> pending_tunes;
   const Node* node = nullptr;
   std::size_t node_index = 0;
 
@@ -763,19 +765,39 @@ struct Lowering {
     // its own, so an eager plan's untimed choice is never taken for it.
     const bool tune = fuse && eng.opt.autotune_gemm && eng.lt != nullptr;
     std::vector<cublasLtMatmulAlgo_t> candidates;
+    // A C input other than D (a residual in the epilogue) needs an algorithm
+    // that supports results out of place (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_
+    // RESULT_SUPPORT); the heuristic is not told (it sees no pointers), so
+    // its answers and remembered choices are filtered.
+    const bool out_of_place = c_in.has_value();
+    auto usable = [&](const cublasLtMatmulAlgo_t& algo) {
+      if (!out_of_place) return true;
+      std::int32_t cap = 0;
+      std::size_t written = 0;
+      return cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT, &cap, sizeof cap,
+                                               &written) == CUBLAS_STATUS_SUCCESS &&
+             cap != 0;
+    };
     // Everything the heuristic sees (pointers aside: cuBLASLt assumes
-    // 256-byte alignment by default, which every buffer here has).
-    // The choice is keyed by all of that and cuBLASLt's version; one found
-    // in this engine or the persistent cache is re-checked by cuBLASLt
-    // (cublasLtMatmulAlgoCheck) before it is used.
+    // 256-byte alignment by default, which every buffer here has), whether C
+    // is D, and beta. The choice is keyed by all of that and cuBLASLt's
+    // version; one found in this engine or the persistent cache is
+    // re-checked by cuBLASLt (cublasLtMatmulAlgoCheck) before it is used.
     std::string key = std::string(tune ? "gemm cublasLt tuned " : "gemm cublasLt ") +
                       std::to_string(eng.lt != nullptr ? cublasLtGetVersion() : 0) + ":";
     for (std::int64_t x : {std::int64_t{ty}, std::int64_t{ct}, std::int64_t{opa}, std::int64_t{opb}, std::int64_t{epi},
                            M, N, K, std::int64_t{lb->ld}, std::int64_t{la->ld}, ldc, std::int64_t{align}, batch,
                            batched ? a.strides[0] : 0, batched ? b.strides[0] : 0, static_cast<std::int64_t>(ws)})
       key += std::to_string(x) + ",";
+    if (out_of_place) key += "c!=d,";
+    if (beta != 0) key += "beta,";
     std::optional<cublasLtMatmulAlgo_t> known;
-    if (eng.lt != nullptr) {
+    // The same GEMM earlier in this plan still waiting to be timed (the
+    // previous layer's): this step joins its tuning, no heuristic query.
+    auto pending = pending_tunes.find(key);
+    if (pending != pending_tunes.end()) {
+      known = plan.tunes[pending->second].candidates.front();
+    } else if (eng.lt != nullptr) {
       bool from_cache = false;
       if (auto bytes = eng.find_choice(key, &from_cache); bytes && bytes->size() == sizeof(cublasLtMatmulAlgo_t)) {
         cublasLtMatmulAlgo_t algo{};
@@ -783,7 +805,7 @@ struct Lowering {
         cublasLtMatmulHeuristicResult_t check{};
         if (cublasLtMatmulAlgoCheck(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, &algo, &check) ==
                 CUBLAS_STATUS_SUCCESS &&
-            check.workspaceSize <= ws)
+            check.workspaceSize <= ws && usable(algo))
           known = algo;
       }
     }
@@ -795,19 +817,22 @@ struct Lowering {
       const auto h0 = std::chrono::steady_clock::now();
       cublasLtMatmulHeuristicResult_t results[kGemmTuneCandidates] = {};
       st = cublasLtMatmulAlgoGetHeuristic(eng.lt, g2->op, g2->la, g2->lb, g2->lc, g2->lc, pref,
-                                          tune ? kGemmTuneCandidates : 1, results, &found);
+                                          tune || out_of_place ? kGemmTuneCandidates : 1, results, &found);
       plan.heuristic_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
       ++plan.gemm_heuristics;
-      if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-        res = results[0];
+      if (st == CUBLAS_STATUS_SUCCESS) {
         for (int i = 0; i < found && i < kGemmTuneCandidates; ++i)
-          if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= ws)
+          if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= ws && usable(results[i].algo))
             candidates.push_back(results[i].algo);
-        if (candidates.size() < 2) {  // nothing to choose between: keep the first answer
+        found = static_cast<int>(candidates.size());
+        if (found > 0) res.algo = candidates.front();
+        if (!tune || candidates.size() < 2) {  // nothing to choose between: keep the first answer
           candidates.clear();
-          std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
-          std::memcpy(bytes.data(), &res.algo, sizeof res.algo);
-          eng.store_choice(key, std::move(bytes));
+          if (found > 0) {
+            std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
+            std::memcpy(bytes.data(), &res.algo, sizeof res.algo);
+            eng.store_choice(key, std::move(bytes));
+          }
         }
       }
     } else {
@@ -815,7 +840,8 @@ struct Lowering {
     }
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      return fail(ErrorCode::kDevice, std::string("cuBLASLt found no algorithm (") + cublasLtGetStatusString(st) + ")");
+      return fail(ErrorCode::kDevice, std::string("cuBLASLt found no algorithm (") + cublasLtGetStatusString(st) +
+                                          (out_of_place ? ", results out of place" : "") + ")");
     g2->algo = res.algo;
     use(a);
     use(b);
@@ -836,12 +862,18 @@ struct Lowering {
                                          d, g2->lc, &g2->algo, pl->workspace, kWorkspaceBytes, s);
       return s2 == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(s2);
     });
-    if (!candidates.empty()) {
+    if (pending != pending_tunes.end()) {
+      GemmTune& t = plan.tunes[pending->second];
+      t.steps.push_back(plan.steps.size() - 1);
+      t.descs.push_back(g2);
+    } else if (!candidates.empty()) {
       GemmTune t;
-      t.step = plan.steps.size() - 1;
-      t.desc = g2;
-      t.key = std::move(key);
+      t.steps.push_back(plan.steps.size() - 1);
+      t.descs.push_back(g2);
+      t.key = key;
       t.candidates = std::move(candidates);
+      t.fallback = res.algo;
+      pending_tunes[key] = plan.tunes.size();
       plan.tunes.push_back(std::move(t));
     }
     plan.steps.back().kind = "gemm";
@@ -880,8 +912,8 @@ struct Lowering {
   // aligned, what cuBLASLt assumes). Every value on the way has that one
   // reader and is no program output. inductor keeps this add a separate
   // kernel; here it costs no pass over the activations. PyTorch rounds the
-  // GEMM's output to the dtype before the add: bfloat16 results can differ
-  // in the last bit (one rounding instead of two).
+  // GEMM's output (with its bias) to the dtype before the add, and cuBLASLt
+  // adds C before the bias: results can differ in the last bit, float32 too.
   struct Residual {
     DevTensor c;                      // the other operand, viewed as the GEMM's output
     std::size_t add_node = 0;         // the add (absorbed, with `chain`)
@@ -898,7 +930,7 @@ struct Lowering {
       const Node& c = p.nodes[cs[0]];
       const std::string& op = c.schema->name;
       if (c.outputs.empty() || c.outputs[0] < 0 || absorbed[cs[0]]) return std::nullopt;
-      if (op == "aten::dropout" || op == "aten::view" || op == "aten::reshape" || op == "aten::_unsafe_view") {
+      if (op == "aten::dropout" || op == "aten::view" || op == "aten::reshape") {
         if (p.values[static_cast<std::size_t>(c.outputs[0])].dtype != g_out.dtype) return std::nullopt;
         res.chain.push_back(cs[0]);
         v = c.outputs[0];
@@ -1076,6 +1108,9 @@ struct Lowering {
     SAFECKPT_TRY(auto b, opt_tensor("bias"));
     SAFECKPT_TRY(double eps, scalar("eps"));
     if (!floating(x.dtype)) return fail(ErrorCode::kUnsupported, "layer_norm of a non-float tensor");
+    // The kernels read weight and bias in the input's dtype.
+    if ((w && w->dtype != x.dtype) || (b && b->dtype != x.dtype))
+      return fail(ErrorCode::kUnsupported, "layer_norm with a weight or bias of another dtype than its input");
     SAFECKPT_TRY(x, contiguous(x));
     if (w) {
       SAFECKPT_TRY(w, contiguous(*w));
@@ -2565,44 +2600,83 @@ struct Lowering {
 Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
   if (plan.tunes.empty()) return {};
   const auto t0 = std::chrono::steady_clock::now();
-  struct EventPair {
-    EventPair() = default;
-    EventPair(const EventPair&) = delete;
-    EventPair& operator=(const EventPair&) = delete;
-    ~EventPair() {
+  struct Timing {
+    Timing() = default;
+    Timing(const Timing&) = delete;
+    Timing& operator=(const Timing&) = delete;
+    ~Timing() {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
       if (a != nullptr) cudaEventDestroy(a);
       if (b != nullptr) cudaEventDestroy(b);
     }
     cudaEvent_t a = nullptr, b = nullptr;
-  } ev;
-  cudaError_t e = cudaEventCreate(&ev.a);
-  if (e == cudaSuccess) e = cudaEventCreate(&ev.b);
-  if (e != cudaSuccess)
-    return make_error(ErrorCode::kDevice, std::string("cudaEventCreate (GEMM autotuning): ") + cudaGetErrorString(e));
+    cudaGraphExec_t exec = nullptr;
+  } tm;
+  auto device_error = [](const std::string& what, cudaError_t e) {
+    return make_error(ErrorCode::kDevice, "GEMM autotuning: " + what + ": " + cudaGetErrorString(e));
+  };
+  cudaError_t e = cudaEventCreate(&tm.a);
+  if (e == cudaSuccess) e = cudaEventCreate(&tm.b);
+  if (e != cudaSuccess) return device_error("cudaEventCreate", e);
+  // GPU milliseconds of `reps` runs of `s`, captured into one CUDA graph (so
+  // that host launch costs do not hide the kernels' differences); nullopt
+  // when cuBLASLt refuses the algorithm or the capture fails.
+  auto graph_ms = [&](const Step& s, int reps) -> std::optional<double> {
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return std::nullopt;
+    bool ok = true;
+    for (int r = 0; r < reps; ++r) ok = ok && s.fn(stream) == 0;
+    cudaGraph_t graph = nullptr;
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
+    ok = ok && cudaGraphInstantiate(&tm.exec, graph, 0) == cudaSuccess;
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    float ms = 0;
+    ok = ok && cudaEventRecord(tm.a, stream) == cudaSuccess && cudaGraphLaunch(tm.exec, stream) == cudaSuccess &&
+         cudaEventRecord(tm.b, stream) == cudaSuccess && cudaEventSynchronize(tm.b) == cudaSuccess &&
+         cudaEventElapsedTime(&ms, tm.a, tm.b) == cudaSuccess;
+    if (tm.exec != nullptr) cudaGraphExecDestroy(tm.exec);
+    tm.exec = nullptr;
+    if (!ok) return std::nullopt;
+    return static_cast<double>(ms) / reps;
+  };
   for (auto& t : plan.tunes) {
-    const Step& s = plan.steps[t.step];
+    const Step& s = plan.steps[t.steps.front()];
+    GemmDesc& d = *t.descs.front();
     t.ms.assign(t.candidates.size(), -1.0);
-    std::size_t best = 0;
+    std::optional<std::size_t> best;
     for (std::size_t i = 0; i < t.candidates.size(); ++i) {
-      t.desc->algo = t.candidates[i];
-      if (s.fn(stream) != 0) continue;  // refused by cuBLASLt for these pointers: not a candidate
-      bool ok = cudaEventRecord(ev.a, stream) == cudaSuccess;
-      for (int r = 0; ok && r < kGemmTuneReps; ++r) ok = s.fn(stream) == 0;
-      ok = ok && cudaEventRecord(ev.b, stream) == cudaSuccess && cudaEventSynchronize(ev.b) == cudaSuccess;
-      float ms = 0;
-      if (!ok || cudaEventElapsedTime(&ms, ev.a, ev.b) != cudaSuccess) continue;
-      t.ms[i] = ms / kGemmTuneReps;
-      if (t.ms[best] < 0 || t.ms[i] < t.ms[best]) best = i;
+      d.algo = t.candidates[i];
+      // One run, timed roughly (also its warm-up): how many repetitions make
+      // about kGemmTuneGraphMs. A refusal is no candidate; a launch error it
+      // may have left (cuBLASLt reports refusals as its own status) is cleared.
+      float first_ms = 0;
+      const bool ran = cudaEventRecord(tm.a, stream) == cudaSuccess && s.fn(stream) == 0 &&
+                       cudaEventRecord(tm.b, stream) == cudaSuccess && cudaEventSynchronize(tm.b) == cudaSuccess &&
+                       cudaEventElapsedTime(&first_ms, tm.a, tm.b) == cudaSuccess;
+      if (!ran) {
+        (void)cudaGetLastError();
+        continue;
+      }
+      const int reps = static_cast<int>(std::clamp(kGemmTuneGraphMs / std::max(1e-3, static_cast<double>(first_ms)),
+                                                   1.0, static_cast<double>(kGemmTuneMaxReps)));
+      const auto ms = graph_ms(s, reps);
+      if (!ms) {
+        (void)cudaGetLastError();
+        continue;
+      }
+      t.ms[i] = *ms;
+      if (!best || t.ms[i] < t.ms[*best]) best = i;
     }
-    // A failed launch leaves a CUDA error behind only when the context is
-    // broken (cuBLASLt reports refusals as its own status): then stop here.
+    // Only a broken context leaves an error behind now: stop there.
     e = cudaStreamSynchronize(stream);
-    if (e != cudaSuccess)
-      return make_error(ErrorCode::kDevice, "GEMM autotuning of step '" + s.name + "': " + cudaGetErrorString(e));
-    t.desc->algo = t.candidates[best];
-    if (t.ms[best] >= 0) {
+    const cublasLtMatmulAlgo_t chosen = best ? t.candidates[*best] : t.fallback;
+    for (auto& desc : t.descs) desc->algo = chosen;
+    if (e != cudaSuccess) {
+      plan.tunes.clear();
+      return device_error("step '" + s.name + "'", e);
+    }
+    if (best) {
       std::vector<std::uint8_t> bytes(sizeof(cublasLtMatmulAlgo_t));
-      std::memcpy(bytes.data(), &t.desc->algo, sizeof t.desc->algo);
+      std::memcpy(bytes.data(), &chosen, sizeof chosen);
       eng.store_choice(t.key, std::move(bytes));
     }
     ++plan.gemms_tuned;

@@ -97,15 +97,21 @@ struct GemmDesc {
 };
 
 // EngineOptions::autotune_gemm: at most this many of cuBLASLt's heuristic
-// candidates are timed per distinct GEMM, each kGemmTuneReps times.
+// candidates are timed per distinct GEMM; each candidate's repetitions are
+// captured into one CUDA graph (no host launch cost in the timing), as many
+// as make about kGemmTuneGraphMs of GPU time, 1..kGemmTuneMaxReps.
 inline constexpr int kGemmTuneCandidates = 8;
-inline constexpr int kGemmTuneReps = 5;
-// A GEMM step of a compiled plan whose algorithm tune_gemms picks by timing.
+inline constexpr int kGemmTuneMaxReps = 20;
+inline constexpr double kGemmTuneGraphMs = 0.5;
+// The GEMM steps of a compiled plan that share one choice key (a
+// transformer's layers), whose algorithm tune_gemms picks by timing the
+// first of them.
 struct GemmTune {
-  std::size_t step = 0;                          // Plan::steps index
-  std::shared_ptr<GemmDesc> desc;                // the step's descriptors; algo is set from candidates
+  std::vector<std::size_t> steps;                // Plan::steps indices
+  std::vector<std::shared_ptr<GemmDesc>> descs;  // their descriptors; algo set from candidates
   std::string key;                               // the choice's key (engine map, persistent cache)
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order, >= 2
+  cublasLtMatmulAlgo_t fallback{};               // the heuristic's first answer (every candidate refused)
   std::vector<double> ms;                        // per candidate after tuning (-1: refused)
 };
 

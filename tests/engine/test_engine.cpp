@@ -1179,8 +1179,7 @@ TEST_CASE("engine: residual adds join the GEMM before them (no device)") {
           const graph::Node& n = nodes[producer[v]];
           const std::string& op = n.schema->name;
           if (op == "aten::linear" || op == "aten::addmm" || op == "aten::mm" || op == "aten::bmm") return producer[v];
-          if (op != "aten::dropout" && op != "aten::view" && op != "aten::reshape" && op != "aten::_unsafe_view")
-            return SIZE_MAX;
+          if (op != "aten::dropout" && op != "aten::view" && op != "aten::reshape") return SIZE_MAX;
           v = n.args[0].tensor;
         }
         return SIZE_MAX;
