@@ -902,8 +902,8 @@ struct Lowering {
   }
 
   // A residual add that may join the epilogue of the GEMM producing value
-  // `v` (shape `shape`, dtype `d`, dense row-major) as cuBLASLt's C input
-  // (beta = 1): D = A B (+ bias) + C. The pattern of a transformer block's
+  // `v` (written as `g_out`, dense row-major) as cuBLASLt's C input (beta =
+  // 1): D = A B + C (+ bias). The pattern of a transformer block's
   // output projections (HF BERT's `dense -> dropout -> + input`, nanoGPT's
   // `x + c_proj(...)`, addmm -> view -> add in core IR): `v` flows through
   // identities (inference dropout, view / reshape of the dense result) to an
