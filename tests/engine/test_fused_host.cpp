@@ -90,7 +90,8 @@ class HostModule {
       FAIL("host compile of the generated kernels failed: " << text.substr(0, 4000));
     }
     handle_ = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    REQUIRE_MESSAGE(handle_ != nullptr, ::dlerror());
+    const char* err = handle_ == nullptr ? ::dlerror() : nullptr;
+    REQUIRE_MESSAGE(handle_ != nullptr, (err != nullptr ? err : ""));
     launch_ = reinterpret_cast<LaunchFn>(::dlsym(handle_, "host_launch"));
     auto size = reinterpret_cast<unsigned long long (*)()>(::dlsym(handle_, "host_params_size"));
     const bool found = launch_ != nullptr && size != nullptr;
