@@ -480,7 +480,6 @@ Status ProgramImpl::execute(Plan& plan) {
       if (!plan.tunes.empty()) {  // times the GEMMs on every weight, landed
         SAFECKPT_CHECK(all_weights());
         SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
-        plan.compile_seconds += plan.tune_seconds;
       }
       auto t0 = std::chrono::steady_clock::now();
       // cuDNN may load or build kernels on a convolution's first run, which
@@ -550,10 +549,7 @@ Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
     for (const auto& s : plan.prep_steps) SAFECKPT_CHECK(step_status(s, s.fn(stream)));
     plan.prepared = true;
   }
-  if (!plan.tunes.empty()) {  // the algorithms its graph replays would use
-    SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
-    plan.compile_seconds += plan.tune_seconds;
-  }
+  SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));  // the algorithms its graph replays would use
   const std::size_t n = plan.steps.size();
   Events events;
   for (std::size_t i = 0; i <= n; ++i) {

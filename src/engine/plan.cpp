@@ -2641,7 +2641,7 @@ Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
   for (auto& t : plan.tunes) {
     const Step& s = plan.steps[t.steps.front()];
     GemmDesc& d = *t.descs.front();
-    t.ms.assign(t.candidates.size(), -1.0);
+    std::vector<double> ms_of(t.candidates.size(), -1.0);  // -1: refused
     std::optional<std::size_t> best;
     for (std::size_t i = 0; i < t.candidates.size(); ++i) {
       d.algo = t.candidates[i];
@@ -2663,8 +2663,8 @@ Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
         (void)cudaGetLastError();
         continue;
       }
-      t.ms[i] = *ms;
-      if (!best || t.ms[i] < t.ms[*best]) best = i;
+      ms_of[i] = *ms;
+      if (!best || ms_of[i] < ms_of[*best]) best = i;
     }
     // Only a broken context leaves an error behind now: stop there.
     e = cudaStreamSynchronize(stream);
@@ -2683,6 +2683,7 @@ Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
   }
   plan.tunes.clear();
   plan.tune_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  plan.compile_seconds += plan.tune_seconds;
   return {};
 }
 

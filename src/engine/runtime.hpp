@@ -112,7 +112,6 @@ struct GemmTune {
   std::string key;                               // the choice's key (engine map, persistent cache)
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order, >= 2
   cublasLtMatmulAlgo_t fallback{};               // the heuristic's first answer (every candidate refused)
-  std::vector<double> ms;                        // per candidate after tuning (-1: refused)
 };
 
 // One operand of a strided-batched cuBLASLt GEMM, column-major as stored.
@@ -195,9 +194,10 @@ Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vec
 // Times each pending GemmTune's candidates on `stream` (the plan's buffers
 // allocated, its prep steps run; what the buffers hold does not matter: every
 // step is run again before an output is read) and keeps the fastest in the
-// step's descriptor, eng's choices and the persistent cache. A candidate
-// cuBLASLt refuses at run time is skipped. Errors: kDevice (CUDA events, or
-// a CUDA error a candidate left behind).
+// step's descriptor, eng's choices and the persistent cache; the time it
+// took goes into Plan::tune_seconds and compile_seconds. A candidate cuBLASLt
+// refuses at run time is skipped. Nothing to tune: returns at once. Errors:
+// kDevice (CUDA events, or a CUDA error a candidate left behind).
 Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream);
 
 // Plans `program` at `shapes` (user inputs, signature order) without a
