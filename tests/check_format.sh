@@ -9,7 +9,7 @@ if [ -z "$cf" ]; then
   echo "check_format: clang-format-14 not found (apt-get install clang-format-14)" >&2
   exit 2
 fi
-mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' ':!:tests/package/layers_bad/**')
+mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' '*.cuh' ':!:tests/package/layers_bad/**')
 if [ "${1:-}" = --fix ]; then
   "$cf" -i "${files[@]}"
   exit 0

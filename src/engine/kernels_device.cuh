@@ -1,0 +1,576 @@
+// src/engine/kernels_device.cuh — the device code of kernels.cu: the fixed
+// kernels (flash-style attention, the materialized attention's softmax, layer
+// norm, softmax over the last dimension, reductions, embedding, gather /
+// index.Tensor with device-side bounds checks) and, per kernel family, the
+// host-side choice of kernel and launch geometry (`dispatch_*`), written over
+// a launch policy: kernels.cu passes CudaLaunch (device_io.cuh), and
+// tests/engine/test_kernels_host.cpp compiles this file as host C++ behind
+// its SIMT emulator (tests/engine/cuda_host_sim.hpp) and passes the
+// emulator's launcher, so CI (no GPU) runs the same kernels with the same
+// grids. Every kernel computes in fp32 and stores the value's dtype (float32
+// or bfloat16, round to nearest even).
+//
+// A launch policy is a callable
+//   int launch(dim3 grid, dim3 block, unsigned dynamic_smem_bytes,
+//              void (*kernel)(P...), A... args)
+// returning a cudaError_t value (0 = success).
+// Included once per translation unit (internal linkage).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/device_io.cuh"
+#include "engine/internal.hpp"
+
+namespace safeckpt::engine::detail {
+namespace {
+
+// cudaErrorInvalidValue (kernels.cu checks they agree).
+constexpr int kLaunchInvalidValue = 1;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum over blockDim.x threads (a multiple of 32, <= 1024).
+__device__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  __syncthreads();
+  if (l == 0) scratch[w] = v;
+  __syncthreads();
+  int nw = blockDim.x / 32;
+  float t = l < nw ? scratch[l] : 0.f;
+  return warp_sum(t);
+}
+__device__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  __syncthreads();
+  if (l == 0) scratch[w] = v;
+  __syncthreads();
+  int nw = blockDim.x / 32;
+  float t = l < nw ? scratch[l] : -INFINITY;
+  return warp_max(t);
+}
+
+// ------------------------------------------------------------- attention
+// Flash-style (online softmax, no score workspace), fp32 arithmetic on the
+// CUDA cores for both dtypes. Grid (ceil(L / 64), B * H), 256 threads as a
+// 16 x 16 grid (tx = threadIdx.x % 16, ty = threadIdx.x / 16): a block owns
+// 64 query rows, thread (ty, tx) the rows ty*4 .. ty*4+3 of it. Per tile of
+// 64 keys, staged in shared memory (K transposed, V as is): each thread
+// computes a 4 x 4 block of scores (keys tx*4 .. tx*4+3) from float4 reads,
+// the row max / sum go over the 16 threads of a row (shuffles within 16
+// lanes), the probabilities go through shared memory (in the K tile's place)
+// and each thread accumulates 4 rows x (4 or 8) output columns
+// (tx*4 + 64*c). Shared memory: Q^T, K^T and V tiles of kHeadCap x 64 floats
+// (kHeadCap = 64 or 128, the smallest >= D and Dv; the K tile's region at
+// least 64 x kPStride): 49 or 96 KiB, so 4 or 2 blocks per SM on an H200.
+constexpr int kBlockRows = 64;
+constexpr int kBlockKeys = 64;
+constexpr int kMaxHead = 128;
+constexpr int kPStride = kBlockKeys + 4;  // probability rows: float4-aligned, two rows of a warp in other banks
+// Floats of the k^T tile's region, which holds the probabilities after the scores.
+__host__ __device__ constexpr int ks_floats(int head_cap) {
+  return head_cap * kBlockKeys > kBlockKeys * kPStride ? head_cap * kBlockKeys : kBlockKeys * kPStride;
+}
+constexpr int attention_smem_bytes(int head_cap) {
+  return (head_cap * kBlockRows + ks_floats(head_cap) + kBlockKeys * head_cap) * static_cast<int>(sizeof(float));
+}
+
+template <int kHeadCap>
+__global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
+  SAFECKPT_DYNAMIC_SHARED(float4, smem4);
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* qs = smem;                        // [kHeadCap][64]: q^T, pre-scaled
+  float* ks = qs + kHeadCap * kBlockRows;  // [kHeadCap][64]: k^T; then the probabilities [64][kPStride]
+  float* vs = ks + ks_floats(kHeadCap);    // [64][kHeadCap]
+  constexpr int kCols = kHeadCap / 16;     // output columns per thread
+  const int tx = static_cast<int>(threadIdx.x % 16), ty = static_cast<int>(threadIdx.x / 16);
+  const long long bh = blockIdx.y;
+  const long long b = bh / a.H, h = bh % a.H;
+  const long long row0 = static_cast<long long>(blockIdx.x) * kBlockRows;
+  const long long D = a.D, Dv = a.Dv;
+  const long long qbase = b * a.q_s[0] + h * a.q_s[1], kbase = b * a.k_s[0] + h * a.k_s[1],
+                  vbase = b * a.v_s[0] + h * a.v_s[1];
+  // q^T: consecutive threads take consecutive rows of one column (conflict-free stores).
+  for (int i = static_cast<int>(threadIdx.x); i < kHeadCap * kBlockRows; i += 256) {
+    const int d = i / kBlockRows, r = i % kBlockRows;
+    const long long row = row0 + r;
+    qs[i] = (row < a.L && d < D) ? ld(a.q, qbase + row * a.q_s[2] + d, a.bf16) * a.scale : 0.f;
+  }
+  float m[4], l[4], acc[4][kCols];
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+    for (int c = 0; c < kCols; ++c) acc[i][c] = 0.f;
+  }
+  long long s_end = a.S;
+  if (a.causal) {  // PyTorch's tril (diagonal 0, top-left aligned): key j <= query row i
+    const long long last_row = (row0 + kBlockRows < a.L ? row0 + kBlockRows : a.L) - 1;
+    if (last_row + 1 < s_end) s_end = last_row + 1;
+  }
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  for (long long t0 = 0; t0 < s_end; t0 += kBlockKeys) {
+    __syncthreads();  // the previous tile's probabilities and V are consumed
+    for (int i = static_cast<int>(threadIdx.x); i < kHeadCap * kBlockKeys; i += 256) {
+      const int d = i / kBlockKeys, j = i % kBlockKeys;
+      const long long key = t0 + j;
+      ks[i] = (key < a.S && d < D) ? ld(a.k, kbase + key * a.k_s[2] + d, a.bf16) : 0.f;
+    }
+    for (int i = static_cast<int>(threadIdx.x); i < kBlockKeys * kHeadCap; i += 256) {
+      const int j = i / kHeadCap, d = i % kHeadCap;
+      const long long key = t0 + j;
+      vs[i] = (key < a.S && d < Dv) ? ld(a.v, vbase + key * a.v_s[2] + d, a.bf16) : 0.f;
+    }
+    __syncthreads();
+    float sc[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
+    for (long long d = 0; d < D; ++d) {
+      const float4 qv = *reinterpret_cast<const float4*>(qs + d * kBlockRows + ty * 4);
+      const float4 kv = *reinterpret_cast<const float4*>(ks + d * kBlockKeys + tx * 4);
+      const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, ka[4] = {kv.x, kv.y, kv.z, kv.w};
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) sc[i][j] += qa[i] * ka[j];
+    }
+    float p[4][4];
+    for (int i = 0; i < 4; ++i) {
+      const long long row = row0 + ty * 4 + i;
+      float tmax = -INFINITY;
+      for (int j = 0; j < 4; ++j) {
+        const long long key = t0 + tx * 4 + j;
+        float s = sc[i][j];
+        if (row >= a.L || key >= a.S || (a.causal && key > row)) {
+          s = -INFINITY;
+        } else if (a.mask_kind != 0) {
+          const long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
+          if (a.mask_kind == 1) {
+            if (!mb[mi]) s = -INFINITY;
+          } else {
+            s += ld(a.mask, mi, a.bf16);
+          }
+        }
+        sc[i][j] = s;
+        tmax = fmaxf(tmax, s);
+      }
+      for (int o = 8; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const float mnew = fmaxf(m[i], tmax);
+      float rs = 0.f;
+      for (int j = 0; j < 4; ++j) {
+        p[i][j] = sc[i][j] == -INFINITY ? 0.f : expf(sc[i][j] - mnew);
+        rs += p[i][j];
+      }
+      for (int o = 8; o > 0; o >>= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o);
+      const float corr = m[i] == -INFINITY ? 0.f : expf(m[i] - mnew);
+      l[i] = l[i] * corr + rs;
+      for (int c = 0; c < kCols; ++c) acc[i][c] *= corr;
+      m[i] = mnew;
+    }
+    __syncthreads();  // every thread is done reading k^T: the probabilities go there
+    float* ps = ks;
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<float4*>(ps + (ty * 4 + i) * kPStride + tx * 4) =
+          make_float4(p[i][0], p[i][1], p[i][2], p[i][3]);
+    __syncthreads();
+    const long long n_keys = (s_end - t0 < kBlockKeys) ? s_end - t0 : kBlockKeys;
+    for (int k4 = 0; k4 * 4 < n_keys; ++k4) {
+      float pr[4][4];
+      for (int i = 0; i < 4; ++i) {
+        const float4 x = *reinterpret_cast<const float4*>(ps + (ty * 4 + i) * kPStride + k4 * 4);
+        pr[i][0] = x.x;
+        pr[i][1] = x.y;
+        pr[i][2] = x.z;
+        pr[i][3] = x.w;
+      }
+      for (int kk = 0; kk < 4; ++kk) {
+        const float* vrow = vs + (k4 * 4 + kk) * kHeadCap + tx * 4;
+        for (int cg = 0; cg < kCols / 4; ++cg) {
+          const float4 vv = *reinterpret_cast<const float4*>(vrow + cg * 64);
+          for (int i = 0; i < 4; ++i) {
+            acc[i][cg * 4 + 0] += pr[i][kk] * vv.x;
+            acc[i][cg * 4 + 1] += pr[i][kk] * vv.y;
+            acc[i][cg * 4 + 2] += pr[i][kk] * vv.z;
+            acc[i][cg * 4 + 3] += pr[i][kk] * vv.w;
+          }
+        }
+      }
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    const long long row = row0 + ty * 4 + i;
+    if (row >= a.L) continue;
+    // Every key masked (l = 0): zeros, as the CPU reference (and math SDPA's _safe_softmax).
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    for (int cg = 0; cg < kCols / 4; ++cg)
+      for (int j = 0; j < 4; ++j) {
+        const long long d = cg * 64 + tx * 4 + j;
+        if (d < Dv) st(a.out, b * a.o_s[0] + h * a.o_s[1] + row * a.o_s[2] + d, acc[i][cg * 4 + j] * inv, a.bf16);
+      }
+  }
+}
+
+// --------------------------------------- attention, materialized scores
+// One block per score row (scale already applied by the Q K^T GEMM): mask,
+// max, sum of exp, probabilities. Each thread touches the same columns in
+// every pass, so the in-place float32 case needs no extra barrier.
+__global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
+  __shared__ float scratch[32];
+  const long long r = blockIdx.x;
+  const long long l = r % a.L, bh = r / a.L;
+  const long long b = a.b0 + bh / a.H, h = bh % a.H;
+  float* row = a.scores + r * a.S;
+  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;  // keys after it are masked
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
+  float mx = -INFINITY;
+  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
+    float x = s > last ? -INFINITY : row[s];
+    if (a.mask_kind == 1 && !mb[mrow + s * a.m_s[3]]) x = -INFINITY;
+    if (a.mask_kind == 2) x += ld(a.mask, mrow + s * a.m_s[3], a.mask_bf16);
+    row[s] = x;
+    mx = fmaxf(mx, x);
+  }
+  mx = block_max(mx, scratch);
+  float sum = 0.f;
+  if (mx != -INFINITY)
+    for (long long s = threadIdx.x; s < a.S; s += blockDim.x) sum += expf(row[s] - mx);
+  sum = block_sum(sum, scratch);
+  const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
+  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
+    const float p = mx == -INFINITY ? 0.f : expf(row[s] - mx) * inv;
+    if (a.probs_bf16)
+      static_cast<__nv_bfloat16*>(a.probs)[r * a.S + s] = __float2bfloat16_rn(p);
+    else
+      static_cast<float*>(a.probs)[r * a.S + s] = p;
+  }
+}
+
+// ------------------------------------------------------------ layer norm
+__global__ void layer_norm_kernel(const void* x, const void* w, const void* bias, void* y, void* mean_out,
+                                  void* rstd_out, long long n, float eps, int bf16, int stats_bf16) {
+  __shared__ float scratch[32];
+  const long long row = blockIdx.x;
+  const long long base = row * n;
+  float s = 0.f;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) s += ld(x, base + i, bf16);
+  const float mean = block_sum(s, scratch) / static_cast<float>(n);
+  float q = 0.f;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+    float d = ld(x, base + i, bf16) - mean;
+    q += d * d;
+  }
+  const float var = block_sum(q, scratch) / static_cast<float>(n);
+  const float rstd = rsqrtf(var + eps);
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = (ld(x, base + i, bf16) - mean) * rstd;
+    if (w) v *= ld(w, i, bf16);
+    if (bias) v += ld(bias, i, bf16);
+    st(y, base + i, v, bf16);
+  }
+  if (threadIdx.x == 0) {
+    if (mean_out) st(mean_out, row, mean, stats_bf16);
+    if (rstd_out) st(rstd_out, row, rstd, stats_bf16);
+  }
+}
+
+// Warp per row, the row held in registers (one read of x): kChunks chunks of
+// 4 consecutive elements per lane (elements (c * 32 + lane) * 4 .. + 3), one
+// 8- or 16-byte access each. For n a multiple of 4, n <= kChunks * 128, and
+// x, y, w, bias aligned to 4 elements (launch_layer_norm checks). 4 rows per
+// block of 128 threads: [1024, 768] is 256 blocks, [4096, 768] 1024, where the
+// block-per-row kernel above made three passes over global memory with four
+// block-wide barriers. Two-pass statistics (mean, then the squared deviations
+// from it) in fp32, as the block kernel.
+template <bool kBf16>
+__device__ __forceinline__ void ld4(const void* p, long long i, float (&v)[4]) {
+  if constexpr (kBf16) {
+    const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + i);
+    v[0] = __uint_as_float(w.x << 16);
+    v[1] = __uint_as_float(w.x & 0xffff0000u);
+    v[2] = __uint_as_float(w.y << 16);
+    v[3] = __uint_as_float(w.y & 0xffff0000u);
+  } else {
+    const float4 w = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    v[0] = w.x;
+    v[1] = w.y;
+    v[2] = w.z;
+    v[3] = w.w;
+  }
+}
+template <bool kBf16>
+__device__ __forceinline__ void st4(void* p, long long i, const float (&v)[4]) {
+  if constexpr (kBf16) {
+    auto bits = [](float f) { return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f))); };
+    uint2 w;
+    w.x = bits(v[0]) | bits(v[1]) << 16;
+    w.y = bits(v[2]) | bits(v[3]) << 16;
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = w;
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+constexpr int kLnWarpRows = 4;
+constexpr int kLnWarpMaxN = 8 * 128;  // 8 chunks of 4 elements per lane
+template <bool kBf16, int kChunks>
+__global__ void __launch_bounds__(32 * kLnWarpRows)
+    layer_norm_warp_kernel(const void* x, const void* w, const void* bias, void* y, void* mean_out, void* rstd_out,
+                           long long rows, int n, float eps, int stats_bf16) {
+  const long long row = static_cast<long long>(blockIdx.x) * kLnWarpRows + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const long long base = row * n;
+  float v[kChunks][4];
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * 32 + lane) * 4;
+    if (i < n) {
+      ld4<kBf16>(x, base + i, v[c]);
+      s += (v[c][0] + v[c][1]) + (v[c][2] + v[c][3]);
+    }
+  }
+  const float mean = warp_sum(s) / static_cast<float>(n);
+  float q = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    if ((c * 32 + lane) * 4 < n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float d = v[c][e] - mean;
+        q += d * d;
+      }
+  const float rstd = rsqrtf(warp_sum(q) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * 32 + lane) * 4;
+    if (i >= n) continue;
+    float g[4] = {1.f, 1.f, 1.f, 1.f}, b[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
+    if (w) ld4<kBf16>(w, i, g);
+    if (bias) ld4<kBf16>(bias, i, b);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float t = (v[c][e] - mean) * rstd;
+      if (w) t *= g[e];
+      if (bias) t += b[e];
+      o[e] = t;
+    }
+    st4<kBf16>(y, base + i, o);
+  }
+  if (lane == 0) {
+    if (mean_out) st(mean_out, row, mean, stats_bf16);
+    if (rstd_out) st(rstd_out, row, rstd, stats_bf16);
+  }
+}
+// --------------------------------------------------------------- softmax
+__global__ void softmax_kernel(const void* x, void* y, long long n, int in_bf16, int out_bf16) {
+  __shared__ float scratch[32];
+  const long long base = static_cast<long long>(blockIdx.x) * n;
+  float mx = -INFINITY;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, ld(x, base + i, in_bf16));
+  mx = block_max(mx, scratch);
+  float s = 0.f;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) s += expf(ld(x, base + i, in_bf16) - mx);
+  s = block_sum(s, scratch);
+  for (long long i = threadIdx.x; i < n; i += blockDim.x)
+    st(y, base + i, expf(ld(x, base + i, in_bf16) - mx) / s, out_bf16);
+}
+
+// ------------------------------------------------------------- reductions
+__device__ float ld_any(const void* p, long long i, int dt) {
+  switch (dt) {
+    case 0: return static_cast<const float*>(p)[i];
+    case 1: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case 2: return static_cast<float>(static_cast<const long long*>(p)[i]);
+    default: return static_cast<const unsigned char*>(p)[i] ? 1.f : 0.f;
+  }
+}
+__global__ void reduce_kernel(ReduceArgs a) {
+  long long o = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= a.n_outer) return;
+  long long off = 0, rem = o;
+  for (int d = a.rank_outer - 1; d >= 0; --d) {
+    off += (rem % a.outer_shape[d]) * a.outer_strides[d];
+    rem /= a.outer_shape[d];
+  }
+  float acc = 0.f;
+  bool any = false;
+  for (long long i = 0; i < a.n_inner; ++i) {
+    long long ioff = 0, r = i;
+    for (int d = a.rank_inner - 1; d >= 0; --d) {
+      ioff += (r % a.inner_shape[d]) * a.inner_strides[d];
+      r /= a.inner_shape[d];
+    }
+    float v = ld_any(a.x, off + ioff, a.in_dtype);
+    if (a.op == 0)
+      any = any || v != 0.f;
+    else
+      acc += v;
+  }
+  if (a.op == 0) {
+    static_cast<unsigned char*>(a.y)[o] = any ? 1 : 0;
+  } else {
+    float v = acc / static_cast<float>(a.n_inner);
+    st(a.y, o, v, a.out_dtype == 1);
+  }
+}
+
+// -------------------------------------------------------------- embedding
+__global__ void embedding_kernel(const void* weight, long long rows, long long dim, long long row_stride, int bf16,
+                                 const long long* idx, long long n, void* out, int* error_flag) {
+  long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * dim) return;
+  long long r = i / dim, c = i % dim;
+  long long k = idx[r];
+  if (k < 0 || k >= rows) {
+    if (c == 0) atomicExch(error_flag, 1);
+    st(out, i, 0.f, bf16);
+    return;
+  }
+  st(out, i, ld(weight, k * row_stride + c, bf16), bf16);
+}
+
+// ------------------------------------------------- gather / index.Tensor
+__device__ __forceinline__ void copy_elem(const char* src, char* dst, int bytes) {
+  switch (bytes) {
+    case 8: *reinterpret_cast<unsigned long long*>(dst) = *reinterpret_cast<const unsigned long long*>(src); break;
+    case 4: *reinterpret_cast<unsigned*>(dst) = *reinterpret_cast<const unsigned*>(src); break;
+    case 2: *reinterpret_cast<unsigned short*>(dst) = *reinterpret_cast<const unsigned short*>(src); break;
+    default: *dst = *src; break;
+  }
+}
+__device__ __forceinline__ void zero_elem(char* dst, int bytes) {
+  for (int b = 0; b < bytes; ++b) dst[b] = 0;
+}
+__global__ void index_gather_kernel(IndexGatherArgs a) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    long long pos[kMaxRank];
+    long long r = i;
+    for (int d = a.rank - 1; d >= 0; --d) {
+      pos[d] = r % a.shape[d];
+      r /= a.shape[d];
+    }
+    long long off = 0;
+    for (int d = 0; d < a.rank; ++d) off += pos[d] * a.x_strides[d];
+    bool ok = true;
+    for (int k = 0; k < a.n_index; ++k) {
+      long long at = 0;
+      for (int d = 0; d < a.rank; ++d) at += pos[d] * a.idx_strides[k][d];
+      long long v = a.idx_int32[k] ? static_cast<long long>(static_cast<const int*>(a.idx[k])[at])
+                                   : static_cast<const long long*>(a.idx[k])[at];
+      if (v < 0 && a.negative_wraps) v += a.idx_size[k];
+      if (v < 0 || v >= a.idx_size[k]) {
+        ok = false;
+        break;
+      }
+      off += v * a.idx_x_stride[k];
+    }
+    char* dst = static_cast<char*>(a.out) + i * a.elem_bytes;
+    if (!ok) {
+      atomicExch(a.error_flag, 1);
+      zero_elem(dst, a.elem_bytes);
+      continue;
+    }
+    copy_elem(static_cast<const char*>(a.x) + off * a.elem_bytes, dst, a.elem_bytes);
+  }
+}
+
+unsigned blocks_for(long long n, unsigned threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+bool aligned_to(const void* p, unsigned bytes) {
+  return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// ---------------------------------------------------------- dispatchers
+template <class Launch>
+int dispatch_attention(Launch&& launch, const AttnArgs& a) {
+  if (a.D > kMaxHead || a.Dv > kMaxHead || a.L <= 0 || a.B * a.H <= 0) return kLaunchInvalidValue;
+  if (a.B * a.H > 65535) return kLaunchInvalidValue;  // grid.y
+  const dim3 grid(static_cast<unsigned>((a.L + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(a.B * a.H));
+  static_assert(ks_floats(64) % 4 == 0 && ks_floats(128) % 4 == 0, "V tile float4-aligned");
+  if (a.D <= 64 && a.Dv <= 64) return launch(grid, dim3(256), attention_smem_bytes(64), attention_kernel<64>, a);
+  return launch(grid, dim3(256), attention_smem_bytes(128), attention_kernel<128>, a);
+}
+
+template <class Launch>
+int dispatch_attention_softmax(Launch&& launch, const AttnSoftmaxArgs& a) {
+  if (a.rows <= 0 || a.S <= 0) return 0;
+  if (a.rows > 0x7fffffffLL) return kLaunchInvalidValue;
+  const unsigned threads = a.S >= 2048 ? 512 : (a.S >= 512 ? 256 : 128);
+  return launch(dim3(static_cast<unsigned>(a.rows)), dim3(threads), 0, attention_softmax_kernel, a);
+}
+
+// The warp-per-row kernel when n is a multiple of 4, n <= kLnWarpMaxN and
+// every pointer is aligned to 4 elements; else a block per row.
+template <class Launch>
+int dispatch_layer_norm(Launch&& launch, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
+                        long long rows, long long n, float eps, int bf16, int stats_bf16) {
+  if (rows == 0) return 0;
+  const unsigned vec_bytes = bf16 ? 8 : 16;
+  if (n % 4 == 0 && n <= kLnWarpMaxN && rows <= 0x7fffffffLL * kLnWarpRows && aligned_to(x, vec_bytes) &&
+      aligned_to(y, vec_bytes) && aligned_to(w, vec_bytes) && aligned_to(b, vec_bytes)) {
+    const dim3 grid(static_cast<unsigned>((rows + kLnWarpRows - 1) / kLnWarpRows)), block(32 * kLnWarpRows);
+    const int chunks = static_cast<int>((n + 127) / 128);
+    const int ni = static_cast<int>(n);
+    auto go = [&](auto kernel) {
+      return launch(grid, block, 0, kernel, x, w, b, y, mean, rstd, rows, ni, eps, stats_bf16);
+    };
+    if (bf16) {
+      if (chunks <= 1) return go(layer_norm_warp_kernel<true, 1>);
+      if (chunks <= 2) return go(layer_norm_warp_kernel<true, 2>);
+      if (chunks <= 4) return go(layer_norm_warp_kernel<true, 4>);
+      if (chunks <= 6) return go(layer_norm_warp_kernel<true, 6>);
+      return go(layer_norm_warp_kernel<true, 8>);
+    }
+    if (chunks <= 1) return go(layer_norm_warp_kernel<false, 1>);
+    if (chunks <= 2) return go(layer_norm_warp_kernel<false, 2>);
+    if (chunks <= 4) return go(layer_norm_warp_kernel<false, 4>);
+    if (chunks <= 6) return go(layer_norm_warp_kernel<false, 6>);
+    return go(layer_norm_warp_kernel<false, 8>);
+  }
+  if (rows > 0x7fffffffLL) return kLaunchInvalidValue;
+  const unsigned threads = n >= 1024 ? 1024 : (n >= 256 ? 256 : 128);
+  return launch(dim3(static_cast<unsigned>(rows)), dim3(threads), 0, layer_norm_kernel, x, w, b, y, mean, rstd, n, eps,
+                bf16, stats_bf16);
+}
+
+template <class Launch>
+int dispatch_softmax(Launch&& launch, const void* x, void* y, long long rows, long long n, int in_bf16, int out_bf16) {
+  if (rows == 0) return 0;
+  if (rows > 0x7fffffffLL) return kLaunchInvalidValue;
+  const unsigned threads = n >= 1024 ? 512 : 128;
+  return launch(dim3(static_cast<unsigned>(rows)), dim3(threads), 0, softmax_kernel, x, y, n, in_bf16, out_bf16);
+}
+
+template <class Launch>
+int dispatch_reduce(Launch&& launch, const ReduceArgs& a) {
+  if (a.n_outer == 0) return 0;
+  return launch(dim3(blocks_for(a.n_outer, 128)), dim3(128), 0, reduce_kernel, a);
+}
+
+template <class Launch>
+int dispatch_embedding(Launch&& launch, const void* weight, long long rows, long long dim, long long row_stride,
+                       int bf16, const long long* idx, long long n, void* out, int* error_flag) {
+  if (n * dim == 0) return 0;
+  return launch(dim3(blocks_for(n * dim, 256)), dim3(256), 0, embedding_kernel, weight, rows, dim, row_stride, bf16,
+                idx, n, out, error_flag);
+}
+
+template <class Launch>
+int dispatch_index_gather(Launch&& launch, const IndexGatherArgs& a) {
+  if (a.n == 0) return 0;
+  if (a.rank > kMaxRank || a.n_index > kMaxIndexTensors) return kLaunchInvalidValue;
+  const long long blocks = (a.n + 255) / 256 < 65535LL * 8 ? (a.n + 255) / 256 : 65535LL * 8;
+  return launch(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, index_gather_kernel, a);
+}
+
+}  // namespace
+}  // namespace safeckpt::engine::detail

@@ -1,0 +1,389 @@
+// tests/engine/cuda_host_sim.hpp — a small SIMT emulator that runs the
+// engine's CUDA kernels on the host, so CI (no GPU) checks their indexing,
+// barriers, warp shuffles, vector accesses and launch geometry.
+//
+// Include it first, then the kernel file (src/engine/kernels_device.cuh,
+// which is written to compile both ways). What it provides:
+// - the CUDA C++ spellings the kernels use (__global__, __shared__, dim3,
+//   float4 / uint2 with CUDA's alignment, bfloat16 conversions with round to
+//   nearest even, __uint_as_float, rsqrtf, atomicExch, ...);
+// - threadIdx / blockIdx / blockDim / gridDim;
+// - a launcher (SimLaunch) with the launch policy signature of
+//   kernels_device.cuh: every block runs in turn, each CUDA thread of a block
+//   on its own OS thread, so __syncthreads() and warp shuffles are real
+//   rendezvous: a kernel that races on shared memory, or whose threads do not
+//   all reach a barrier, misbehaves here too. Only one CUDA thread runs at a
+//   time, each up to its next barrier, in thread order (or reversed): a
+//   missing __syncthreads between a read and an overwrite of shared memory
+//   corrupts the read deterministically, and a barrier some threads never
+//   reach aborts with a message instead of hanging.
+// Shared memory is one object per kernel (`static`), reused by the blocks in
+// turn; dynamic shared memory is 128-byte aligned, poisoned with NaN bytes
+// before each block (a read of a value the block never wrote shows up).
+//
+// What it does not model: memory ordering between blocks (blocks run one
+// after another), warp-synchronous code without __shfl/__syncthreads, and
+// partial shuffle masks (asserted full). Device math (expf, erff) may differ
+// from the host's in the last bit; tests compare with tolerances that say so.
+#pragma once
+
+#ifdef __CUDACC__
+#error "cuda_host_sim.hpp is the host emulation; nvcc compiles the kernels for the device"
+#endif
+
+#include <math.h>  // NOLINT: the kernels call fmaxf / expf / isnan unqualified, as in CUDA
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) alignas(n)
+#define SAFECKPT_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::cuda_host_sim::dynamic_shared())
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline uint2 make_uint2(unsigned a, unsigned b) {
+  return uint2{a, b};
+}
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
+  return uint4{a, b, c, d};
+}
+inline float4 make_float4(float a, float b, float c, float d) {
+  return float4{a, b, c, d};
+}
+
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float rsqrtf(float x) {
+  return 1.0f / std::sqrt(x);
+}
+
+// bfloat16 as cuda_bf16.h stores it (the high 16 bits of a float32).
+struct alignas(2) __nv_bfloat16 {
+  unsigned short bits;
+};
+struct alignas(4) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline float __bfloat162float(__nv_bfloat16 h) {
+  return __uint_as_float(static_cast<unsigned>(h.bits) << 16);
+}
+// Round to nearest even; NaN stays NaN (cuda_bf16.h returns 0x7fff).
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{0x7fff};
+  return __nv_bfloat16{static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) {
+  return h.bits;
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
+
+inline int atomicExch(int* p, int v) {
+  return std::atomic_ref<int>(*p).exchange(v);
+}
+
+// Unqualified in the kernels, as in CUDA: found from any namespace.
+inline thread_local dim3 threadIdx;
+inline dim3 blockIdx, blockDim, gridDim;
+
+namespace cuda_host_sim {
+
+// A barrier of the block's scheduler: `expected` threads must arrive;
+// threads that exit leave it (as an exited GPU thread no longer holds up
+// __syncthreads).
+struct Barrier {
+  const char* what = "";
+  unsigned expected = 0;
+  unsigned arrived = 0;
+};
+
+// One block. Its CUDA threads are OS threads, but only the one holding the
+// token runs: it runs until it arrives at a barrier (or exits), then hands
+// the token to the next runnable thread of its warp, or when none can run,
+// of the next warp (thread 0 up, or down with SimLaunch::reverse). Between
+// two barriers, threads therefore run one after another, whole, and a warp
+// runs through its shuffles ahead of the other warps: a thread that overwrites shared memory another thread of
+// the same phase still has to read (a missing __syncthreads) corrupts that
+// read here every time, not once in a while. No runnable thread while some
+// wait is a barrier not every thread reaches: a message, then abort.
+class BlockState {
+ public:
+  BlockState(unsigned threads, unsigned char* smem, bool reverse)
+      : threads_(threads),
+        smem_(smem),
+        reverse_(reverse),
+        cvs_(new std::condition_variable[threads]),
+        waiting_on_(threads, nullptr),
+        done_(threads, false) {
+    block_.what = "__syncthreads()";
+    block_.expected = threads;
+    for (unsigned w = 0; w * 32 < threads; ++w) {
+      auto b = std::make_unique<Barrier>();
+      b->what = "a warp shuffle";
+      b->expected = threads - w * 32 < 32 ? threads - w * 32 : 32;
+      warps_.push_back(std::move(b));
+    }
+    for (auto& v : slots_) v.assign(threads, 0);
+    current_ = reverse ? threads - 1 : 0;
+  }
+  unsigned threads() const { return threads_; }
+  unsigned char* smem() const { return smem_; }
+  std::vector<std::uint64_t>& slots(unsigned parity) { return slots_[parity]; }
+
+  void start(unsigned t) {
+    std::unique_lock<std::mutex> lk(m_);
+    cvs_[t].wait(lk, [&] { return current_ == t; });
+  }
+  void sync_block(unsigned t) { arrive(t, block_); }
+  void sync_warp(unsigned t) { arrive(t, *warps_[t / 32]); }
+  // bar.sync `id`, `count` threads (PTX named barriers).
+  void sync_named(unsigned t, unsigned id, unsigned count) {
+    Barrier* b = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      auto& slot = named_[id % 16];
+      if (!slot) {
+        slot = std::make_unique<Barrier>();
+        slot->what = "bar.sync";
+        slot->expected = count;
+      }
+      b = slot.get();
+    }
+    arrive(t, *b);
+  }
+  void finish(unsigned t) {
+    std::unique_lock<std::mutex> lk(m_);
+    done_[t] = true;
+    leave(block_);
+    leave(*warps_[t / 32]);
+    pass_token(t);
+  }
+
+ private:
+  void arrive(unsigned t, Barrier& b) {
+    std::unique_lock<std::mutex> lk(m_);
+    if (++b.arrived >= b.expected) {
+      release(b);
+      return;  // the last to arrive goes on
+    }
+    waiting_on_[t] = &b;
+    pass_token(t);
+    cvs_[t].wait(lk, [&] { return current_ == t; });
+  }
+  void leave(Barrier& b) {
+    --b.expected;
+    if (b.arrived > 0 && b.arrived >= b.expected) release(b);
+  }
+  void release(Barrier& b) {
+    b.arrived = 0;
+    for (auto& w : waiting_on_)
+      if (w == &b) w = nullptr;
+  }
+  // Called with m_ held by thread `t`, which stops running. The token stays
+  // in t's warp while a thread there can run (a warp runs ahead of the
+  // others, as one may on the GPU), then goes to the next warp in order.
+  void pass_token(unsigned t) {
+    bool any_waiting = false;
+    const unsigned warps = (threads_ + 31) / 32, w0 = t / 32;
+    for (unsigned i = 0; i < warps; ++i) {
+      const unsigned w = reverse_ ? (w0 + warps - i) % warps : (w0 + i) % warps;
+      const unsigned lo = w * 32, hi = lo + 32 < threads_ ? lo + 32 : threads_;
+      for (unsigned j = 0; j < hi - lo; ++j) {
+        const unsigned n = reverse_ ? hi - 1 - j : lo + j;
+        if (done_[n]) continue;
+        if (waiting_on_[n] != nullptr) {
+          any_waiting = true;
+          continue;
+        }
+        current_ = n;
+        cvs_[n].notify_one();
+        return;
+      }
+    }
+    if (any_waiting) {
+      for (unsigned n = 0; n < threads_; ++n)
+        if (!done_[n] && waiting_on_[n] != nullptr) {
+          std::fprintf(stderr,
+                       "cuda_host_sim: block (%u, %u, %u): thread %u waits at %s that the rest of its threads never "
+                       "reach (%u of %u arrived)\n",
+                       blockIdx.x, blockIdx.y, blockIdx.z, n, waiting_on_[n]->what, waiting_on_[n]->arrived,
+                       waiting_on_[n]->expected);
+          break;
+        }
+      std::abort();
+    }
+  }
+
+  unsigned threads_;
+  unsigned char* smem_;
+  bool reverse_;
+  std::mutex m_;
+  std::unique_ptr<std::condition_variable[]> cvs_;
+  std::vector<Barrier*> waiting_on_;
+  std::vector<bool> done_;
+  unsigned current_ = 0;
+  Barrier block_;
+  std::vector<std::unique_ptr<Barrier>> warps_;
+  std::unique_ptr<Barrier> named_[16];
+  std::vector<std::uint64_t> slots_[2];  // shuffle values, double-buffered by parity
+};
+inline BlockState* g_block = nullptr;
+
+struct ThreadState {
+  unsigned tid = 0;  // linear thread index in the block
+  unsigned shfl_parity = 0;
+};
+inline thread_local ThreadState t_state;
+
+inline void* dynamic_shared() {
+  return g_block->smem();
+}
+
+inline unsigned lane_id() {
+  return t_state.tid % 32;
+}
+
+// One warp shuffle: every lane of the warp publishes `v`, then reads lane
+// `src`'s value. Two shuffles in a row use the two slot buffers in turn: a
+// lane writes a buffer again only after the whole warp passed the shuffle in
+// between, so after every read of it.
+template <class T>
+T shuffle_from(T v, unsigned src) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffle of a register value");
+  const unsigned tid = t_state.tid, w = tid / 32;
+  std::vector<std::uint64_t>& slots = g_block->slots(t_state.shfl_parity);
+  t_state.shfl_parity ^= 1;
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof v);
+  slots[tid] = bits;
+  g_block->sync_warp(tid);
+  const unsigned from = w * 32 + (src % 32);
+  if (from >= g_block->threads()) return v;  // a lane past the block's end: the caller's own value
+  T r;
+  std::memcpy(&r, &slots[from], sizeof r);
+  return r;
+}
+
+inline void check_full_mask(unsigned mask) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "cuda_host_sim: partial shuffle masks are not emulated\n");
+    std::abort();
+  }
+}
+
+// Launches recorded for the tests to check which kernel and geometry a
+// dispatcher chose.
+struct LaunchRecord {
+  const void* kernel;
+  dim3 grid, block;
+  unsigned smem;
+};
+
+// The launch policy (kernels_device.cuh): runs `kernel` over the grid and
+// returns 0, or cudaErrorInvalidConfiguration's value (9) for a geometry the
+// H100/H200 refuses (more than 1024 threads a block, grid.y or grid.z over
+// 65535, more than 227 KiB of dynamic shared memory). `reverse`: the
+// threads of each block take turns from the last one down.
+struct SimLaunch {
+  std::vector<LaunchRecord>* log = nullptr;
+  bool reverse = false;
+
+  template <class... P, class... A>
+  int operator()(dim3 grid, dim3 block, unsigned smem, void (*kernel)(P...), A&&... args) const {
+    const unsigned threads = block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || grid.x > 0x7fffffffu || smem > 227u * 1024u)
+      return 9;
+    if (log) log->push_back(LaunchRecord{reinterpret_cast<const void*>(kernel), grid, block, smem});
+    const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);  // the launch copies its arguments
+    gridDim = grid;
+    blockDim = block;
+    std::unique_ptr<unsigned char, void (*)(unsigned char*)> smem_buf(
+        static_cast<unsigned char*>(::operator new(smem + 1, std::align_val_t(128))),
+        [](unsigned char* p) { ::operator delete(p, std::align_val_t(128)); });
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          blockIdx = dim3(x, y, z);
+          std::memset(smem_buf.get(), 0xff, smem + 1);  // NaN floats, -1 integers
+          run_block(threads, smem_buf.get(), kernel, params);
+        }
+    return 0;
+  }
+
+ private:
+  template <class... P>
+  void run_block(unsigned threads, unsigned char* smem, void (*kernel)(P...),
+                 const std::tuple<std::decay_t<P>...>& params) const {
+    BlockState st(threads, smem, reverse);
+    g_block = &st;
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([t, kernel, &params, &st] {
+        t_state = ThreadState{t, 0};
+        threadIdx = dim3(t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y));
+        st.start(t);
+        std::apply(kernel, params);
+        st.finish(t);
+      });
+    for (auto& th : pool) th.join();
+    g_block = nullptr;
+  }
+};
+
+}  // namespace cuda_host_sim
+
+inline void __syncthreads() {
+  cuda_host_sim::g_block->sync_block(cuda_host_sim::t_state.tid);
+}
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  cuda_host_sim::check_full_mask(mask);
+  return cuda_host_sim::shuffle_from(v, cuda_host_sim::lane_id() ^ static_cast<unsigned>(lane_mask));
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane) {
+  cuda_host_sim::check_full_mask(mask);
+  return cuda_host_sim::shuffle_from(v, static_cast<unsigned>(src_lane));
+}

@@ -1,0 +1,470 @@
+// The engine's fixed CUDA kernels (src/engine/kernels_device.cuh) run on the
+// host under the SIMT emulator (cuda_host_sim.hpp), through the same
+// dispatchers kernels.cu launches them with: which kernel a shape gets, its
+// grid, the barriers and warp shuffles, vector loads, masks and bounds checks.
+// Every expected value is a float64 reference computed here from the same
+// inputs (bfloat16 inputs are rounded first, as the kernels read them); the
+// tolerances are float32 accumulation error, or one bfloat16 rounding for
+// bfloat16 outputs.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "engine/cuda_host_sim.hpp"
+// The kernel file is CUDA C++ written for nvcc: host-compiled here, under
+// this build's warnings, it trips ones that do not apply to it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#pragma GCC diagnostic ignored "-Wshadow"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "engine/kernels_device.cuh"
+#pragma GCC diagnostic pop
+
+using namespace safeckpt::engine::detail;
+using cuda_host_sim::LaunchRecord;
+using cuda_host_sim::SimLaunch;
+
+namespace {
+
+// A float32 or bfloat16 device buffer on the host, its values kept as the
+// kernel reads them (`at`).
+struct HostBuf {
+  bool bf16 = false;
+  std::vector<float> f;
+  std::vector<__nv_bfloat16> h;
+  HostBuf(std::size_t n, bool b) : bf16(b) {
+    if (b)
+      h.resize(n, __float2bfloat16_rn(0.f));
+    else
+      f.resize(n, 0.f);
+  }
+  void* ptr() { return bf16 ? static_cast<void*>(h.data()) : static_cast<void*>(f.data()); }
+  double at(std::size_t i) const { return bf16 ? __bfloat162float(h[i]) : f[i]; }
+  void set(std::size_t i, float v) {
+    if (bf16)
+      h[i] = __float2bfloat16_rn(v);
+    else
+      f[i] = v;
+  }
+  std::size_t size() const { return bf16 ? h.size() : f.size(); }
+};
+
+HostBuf random_buf(std::size_t n, bool bf16, std::mt19937& rng, float lo = -2.f, float hi = 2.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  HostBuf b(n, bf16);
+  for (std::size_t i = 0; i < n; ++i) b.set(i, d(rng));
+  return b;
+}
+
+// |got - want| within what a float32 computation and the output's rounding
+// allow: relative `rel` (float32 accumulation) plus, for a bfloat16 output,
+// one bfloat16 ulp of the value (2^-8 relative).
+void check_close(const HostBuf& got, const std::vector<double>& want, double rel, double abs_floor) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double tol = abs_floor + std::abs(want[i]) * (rel + (got.bf16 ? 1.0 / 256 : 0.0));
+    if (!(std::abs(got.at(i) - want[i]) <= tol) && bad++ == 0) first = i;
+  }
+  INFO("first mismatch at " << first << ": got " << got.at(first) << ", want " << want[first]);
+  CHECK(bad == 0);
+}
+
+std::vector<double> layer_norm_ref(const HostBuf& x, const HostBuf* w, const HostBuf* b, long long rows, long long n,
+                                   double eps, std::vector<double>* mean, std::vector<double>* rstd) {
+  std::vector<double> y(static_cast<std::size_t>(rows * n));
+  for (long long r = 0; r < rows; ++r) {
+    double s = 0;
+    for (long long i = 0; i < n; ++i) s += x.at(r * n + i);
+    const double m = s / static_cast<double>(n);
+    double q = 0;
+    for (long long i = 0; i < n; ++i) q += (x.at(r * n + i) - m) * (x.at(r * n + i) - m);
+    const double rs = 1.0 / std::sqrt(q / static_cast<double>(n) + eps);
+    if (mean) mean->push_back(m);
+    if (rstd) rstd->push_back(rs);
+    for (long long i = 0; i < n; ++i) {
+      double v = (x.at(r * n + i) - m) * rs;
+      if (w) v *= w->at(i);
+      if (b) v += b->at(i);
+      y[r * n + i] = v;
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("layer norm kernels on the host emulator: warp per row and block per row (no device)") {
+  std::mt19937 rng(7);
+  struct Case {
+    long long rows, n;
+    bool bf16, affine, stats;
+    std::size_t x_offset;  // elements: a misaligned x takes the block kernel
+    bool warp;             // the dispatcher's expected choice
+    int chunks;            // warp kernel's chunks of 128 elements (template argument)
+  };
+  const Case cases[] = {{9, 768, true, true, true, 0, true, 6},    // GPT-2 / BERT width, bf16; rows not a multiple of 4
+                        {6, 768, false, true, false, 0, true, 6},  // float32
+                        {5, 64, false, false, true, 0, true, 1},   // one chunk, most lanes idle
+                        {4, 256, true, true, false, 0, true, 2},   // two chunks
+                        {3, 500, false, true, true, 0, true, 4},   // n % 128 != 0: the last chunk partly used
+                        {2, 1024, true, true, true, 0, true, 8},   // the warp kernel's largest row
+                        {3, 770, false, true, true, 0, false, 0},  // n % 4 != 0: block kernel
+                        {2, 1040, true, true, true, 0, false, 0},  // n > 1024: block kernel, 1024 threads
+                        {3, 768, false, true, true, 2, false, 0},  // x 8 bytes off a 16-byte boundary: block kernel
+                        {4, 100, true, false, false, 0, true, 1}};  // no weight, no bias
+  for (const Case& c : cases) {
+    CAPTURE(c.rows);
+    CAPTURE(c.n);
+    CAPTURE(c.bf16);
+    const auto total = static_cast<std::size_t>(c.rows * c.n);
+    HostBuf xs = random_buf(total + c.x_offset, c.bf16, rng, -3.f, 5.f);
+    HostBuf w = random_buf(static_cast<std::size_t>(c.n), c.bf16, rng, 0.5f, 1.5f);
+    HostBuf b = random_buf(static_cast<std::size_t>(c.n), c.bf16, rng);
+    HostBuf y(total, c.bf16);
+    HostBuf mean(static_cast<std::size_t>(c.rows), c.bf16), rstd(static_cast<std::size_t>(c.rows), c.bf16);
+    // x read at an element offset: the reference sees the same values.
+    HostBuf x(total, c.bf16);
+    for (std::size_t i = 0; i < total; ++i) x.set(i, static_cast<float>(xs.at(i + c.x_offset)));
+    void* xp = c.bf16 ? static_cast<void*>(xs.h.data() + c.x_offset) : static_cast<void*>(xs.f.data() + c.x_offset);
+    std::vector<LaunchRecord> log;
+    const int rc = dispatch_layer_norm(SimLaunch{&log}, xp, c.affine ? w.ptr() : nullptr, c.affine ? b.ptr() : nullptr,
+                                       y.ptr(), c.stats ? mean.ptr() : nullptr, c.stats ? rstd.ptr() : nullptr, c.rows,
+                                       c.n, 1e-5f, c.bf16 ? 1 : 0, c.bf16 ? 1 : 0);
+    REQUIRE(rc == 0);
+    REQUIRE(log.size() == 1);
+    if (c.warp) {
+      CHECK(log[0].block.x == 32u * kLnWarpRows);
+      CHECK(log[0].grid.x == static_cast<unsigned>((c.rows + kLnWarpRows - 1) / kLnWarpRows));
+      const void* want = nullptr;
+      switch (c.chunks) {
+        case 1:
+          want = reinterpret_cast<const void*>(c.bf16 ? layer_norm_warp_kernel<true, 1>
+                                                      : layer_norm_warp_kernel<false, 1>);
+          break;
+        case 2:
+          want = reinterpret_cast<const void*>(c.bf16 ? layer_norm_warp_kernel<true, 2>
+                                                      : layer_norm_warp_kernel<false, 2>);
+          break;
+        case 4:
+          want = reinterpret_cast<const void*>(c.bf16 ? layer_norm_warp_kernel<true, 4>
+                                                      : layer_norm_warp_kernel<false, 4>);
+          break;
+        case 6:
+          want = reinterpret_cast<const void*>(c.bf16 ? layer_norm_warp_kernel<true, 6>
+                                                      : layer_norm_warp_kernel<false, 6>);
+          break;
+        default:
+          want = reinterpret_cast<const void*>(c.bf16 ? layer_norm_warp_kernel<true, 8>
+                                                      : layer_norm_warp_kernel<false, 8>);
+          break;
+      }
+      CHECK(log[0].kernel == want);
+    } else {
+      CHECK(log[0].kernel == reinterpret_cast<const void*>(layer_norm_kernel));
+      CHECK(log[0].grid.x == static_cast<unsigned>(c.rows));
+    }
+    std::vector<double> m_ref, r_ref;
+    const std::vector<double> want =
+        layer_norm_ref(x, c.affine ? &w : nullptr, c.affine ? &b : nullptr, c.rows, c.n, 1e-5, &m_ref, &r_ref);
+    check_close(y, want, 1e-5, 1e-5);
+    if (c.stats) {
+      check_close(mean, m_ref, 1e-5, 1e-6);
+      check_close(rstd, r_ref, 1e-5, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("softmax kernel on the host emulator (no device)") {
+  std::mt19937 rng(11);
+  for (const long long n : {100LL, 1500LL}) {
+    for (const bool bf16 : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(bf16);
+      const long long rows = 3;
+      HostBuf x = random_buf(static_cast<std::size_t>(rows * n), bf16, rng, -8.f, 8.f);
+      HostBuf y(x.size(), !bf16);  // the output in the other dtype: both conversions
+      std::vector<LaunchRecord> log;
+      REQUIRE(dispatch_softmax(SimLaunch{&log}, x.ptr(), y.ptr(), rows, n, bf16 ? 1 : 0, bf16 ? 0 : 1) == 0);
+      REQUIRE(log.size() == 1);
+      CHECK(log[0].block.x == (n >= 1024 ? 512u : 128u));
+      std::vector<double> want(x.size());
+      for (long long r = 0; r < rows; ++r) {
+        double mx = -INFINITY, s = 0;
+        for (long long i = 0; i < n; ++i) mx = std::max(mx, x.at(r * n + i));
+        for (long long i = 0; i < n; ++i) s += std::exp(x.at(r * n + i) - mx);
+        for (long long i = 0; i < n; ++i) want[r * n + i] = std::exp(x.at(r * n + i) - mx) / s;
+      }
+      check_close(y, want, 1e-5, 1e-7);
+    }
+  }
+}
+
+namespace {
+
+// softmax(scores + mask) over keys, causal (top-left) and masks as
+// AttnSoftmaxArgs / AttnArgs describe them; a row with every key masked is
+// zeros. scores[bh][l][s] for bh over (b - b0) * H + h.
+std::vector<double> masked_softmax_ref(const std::vector<double>& scores, long long nb, long long H, long long L,
+                                       long long S, long long b0, bool causal, int mask_kind, const void* mask,
+                                       const HostBuf* add_mask, const long long* m_s) {
+  std::vector<double> p(scores.size(), 0.0);
+  const auto* mb = static_cast<const unsigned char*>(mask);
+  for (long long bh = 0; bh < nb * H; ++bh)
+    for (long long l = 0; l < L; ++l) {
+      const long long b = b0 + bh / H, h = bh % H;
+      const std::size_t row = static_cast<std::size_t>((bh * L + l) * S);
+      std::vector<double> v(static_cast<std::size_t>(S));
+      double mx = -INFINITY;
+      for (long long s = 0; s < S; ++s) {
+        double x = scores[row + s];
+        const long long mi = b * m_s[0] + h * m_s[1] + l * m_s[2] + s * m_s[3];
+        if (causal && s > l) x = -INFINITY;
+        if (mask_kind == 1 && !mb[mi]) x = -INFINITY;
+        if (mask_kind == 2) x += add_mask->at(static_cast<std::size_t>(mi));
+        v[s] = x;
+        mx = std::max(mx, x);
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0;
+      for (long long s = 0; s < S; ++s) sum += std::exp(v[s] - mx);
+      for (long long s = 0; s < S; ++s) p[row + s] = std::exp(v[s] - mx) / sum;
+    }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("materialized attention softmax kernel on the host emulator: causal, masks, batch offset (no device)") {
+  std::mt19937 rng(3);
+  struct Case {
+    long long nb, H, L, S, b0;
+    bool causal;
+    int mask_kind;
+    bool probs_bf16;
+  };
+  const Case cases[] = {{1, 2, 5, 7, 0, true, 0, false},
+                        {2, 2, 4, 600, 1, false, 1, true},
+                        {2, 1, 6, 6, 0, true, 2, false},
+                        {1, 3, 3, 2100, 0, false, 2, true},
+                        {1, 1, 9, 5, 0, true, 1, false}};  // L > S: causal rows past the last key keep every key
+  for (const Case& c : cases) {
+    CAPTURE(c.S);
+    CAPTURE(c.mask_kind);
+    const long long B = c.b0 + c.nb;
+    std::uniform_real_distribution<float> d(-6.f, 6.f);
+    std::vector<float> scores(static_cast<std::size_t>(c.nb * c.H * c.L * c.S));
+    for (auto& s : scores) s = d(rng);
+    const std::vector<double> sd(scores.begin(), scores.end());
+    // Masks of shape [B, 1, L, S] broadcast over heads (HF's padding masks).
+    const long long m_s[4] = {c.L * c.S, 0, c.S, 1};
+    std::vector<unsigned char> bmask(static_cast<std::size_t>(B * c.L * c.S));
+    for (std::size_t i = 0; i < bmask.size(); ++i) bmask[i] = (rng() % 4) != 0;
+    // One row masked out entirely: zeros.
+    for (long long s = 0; s < c.S; ++s) bmask[static_cast<std::size_t>(c.b0 * c.L * c.S + s)] = 0;
+    HostBuf amask = random_buf(bmask.size(), false, rng, -3.f, 1.f);
+    const void* mask =
+        c.mask_kind == 1 ? static_cast<const void*>(bmask.data()) : (c.mask_kind == 2 ? amask.ptr() : nullptr);
+    HostBuf probs(scores.size(), c.probs_bf16);
+    AttnSoftmaxArgs a{};
+    a.scores = scores.data();
+    a.probs = c.probs_bf16 ? probs.ptr() : static_cast<void*>(scores.data());  // float32: in place
+    a.probs_bf16 = c.probs_bf16 ? 1 : 0;
+    a.rows = c.nb * c.H * c.L;
+    a.H = c.H;
+    a.L = c.L;
+    a.S = c.S;
+    a.b0 = c.b0;
+    a.mask = mask;
+    a.mask_kind = c.mask_kind;
+    a.mask_bf16 = 0;
+    for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
+    a.causal = c.causal ? 1 : 0;
+    REQUIRE(dispatch_attention_softmax(SimLaunch{}, a) == 0);
+    if (!c.probs_bf16) probs.f = scores;
+    const std::vector<double> want =
+        masked_softmax_ref(sd, c.nb, c.H, c.L, c.S, c.b0, c.causal, c.mask_kind, mask, &amask, m_s);
+    check_close(probs, want, 1e-5, 1e-7);
+  }
+}
+
+namespace {
+
+// q/k/v as [B, S, H, D] in memory (the layout of a projection's output
+// viewed per head): AttnArgs strides for b, h, row.
+struct Qkv {
+  HostBuf t;
+  long long s[3];
+  Qkv(long long B, long long H, long long rows, long long D, bool bf16, std::mt19937& rng)
+      : t(random_buf(static_cast<std::size_t>(B * rows * H * D), bf16, rng)), s{rows * H * D, D, H * D} {}
+  double at(long long b, long long h, long long r, long long d) const {
+    return t.at(static_cast<std::size_t>(b * s[0] + h * s[1] + r * s[2] + d));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("flash attention kernel (CUDA cores) on the host emulator (no device)") {
+  std::mt19937 rng(5);
+  struct Case {
+    long long B, H, L, S, D, Dv;
+    bool causal;
+    int mask_kind;
+    bool bf16;
+    int head_cap;
+  };
+  const Case cases[] = {{1, 2, 70, 90, 40, 40, false, 0, false, 64},     // two row blocks, two key tiles, partial
+                        {2, 1, 65, 65, 64, 64, true, 0, true, 64},       // causal, bf16
+                        {1, 2, 20, 130, 80, 100, false, 1, false, 128},  // bool mask, head cap 128, D != Dv
+                        {2, 1, 33, 17, 16, 24, false, 2, true, 64},      // additive mask, bf16, L > S
+                        {1, 1, 100, 40, 8, 8, true, 0, false, 64}};      // causal with L > S
+  for (const Case& c : cases) {
+    CAPTURE(c.L);
+    CAPTURE(c.S);
+    CAPTURE(c.D);
+    CAPTURE(c.mask_kind);
+    CAPTURE(c.bf16);
+    Qkv q(c.B, c.H, c.L, c.D, c.bf16, rng), k(c.B, c.H, c.S, c.D, c.bf16, rng), v(c.B, c.H, c.S, c.Dv, c.bf16, rng);
+    HostBuf out(static_cast<std::size_t>(c.B * c.H * c.L * c.Dv), c.bf16);
+    const long long m_s[4] = {c.H * c.L * c.S, c.L * c.S, c.S, 1};  // [B, H, L, S]
+    std::vector<unsigned char> bmask(static_cast<std::size_t>(c.B * c.H * c.L * c.S));
+    for (auto& m : bmask) m = (rng() % 3) != 0;
+    for (long long s = 0; s < c.S; ++s) bmask[static_cast<std::size_t>(s)] = 0;  // row 0 of (0, 0): all masked
+    HostBuf amask = random_buf(bmask.size(), c.bf16, rng, -2.f, 1.f);
+    AttnArgs a{};
+    a.q = q.t.ptr();
+    a.k = k.t.ptr();
+    a.v = v.t.ptr();
+    a.out = out.ptr();
+    a.mask_kind = c.mask_kind;
+    a.mask = c.mask_kind == 1 ? static_cast<const void*>(bmask.data()) : (c.mask_kind == 2 ? amask.ptr() : nullptr);
+    a.B = c.B;
+    a.H = c.H;
+    a.L = c.L;
+    a.S = c.S;
+    a.D = c.D;
+    a.Dv = c.Dv;
+    for (int i = 0; i < 3; ++i) {
+      a.q_s[i] = q.s[i];
+      a.k_s[i] = k.s[i];
+      a.v_s[i] = v.s[i];
+    }
+    a.o_s[0] = c.H * c.L * c.Dv;  // output [B, H, L, Dv]
+    a.o_s[1] = c.L * c.Dv;
+    a.o_s[2] = c.Dv;
+    for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    a.causal = c.causal ? 1 : 0;
+    a.bf16 = c.bf16 ? 1 : 0;
+    std::vector<LaunchRecord> log;
+    REQUIRE(dispatch_attention(SimLaunch{&log}, a) == 0);
+    REQUIRE(log.size() == 1);
+    CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(attention_kernel<64>)
+                                             : reinterpret_cast<const void*>(attention_kernel<128>)));
+    CHECK(log[0].smem == static_cast<unsigned>(attention_smem_bytes(c.head_cap)));
+    // Reference: scores in float64 (q scaled as the kernel does, in fp32), the masked softmax, P V.
+    std::vector<double> scores(static_cast<std::size_t>(c.B * c.H * c.L * c.S));
+    for (long long b = 0; b < c.B; ++b)
+      for (long long h = 0; h < c.H; ++h)
+        for (long long l = 0; l < c.L; ++l)
+          for (long long s = 0; s < c.S; ++s) {
+            double acc = 0;
+            for (long long d = 0; d < c.D; ++d)
+              acc += static_cast<double>(static_cast<float>(q.at(b, h, l, d)) * a.scale) * k.at(b, h, s, d);
+            scores[static_cast<std::size_t>(((b * c.H + h) * c.L + l) * c.S + s)] = acc;
+          }
+    const std::vector<double> p =
+        masked_softmax_ref(scores, c.B, c.H, c.L, c.S, 0, c.causal, c.mask_kind, a.mask, &amask, m_s);
+    std::vector<double> want(out.size());
+    for (long long bh = 0; bh < c.B * c.H; ++bh)
+      for (long long l = 0; l < c.L; ++l)
+        for (long long d = 0; d < c.Dv; ++d) {
+          double acc = 0;
+          for (long long s = 0; s < c.S; ++s)
+            acc += p[static_cast<std::size_t>((bh * c.L + l) * c.S + s)] * v.at(bh / c.H, bh % c.H, s, d);
+          want[static_cast<std::size_t>((bh * c.L + l) * c.Dv + d)] = acc;
+        }
+    check_close(out, want, 1e-4, 1e-5);
+  }
+}
+
+TEST_CASE("fixed-kernel dispatchers refuse what the device cannot launch (no device)") {
+  AttnArgs a{};
+  a.B = 1;
+  a.H = 1;
+  a.L = 4;
+  a.S = 4;
+  a.D = 129;  // past the kernel's head cap
+  a.Dv = 64;
+  std::vector<LaunchRecord> log;
+  CHECK(dispatch_attention(SimLaunch{&log}, a) == kLaunchInvalidValue);
+  a.D = 64;
+  a.B = 65536;  // grid.y
+  CHECK(dispatch_attention(SimLaunch{&log}, a) == kLaunchInvalidValue);
+  AttnSoftmaxArgs s{};
+  s.rows = 0x80000000LL;
+  s.S = 4;
+  CHECK(dispatch_attention_softmax(SimLaunch{&log}, s) == kLaunchInvalidValue);
+  CHECK(dispatch_layer_norm(SimLaunch{&log}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0x80000000LL, 770,
+                            1e-5f, 0, 0) == kLaunchInvalidValue);
+  CHECK(log.empty());  // nothing launched
+}
+
+TEST_CASE("embedding and gather kernels on the host emulator: out-of-range indices flag an error (no device)") {
+  std::mt19937 rng(9);
+  const long long rows = 10, dim = 6;
+  HostBuf w = random_buf(static_cast<std::size_t>(rows * dim), true, rng);
+  std::vector<long long> idx = {3, 0, 9, 10, -1, 4};
+  HostBuf out(idx.size() * dim, true);
+  int flag = 0;
+  REQUIRE(dispatch_embedding(SimLaunch{}, w.ptr(), rows, dim, dim, 1, idx.data(), static_cast<long long>(idx.size()),
+                             out.ptr(), &flag) == 0);
+  CHECK(flag == 1);
+  for (std::size_t r = 0; r < idx.size(); ++r)
+    for (long long c = 0; c < dim; ++c) {
+      const bool ok = idx[r] >= 0 && idx[r] < rows;
+      CHECK(out.at(r * dim + c) == (ok ? w.at(static_cast<std::size_t>(idx[r] * dim + c)) : 0.0));
+    }
+  // gather(x, 1, index) over x [3, 5] float32 with an int32 index [3, 2],
+  // negative indices wrapping (index.Tensor's rule).
+  std::vector<float> x(15);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) + 0.5f;
+  for (const bool bad : {false, true}) {
+    std::vector<int> gi = {4, 0, -1, 2, 1, 3};
+    if (bad) gi[3] = 5;
+    std::vector<float> y(6, -7.f);
+    IndexGatherArgs g{};
+    g.x = x.data();
+    g.out = y.data();
+    g.elem_bytes = 4;
+    g.rank = 2;
+    g.n = 6;
+    g.shape[0] = 3;
+    g.shape[1] = 2;
+    g.x_strides[0] = 5;
+    g.x_strides[1] = 0;  // dim 1 comes from the index
+    g.n_index = 1;
+    g.idx[0] = gi.data();
+    g.idx_int32[0] = 1;
+    g.idx_strides[0][0] = 2;
+    g.idx_strides[0][1] = 1;
+    g.idx_x_stride[0] = 1;
+    g.idx_size[0] = 5;
+    g.negative_wraps = 1;
+    int gflag = 0;
+    g.error_flag = &gflag;
+    REQUIRE(dispatch_index_gather(SimLaunch{}, g) == 0);
+    CHECK(gflag == (bad ? 1 : 0));
+    for (long long r = 0; r < 3; ++r)
+      for (long long c = 0; c < 2; ++c) {
+        long long j = gi[static_cast<std::size_t>(r * 2 + c)];
+        if (j < 0) j += 5;
+        const float want = (j >= 0 && j < 5) ? x[static_cast<std::size_t>(r * 5 + j)] : 0.f;
+        CHECK(y[static_cast<std::size_t>(r * 2 + c)] == want);
+      }
+  }
+}
