@@ -21,6 +21,10 @@
 namespace safeckpt::engine::detail {
 namespace {  // internal linkage in each kernel file
 
+// What a dispatcher returns for arguments no launch can serve:
+// cudaErrorInvalidValue's value (the .cu files static_assert it).
+constexpr int kLaunchInvalidValue = 1;
+
 __device__ __forceinline__ float ld(const void* p, long long i, int bf16) {
   if (bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
   return static_cast<const float*>(p)[i];

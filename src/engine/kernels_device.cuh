@@ -26,9 +26,6 @@
 namespace safeckpt::engine::detail {
 namespace {
 
-// cudaErrorInvalidValue (kernels.cu checks they agree).
-constexpr int kLaunchInvalidValue = 1;
-
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

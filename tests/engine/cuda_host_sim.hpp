@@ -48,6 +48,7 @@
 #include <type_traits>
 #include <vector>
 
+#define SAFECKPT_HOST_SIM 1
 #define __global__
 #define __device__
 #define __host__
@@ -162,12 +163,16 @@ class BlockState {
       b->expected = threads - w * 32 < 32 ? threads - w * 32 : 32;
       warps_.push_back(std::move(b));
     }
-    for (auto& v : slots_) v.assign(threads, 0);
+    for (auto& v : slots_) v.assign(static_cast<std::size_t>(threads) * kSlotBytes, 0);
     current_ = reverse ? threads - 1 : 0;
   }
   unsigned threads() const { return threads_; }
   unsigned char* smem() const { return smem_; }
-  std::vector<std::uint64_t>& slots(unsigned parity) { return slots_[parity]; }
+  // Per thread kSlotBytes of warp-exchange space, two buffers.
+  static constexpr unsigned kSlotBytes = 32;
+  unsigned char* slot(unsigned parity, unsigned t) {
+    return slots_[parity].data() + static_cast<std::size_t>(t) * kSlotBytes;
+  }
 
   void start(unsigned t) {
     std::unique_lock<std::mutex> lk(m_);
@@ -264,9 +269,10 @@ class BlockState {
   Barrier block_;
   std::vector<std::unique_ptr<Barrier>> warps_;
   std::unique_ptr<Barrier> named_[16];
-  std::vector<std::uint64_t> slots_[2];  // shuffle values, double-buffered by parity
+  std::vector<unsigned char> slots_[2];  // warp exchanges, double-buffered by parity
 };
 inline BlockState* g_block = nullptr;
+inline bool g_async_at_issue = false;  // SimLaunch::async_at_issue of the running launch
 
 struct ThreadState {
   unsigned tid = 0;  // linear thread index in the block
@@ -282,25 +288,33 @@ inline unsigned lane_id() {
   return t_state.tid % 32;
 }
 
-// One warp shuffle: every lane of the warp publishes `v`, then reads lane
-// `src`'s value. Two shuffles in a row use the two slot buffers in turn: a
-// lane writes a buffer again only after the whole warp passed the shuffle in
-// between, so after every read of it.
+// A warp exchange: every lane of the warp publishes `v`; then `all[i]` is
+// lane i's value (a lane past the block's end: the caller's own). Two
+// exchanges in a row use the two slot buffers in turn: a lane writes a
+// buffer again only after the whole warp passed the exchange in between, so
+// after every read of it.
+template <class T>
+void warp_exchange(const T& v, T (&all)[32]) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= BlockState::kSlotBytes, "a register value");
+  const unsigned tid = t_state.tid, w = tid / 32, parity = t_state.shfl_parity;
+  t_state.shfl_parity ^= 1;
+  std::memcpy(g_block->slot(parity, tid), &v, sizeof v);
+  g_block->sync_warp(tid);
+  for (unsigned i = 0; i < 32; ++i) {
+    const unsigned from = w * 32 + i;
+    if (from < g_block->threads())
+      std::memcpy(&all[i], g_block->slot(parity, from), sizeof(T));
+    else
+      all[i] = v;
+  }
+}
+
+// One warp shuffle: lane `src`'s value.
 template <class T>
 T shuffle_from(T v, unsigned src) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffle of a register value");
-  const unsigned tid = t_state.tid, w = tid / 32;
-  std::vector<std::uint64_t>& slots = g_block->slots(t_state.shfl_parity);
-  t_state.shfl_parity ^= 1;
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof v);
-  slots[tid] = bits;
-  g_block->sync_warp(tid);
-  const unsigned from = w * 32 + (src % 32);
-  if (from >= g_block->threads()) return v;  // a lane past the block's end: the caller's own value
-  T r;
-  std::memcpy(&r, &slots[from], sizeof r);
-  return r;
+  T all[32];
+  warp_exchange(v, all);
+  return all[src % 32];
 }
 
 inline void check_full_mask(unsigned mask) {
@@ -326,6 +340,7 @@ struct LaunchRecord {
 struct SimLaunch {
   std::vector<LaunchRecord>* log = nullptr;
   bool reverse = false;
+  bool async_at_issue = false;  // cp.async copies land at their issue, else at their wait_group
 
   template <class... P, class... A>
   int operator()(dim3 grid, dim3 block, unsigned smem, void (*kernel)(P...), A&&... args) const {
@@ -337,6 +352,7 @@ struct SimLaunch {
     const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);  // the launch copies its arguments
     gridDim = grid;
     blockDim = block;
+    g_async_at_issue = async_at_issue;
     std::unique_ptr<unsigned char, void (*)(unsigned char*)> smem_buf(
         static_cast<unsigned char*>(::operator new(smem + 1, std::align_val_t(128))),
         [](unsigned char* p) { ::operator delete(p, std::align_val_t(128)); });
@@ -360,7 +376,7 @@ struct SimLaunch {
     pool.reserve(threads);
     for (unsigned t = 0; t < threads; ++t)
       pool.emplace_back([t, kernel, &params, &st] {
-        t_state = ThreadState{t, 0};
+        t_state = ThreadState{t, 0};  // a new OS thread: no cp.async in flight
         threadIdx = dim3(t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y));
         st.start(t);
         std::apply(kernel, params);
@@ -370,6 +386,116 @@ struct SimLaunch {
     g_block = nullptr;
   }
 };
+
+// ---------------------------------------------------------------- PTX models
+// (src/engine/attention_tc_device.cuh; PTX ISA 8.x, "Warp-level matrix
+// instructions" and "cp.async").
+
+inline void named_barrier(unsigned id, unsigned count) {
+  g_block->sync_named(t_state.tid, id, count);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give the
+// addresses of the 8 rows (8 b16 each) of matrix i; r[i] of lane l holds
+// matrix i's elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1), or with
+// .trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4); the first in the low
+// half. Addresses must be 16-byte aligned.
+inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* p, bool trans) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
+    std::fprintf(stderr, "cuda_host_sim: ldmatrix row address %p is not 16-byte aligned\n", p);
+    std::abort();
+  }
+  const void* rows[32];
+  warp_exchange(p, rows);
+  const unsigned l = lane_id();
+  auto elem = [&](unsigned m, unsigned row, unsigned col) {
+    std::uint16_t e;
+    std::memcpy(&e, static_cast<const unsigned char*>(rows[m * 8 + row]) + col * 2, 2);
+    return static_cast<std::uint32_t>(e);
+  };
+  for (unsigned m = 0; m < 4; ++m) {
+    const unsigned a = l / 4, c = 2 * (l % 4);
+    r[m] = trans ? elem(m, c, a) | elem(m, c + 1, a) << 16 : elem(m, a, c) | elem(m, a, c + 1) << 16;
+  }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += A B over the
+// warp (g = lane / 4, t = lane % 4): A 16 x 16 with a[0] = (g, 2t..2t+1),
+// a[1] = (g + 8, 2t..), a[2] = (g, 2t + 8..), a[3] = (g + 8, 2t + 8..); B
+// 16 x 8 with b0 = (2t..2t+1, g), b1 = (2t + 8.., g); d[0..1] = (g, 2t..2t+1),
+// d[2..3] = (g + 8, 2t..). Products exact in fp32, summed in k order (the
+// tensor core's order and rounding may differ in the last bits).
+inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  struct Frag {
+    std::uint32_t a[4], b[2];
+  };
+  Frag mine{}, all[32];
+  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
+  mine.b[0] = b0;
+  mine.b[1] = b1;
+  warp_exchange(mine, all);
+  auto half = [](std::uint32_t w, unsigned hi) { return __uint_as_float((hi ? w >> 16 : w & 0xffffu) << 16); };
+  auto A = [&](unsigned row, unsigned k) {
+    const unsigned g = row % 8, t = (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+    return half(all[g * 4 + t].a[reg], k % 2);
+  };
+  auto B = [&](unsigned k, unsigned col) {
+    const unsigned t = (k % 8) / 2;
+    return half(all[col * 4 + t].b[k >= 8 ? 1 : 0], k % 2);
+  };
+  const unsigned l = lane_id(), g = l / 4, t = l % 4;
+  for (unsigned e = 0; e < 4; ++e) {
+    const unsigned row = g + (e >= 2 ? 8 : 0), col = 2 * t + e % 2;
+    float acc = 0.f;
+    for (unsigned k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    d[e] += acc;
+  }
+}
+
+// cp.async.cg.shared.global 16 bytes (zero-filled when !valid), commit_group
+// and wait_group N. The PTX lets a copy land any time between its issue and
+// the wait_group that leaves fewer groups in flight; the emulator takes one
+// extreme or the other (SimLaunch::async_at_issue). Landing at the wait, a
+// read of the destination before the wait sees the old bytes (the block's
+// poison, or the tile before); landing at the issue, a copy issued into a
+// buffer other threads still read (a missing barrier before the reuse)
+// overwrites it under them.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline thread_local std::vector<AsyncCopy> t_async_open;
+inline thread_local std::vector<std::vector<AsyncCopy>> t_async_groups;
+inline void cp_async_16(void* dst, const void* src, bool valid) {
+  if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<std::uintptr_t>(src) % 16 != 0)) {
+    std::fprintf(stderr, "cuda_host_sim: cp.async of 16 bytes from %p to %p is not 16-byte aligned\n", src, dst);
+    std::abort();
+  }
+  if (g_async_at_issue) {
+    if (valid)
+      std::memcpy(dst, src, 16);
+    else
+      std::memset(dst, 0, 16);
+    return;
+  }
+  t_async_open.push_back(AsyncCopy{dst, src, valid});
+}
+inline void cp_async_commit() {
+  t_async_groups.push_back(std::move(t_async_open));
+  t_async_open.clear();
+}
+inline void cp_async_wait(int pending) {
+  while (t_async_groups.size() > static_cast<std::size_t>(pending)) {
+    for (const AsyncCopy& c : t_async_groups.front()) {
+      if (c.valid)
+        std::memcpy(c.dst, c.src, 16);
+      else
+        std::memset(c.dst, 0, 16);
+    }
+    t_async_groups.erase(t_async_groups.begin());
+  }
+}
 
 }  // namespace cuda_host_sim
 

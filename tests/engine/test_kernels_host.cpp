@@ -21,6 +21,7 @@
 #pragma GCC diagnostic ignored "-Wconversion"
 #pragma GCC diagnostic ignored "-Wshadow"
 #pragma GCC diagnostic ignored "-Wunused-function"
+#include "engine/attention_tc_device.cuh"
 #include "engine/kernels_device.cuh"
 #pragma GCC diagnostic pop
 
@@ -466,5 +467,93 @@ TEST_CASE("embedding and gather kernels on the host emulator: out-of-range indic
         const float want = (j >= 0 && j < 5) ? x[static_cast<std::size_t>(r * 5 + j)] : 0.f;
         CHECK(y[static_cast<std::size_t>(r * 2 + c)] == want);
       }
+  }
+}
+
+TEST_CASE("tensor-core flash attention kernel on the host emulator: mma.sync, ldmatrix, cp.async (no device)") {
+  std::mt19937 rng(13);
+  struct Case {
+    long long B, H, L, S, D, Dv;
+    bool causal;
+    int mask_kind;
+    int head_cap;
+    bool reverse;  // the emulator's threads take turns from the last one
+  };
+  const Case cases[] = {
+      {1, 1, 300, 300, 64, 64, true, 0, 64, false},  // GPT-2's head; row block 4's group 0 reuses a buffer
+      {1, 1, 70, 150, 40, 40, false, 1, 64, true},   // D not a multiple of 16; bool mask; threads reversed
+      {2, 1, 65, 33, 80, 72, false, 2, 128, false},  // head cap 128, D != Dv, additive mask, L > S
+      {1, 1, 40, 90, 20, 12, true, 0, 64, false}};   // rows not 16-byte aligned: the synchronous loads
+  for (const Case& c : cases) {
+    CAPTURE(c.L);
+    CAPTURE(c.S);
+    CAPTURE(c.D);
+    CAPTURE(c.Dv);
+    CAPTURE(c.mask_kind);
+    Qkv q(c.B, c.H, c.L, c.D, true, rng), k(c.B, c.H, c.S, c.D, true, rng), v(c.B, c.H, c.S, c.Dv, true, rng);
+    HostBuf out(static_cast<std::size_t>(c.B * c.L * c.H * c.Dv), true);
+    const long long m_s[4] = {c.L * c.S, 0, c.S, 1};  // [B, 1, L, S], broadcast over heads
+    std::vector<unsigned char> bmask(static_cast<std::size_t>(c.B * c.L * c.S));
+    for (auto& m : bmask) m = (rng() % 3) != 0;
+    for (long long s = 0; s < c.S; ++s) bmask[static_cast<std::size_t>(3 * c.S + s)] = 0;  // row 3: all masked
+    HostBuf amask = random_buf(bmask.size(), true, rng, -2.f, 1.f);
+    AttnArgs a{};
+    a.q = q.t.ptr();
+    a.k = k.t.ptr();
+    a.v = v.t.ptr();
+    a.out = out.ptr();
+    a.mask_kind = c.mask_kind;
+    a.mask = c.mask_kind == 1 ? static_cast<const void*>(bmask.data()) : (c.mask_kind == 2 ? amask.ptr() : nullptr);
+    a.B = c.B;
+    a.H = c.H;
+    a.L = c.L;
+    a.S = c.S;
+    a.D = c.D;
+    a.Dv = c.Dv;
+    for (int i = 0; i < 3; ++i) {
+      a.q_s[i] = q.s[i];
+      a.k_s[i] = k.s[i];
+      a.v_s[i] = v.s[i];
+    }
+    a.o_s[0] = c.L * c.H * c.Dv;  // output [B, L, H, Dv]: the heads inside rows, as the engine writes it
+    a.o_s[1] = c.Dv;
+    a.o_s[2] = c.H * c.Dv;
+    for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    a.causal = c.causal ? 1 : 0;
+    a.bf16 = 1;
+    std::vector<double> scores(static_cast<std::size_t>(c.B * c.H * c.L * c.S));
+    for (long long b = 0; b < c.B; ++b)
+      for (long long h = 0; h < c.H; ++h)
+        for (long long l = 0; l < c.L; ++l)
+          for (long long s = 0; s < c.S; ++s) {
+            double acc = 0;
+            for (long long d = 0; d < c.D; ++d) acc += q.at(b, h, l, d) * k.at(b, h, s, d);
+            scores[static_cast<std::size_t>(((b * c.H + h) * c.L + l) * c.S + s)] = acc * a.scale;
+          }
+    const std::vector<double> p =
+        masked_softmax_ref(scores, c.B, c.H, c.L, c.S, 0, c.causal, c.mask_kind, a.mask, &amask, m_s);
+    std::vector<double> want(out.size());
+    for (long long b = 0; b < c.B; ++b)
+      for (long long h = 0; h < c.H; ++h)
+        for (long long l = 0; l < c.L; ++l)
+          for (long long d = 0; d < c.Dv; ++d) {
+            double acc = 0;
+            for (long long s = 0; s < c.S; ++s)
+              acc += p[static_cast<std::size_t>(((b * c.H + h) * c.L + l) * c.S + s)] * v.at(b, h, s, d);
+            want[static_cast<std::size_t>(b * a.o_s[0] + h * a.o_s[1] + l * a.o_s[2] + d)] = acc;
+          }
+    // cp.async copies landing as late, then as early as the PTX allows.
+    for (const bool at_issue : {false, true}) {
+      CAPTURE(at_issue);
+      std::vector<LaunchRecord> log;
+      REQUIRE(dispatch_attention_tc(SimLaunch{&log, c.reverse, at_issue}, a) == 0);
+      REQUIRE(log.size() == 1);
+      CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(attention_tc_kernel<64>)
+                                               : reinterpret_cast<const void*>(attention_tc_kernel<128>)));
+      // The kernel rounds the probabilities to bfloat16 before P V (as
+      // PyTorch's flash kernels): up to 2^-9 of each, times |v| <= 2.
+      check_close(out, want, 1e-3, 8e-3);
+    }
   }
 }
