@@ -1,4 +1,5 @@
-// The engine's fixed CUDA kernels (src/engine/kernels_device.cuh) run on the
+// The engine's fixed CUDA kernels (src/engine/kernels_device.cuh,
+// attention_tc_device.cuh, pool_device.cuh) run on the
 // host under the SIMT emulator (cuda_host_sim.hpp), through the same
 // dispatchers kernels.cu launches them with: which kernel a shape gets, its
 // grid, the barriers and warp shuffles, vector loads, masks and bounds checks.
@@ -23,6 +24,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "engine/attention_tc_device.cuh"
 #include "engine/kernels_device.cuh"
+#include "engine/pool_device.cuh"
 #pragma GCC diagnostic pop
 
 using namespace safeckpt::engine::detail;
@@ -555,5 +557,163 @@ TEST_CASE("tensor-core flash attention kernel on the host emulator: mma.sync, ld
       // PyTorch's flash kernels): up to 2^-9 of each, times |v| <= 2.
       check_close(out, want, 1e-3, 8e-3);
     }
+  }
+}
+
+TEST_CASE("pooling kernels on the host emulator: adaptive average, max with padding and NaN (no device)") {
+  std::mt19937 rng(17);
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    // adaptive_avg_pool2d, NCHW (a warp per output) and channels-last.
+    for (const long long channels : {0LL, 5LL}) {
+      CAPTURE(channels);
+      const long long n = 2, c = 5, h = 9, w = 7, oh = 2, ow = 1, planes = n * c;  // windows of 35 > 32 lanes
+      HostBuf x = random_buf(static_cast<std::size_t>(planes * h * w), bf16, rng);
+      HostBuf y(static_cast<std::size_t>(planes * oh * ow), bf16);
+      REQUIRE(dispatch_adaptive_avg_pool2d(SimLaunch{}, x.ptr(), y.ptr(), planes, h, w, oh, ow, bf16 ? 1 : 0,
+                                           channels) == 0);
+      std::vector<double> want(y.size());
+      for (long long pl = 0; pl < planes; ++pl)
+        for (long long oy = 0; oy < oh; ++oy)
+          for (long long ox = 0; ox < ow; ++ox) {
+            // aten/src/ATen/native/AdaptiveAveragePooling.cpp's windows.
+            const long long h0 = oy * h / oh, h1 = ((oy + 1) * h + oh - 1) / oh;
+            const long long w0 = ox * w / ow, w1 = ((ox + 1) * w + ow - 1) / ow;
+            const long long b = pl / c, ch = pl % c;
+            double sum = 0;
+            for (long long i = h0; i < h1; ++i)
+              for (long long j = w0; j < w1; ++j)
+                sum += x.at(
+                    static_cast<std::size_t>(channels > 0 ? ((b * h + i) * w + j) * c + ch : (pl * h + i) * w + j));
+            const long long o = channels > 0 ? ((b * oh + oy) * ow + ox) * c + ch : (pl * oh + oy) * ow + ox;
+            want[static_cast<std::size_t>(o)] = sum / static_cast<double>((h1 - h0) * (w1 - w0));
+          }
+      check_close(y, want, 1e-5, 1e-6);
+    }
+    // max_pool2d: ResNet's stem (3x3, stride 2, padding 1) in NCHW, and a
+    // dilated 2x2 window in channels-last; a NaN in the input wins its windows.
+    for (const long long channels : {0LL, 3LL}) {
+      CAPTURE(channels);
+      const long long n = 2, c = 3, h = 9, w = 8, planes = n * c;
+      MaxPoolArgs a{};
+      a.kh = channels > 0 ? 2 : 3;
+      a.kw = a.kh;
+      a.sh = 2;
+      a.sw = 2;
+      a.ph = channels > 0 ? 0 : 1;
+      a.pw = a.ph;
+      a.dh = channels > 0 ? 2 : 1;
+      a.dw = a.dh;
+      a.h = h;
+      a.w = w;
+      a.oh = (h + 2 * a.ph - a.dh * (a.kh - 1) - 1) / a.sh + 1;
+      a.ow = (w + 2 * a.pw - a.dw * (a.kw - 1) - 1) / a.sw + 1;
+      a.planes = planes;
+      a.channels = channels;
+      a.bf16 = bf16 ? 1 : 0;
+      HostBuf x = random_buf(static_cast<std::size_t>(planes * h * w), bf16, rng);
+      x.set(61, NAN);  // (2, 4) of channel 1 channels-last; (7, 5) of plane 0 in NCHW: both in windows
+      HostBuf y(static_cast<std::size_t>(planes * a.oh * a.ow), bf16);
+      a.x = x.ptr();
+      a.y = y.ptr();
+      REQUIRE(dispatch_max_pool2d(SimLaunch{}, a) == 0);
+      std::size_t nan_outputs = 0, bad = 0;
+      for (long long pl = 0; pl < planes; ++pl)
+        for (long long oy = 0; oy < a.oh; ++oy)
+          for (long long ox = 0; ox < a.ow; ++ox) {
+            const long long b = pl / c, ch = pl % c;
+            double m = -INFINITY;
+            for (long long i = 0; i < a.kh; ++i)
+              for (long long j = 0; j < a.kw; ++j) {
+                const long long iy = oy * a.sh - a.ph + i * a.dh, ix = ox * a.sw - a.pw + j * a.dw;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                const double v = x.at(
+                    static_cast<std::size_t>(channels > 0 ? ((b * h + iy) * w + ix) * c + ch : (pl * h + iy) * w + ix));
+                if (v > m || std::isnan(v)) m = v;
+              }
+            const long long o = channels > 0 ? ((b * a.oh + oy) * a.ow + ox) * c + ch : (pl * a.oh + oy) * a.ow + ox;
+            const double got = y.at(static_cast<std::size_t>(o));
+            if (std::isnan(m)) ++nan_outputs;
+            if (std::isnan(m) ? !std::isnan(got) : got != m) ++bad;
+          }
+      CHECK(nan_outputs > 0);
+      CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("batch norm folding and bias + add + relu kernels on the host emulator (no device)") {
+  std::mt19937 rng(19);
+  const long long K = 4, C = 3, R = 3, S = 2;
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> w(static_cast<std::size_t>(K * C * R * S));
+  for (auto& v : w) v = d(rng);
+  for (const bool bf16 : {false, true}) {
+    for (const bool affine : {false, true}) {
+      CAPTURE(bf16);
+      CAPTURE(affine);
+      HostBuf gamma = random_buf(K, bf16, rng, 0.5f, 1.5f), beta = random_buf(K, bf16, rng),
+              mean = random_buf(K, bf16, rng), var = random_buf(K, bf16, rng, 0.1f, 2.f),
+              cbias = random_buf(K, bf16, rng);
+      std::vector<float> wf(w.size(), -1.f), bias(K, -1.f), scale(K, -1.f);
+      FoldBnArgs a{};
+      a.w = w.data();
+      a.wf = wf.data();
+      a.k = K;
+      a.c = C;
+      a.r = R;
+      a.s = S;
+      const long long ws[4] = {C * R * S, R * S, S, 1}, wfs[4] = {R * S * C, 1, S * C, C};  // into K,R,S,C
+      for (int i = 0; i < 4; ++i) {
+        a.ws[i] = ws[i];
+        a.wfs[i] = wfs[i];
+      }
+      a.gamma = affine ? gamma.ptr() : nullptr;
+      a.beta = affine ? beta.ptr() : nullptr;
+      a.mean = mean.ptr();
+      a.var = var.ptr();
+      a.conv_bias = affine ? cbias.ptr() : nullptr;
+      for (int i = 0; i < 5; ++i) {
+        a.vs[i] = 1;
+        a.vbf16[i] = bf16 ? 1 : 0;
+      }
+      a.eps = 1e-5f;
+      a.bias = bias.data();
+      a.scale = scale.data();
+      REQUIRE(dispatch_fold_batch_norm(SimLaunch{}, a) == 0);
+      for (long long k = 0; k < K; ++k) {
+        const double sc = (affine ? gamma.at(k) : 1.0) / std::sqrt(var.at(k) + 1e-5);
+        CHECK(scale[k] == doctest::Approx(sc).epsilon(1e-6));
+        CHECK(bias[k] == doctest::Approx(((affine ? cbias.at(k) : 0.0) - mean.at(k)) * sc + (affine ? beta.at(k) : 0.0))
+                             .epsilon(1e-5));
+        for (long long c = 0; c < C; ++c)
+          for (long long r = 0; r < R; ++r)
+            for (long long s = 0; s < S; ++s)
+              CHECK(wf[static_cast<std::size_t>(k * wfs[0] + c * wfs[1] + r * wfs[2] + s * wfs[3])] ==
+                    doctest::Approx(w[static_cast<std::size_t>(k * ws[0] + c * ws[1] + r * ws[2] + s * ws[3])] * sc)
+                        .epsilon(1e-6));
+      }
+    }
+  }
+  // relu(y * scale + bias + z) over NCHW [2, 3, 4, 5] (inner = 20), a NaN kept.
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    const long long count = 120, channels = 3, inner = 20;
+    HostBuf y = random_buf(count, bf16, rng), z = random_buf(count, bf16, rng);
+    y.set(7, NAN);
+    const HostBuf y0 = y;
+    std::vector<float> scale = {0.5f, 2.f, -1.f}, bias = {0.1f, -0.2f, 0.3f};
+    REQUIRE(dispatch_bias_add_relu(SimLaunch{}, y.ptr(), scale.data(), bias.data(), z.ptr(), count, channels, inner,
+                                   bf16 ? 1 : 0) == 0);
+    std::vector<double> want(static_cast<std::size_t>(count));
+    for (long long i = 0; i < count; ++i) {
+      const long long ch = (i / inner) % channels;
+      const double v = y0.at(i) * scale[ch] + bias[ch] + z.at(i);
+      want[i] = v > 0 || std::isnan(v) ? v : 0.0;
+    }
+    CHECK(std::isnan(y.at(7)));
+    want[7] = 0;
+    y.set(7, 0.f);
+    check_close(y, want, 1e-6, 1e-6);
   }
 }
