@@ -64,10 +64,10 @@
 //    arena_bytes includes it.
 //  - otherwise the flash-style kernel (online softmax, no workspace; blocks
 //    of 64 query rows x 64-key tiles in shared memory, fp32 on the CUDA
-//    cores for both dtypes, src/engine/kernels.cu).
+//    cores for both dtypes, src/engine/kernels_device.cuh).
 // bfloat16 on a device with bf16 tensor cores (sm_80+) takes neither: a
 // flash kernel on the tensor cores (EngineOptions::attention_tensor_cores,
-// src/engine/attention_tc.cu): 64-row blocks and 64-key tiles, Q K^T and
+// src/engine/attention_tc_device.cuh): 64-row blocks and 64-key tiles, Q K^T and
 // P V as mma.sync m16n8k16 bf16 products with fp32 accumulation kept in
 // registers, two warp groups per block on alternate key tiles, the online
 // softmax in fp32,
@@ -96,7 +96,7 @@
 // warning too, never an error of the run. Entries are written atomically and
 // authenticated, so several threads and processes may share one directory.
 //
-// Convolutional programs (src/engine/conv.cpp, pool.cu): conv2d / convolution
+// Convolutional programs (src/engine/conv.cpp, pool_device.cuh): conv2d / convolution
 // (2-D, forward, groups, stride, padding, dilation, bias; NCHW, float32 or
 // bfloat16) through cuDNN, loaded on the first plan that has one
 // (libcudnn.so.<major>; a missing library is a kDevice error naming it), the

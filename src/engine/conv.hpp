@@ -1,6 +1,6 @@
 // The engine's convolutional pieces (src/engine/*; not installed; no CUDA or
 // cuDNN header): cuDNN convolutions (conv.cpp) and the pooling kernels
-// (pool.cu) that plan.cpp lowers aten::convolution / conv2d,
+// (pool_device.cuh) that plan.cpp lowers aten::convolution / conv2d,
 // adaptive_avg_pool2d and max_pool2d to.
 #pragma once
 
@@ -138,7 +138,7 @@ std::string graph_conv_name(const GraphConvPlan& c);
 int graph_conv_forward(const GraphConvPlan& c, const void* x, const void* w, const void* scale, const void* bias,
                        const void* z, void* y, void* workspace, std::uint64_t workspace_bytes, void* stream);
 
-// ------------------------------------------------------------ pool.cu
+// ---------------------------------------------- pool.cu / pool_device.cuh
 // NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous
 // [planes, oh, ow] — or, with `channels` > 0, channels-last: x N,H,W,C and
 // y N,OH,OW,C in memory (`planes` = N*C, C = `channels`). Return a

@@ -154,7 +154,7 @@ unsigned fused_grid_blocks(long long n);
 unsigned fused_vector_mask(const std::vector<DType>& dtypes, const std::vector<const void*>& ptrs,
                            const std::vector<std::vector<std::int64_t>>& strides, std::int64_t inner);
 
-// ---------------------------------------------------- fixed kernels (kernels.cu)
+// ------------------------ fixed kernels (kernels.cu; the code in kernels_device.cuh)
 // All asynchronous on `stream` (a cudaStream_t); return a cudaError_t value.
 struct AttnArgs {
   const void* q;
@@ -172,7 +172,7 @@ struct AttnArgs {
   int bf16;  // q/k/v/out bfloat16 (else float32)
 };
 int launch_attention(const AttnArgs& a, void* stream);
-// The tensor-core flash kernel (attention_tc.cu): bfloat16 only, sm_80 and
+// The tensor-core flash kernel (attention_tc_device.cuh): bfloat16 only, sm_80 and
 // later, D and Dv <= 128.
 int launch_attention_tc(const AttnArgs& a, void* stream);
 // Which attention lowering a shape gets (safeckpt/engine.hpp, "Attention"):
