@@ -35,7 +35,8 @@
 // kernel only) for every engine of the run; --conv-layout auto|nchw|
 // channels-last sets EngineOptions::conv_layout; --no-fold-batch-norm and
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
-// cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores.
+// cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
+// --no-attention-pointer-arrays attention_pointer_arrays.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -73,6 +74,7 @@ struct BenchEngineArgs {
   bool no_fold_batch_norm = false;
   bool no_cudnn_graph = false;
   bool no_attention_tensor_cores = false;
+  bool no_attention_pointer_arrays = false;
   bool no_gemm_epilogue = false;
   bool no_gemm_autotune = false;
 };
@@ -274,6 +276,7 @@ int bench_engine(const BenchEngineArgs& a) {
   if (a.attention_workspace_mib >= 0)
     eo.attention_workspace_bytes = static_cast<std::uint64_t>(a.attention_workspace_mib) << 20;
   eo.attention_tensor_cores = !a.no_attention_tensor_cores;
+  eo.attention_pointer_arrays = !a.no_attention_pointer_arrays;
   auto layout = engine::parse_conv_layout(a.conv_layout);
   if (!layout) return bench_fail("--conv-layout", layout.error());
   eo.conv_layout = *layout;
@@ -494,6 +497,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
                 "keep inference batch norms as their own kernels (EngineOptions::fold_batch_norm off)");
   sub->add_flag("--no-attention-tensor-cores", args->no_attention_tensor_cores,
                 "bfloat16 attention without the tensor-core flash kernel (EngineOptions::attention_tensor_cores off)");
+  sub->add_flag("--no-attention-pointer-arrays", args->no_attention_pointer_arrays,
+                "materialized attention over split heads with copies / per-batch GEMMs instead of cuBLASLt "
+                "pointer-array batches (EngineOptions::attention_pointer_arrays off)");
   sub->add_flag("--no-cudnn-graph", args->no_cudnn_graph,
                 "no cuDNN operation graphs for bfloat16 batch norms (EngineOptions::cudnn_graph_fusion off)");
   sub->add_flag("--no-gemm-epilogue", args->no_gemm_epilogue,

@@ -61,7 +61,9 @@
 //    top-left: row r keeps keys 0..r), skipping the products the mask
 //    discards (62.5 % of them left at 4 blocks). The workspace is a buffer of
 //    the activation arena, live during that step only, so ProgramStats::
-//    arena_bytes includes it.
+//    arena_bytes includes it. Heads that step over b and h with two
+//    strides go to cuBLASLt as pointer-array batches
+//    (EngineOptions::attention_pointer_arrays).
 //  - otherwise the flash-style kernel (online softmax, no workspace; blocks
 //    of 64 query rows x 64-key tiles in shared memory, fp32 on the CUDA
 //    cores for both dtypes, src/engine/kernels_device.cuh).
@@ -274,6 +276,14 @@ struct EngineOptions {
   // bf16 tensor cores (sm_80 and later; see "Attention" above); false: the
   // two paths above, as for float32.
   bool attention_tensor_cores = true;
+  // The materialized path over query/key/value whose heads step over b and h
+  // with two strides (split from a [B, S, H*D] projection by view +
+  // transpose, as HF BERT and GPT-2 do): cuBLASLt pointer-array batches
+  // (CUBLASLT_BATCH_MODE_POINTER_ARRAY; one small launch per group fills the
+  // arrays) read them in place and write the output with heads inside rows.
+  // false, or a cuBLASLt without them: one GEMM batch per batch element, or
+  // from 4 batch elements on contiguous copies of query, key and value.
+  bool attention_pointer_arrays = true;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
   // Its directory. Empty: enginecache::CompileCache::default_dir()

@@ -57,6 +57,11 @@ Result<std::shared_ptr<GemmDesc>> make_batched_gemm(const EngineImpl& eng, cubla
     cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
     cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &m.batch_stride,
                                      sizeof m.batch_stride);
+    if (m.pointer_array) {
+      const auto mode = static_cast<std::uint32_t>(CUBLASLT_BATCH_MODE_POINTER_ARRAY);
+      s2 = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+      if (s2 != CUBLAS_STATUS_SUCCESS) return lt_fail("pointer-array batch mode", s2);
+    }
     return {};
   };
   SAFECKPT_CHECK(layout(&g->la, a));

@@ -230,9 +230,10 @@ void EngineImpl::store_choice(const std::string& choice, std::vector<std::uint8_
 
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm, std::uint64_t attention_workspace_bytes, ConvLayout conv_layout, bool fold_batch_norm,
-                         bool attention_tensor_cores) {
+                         bool attention_tensor_cores, bool attention_pointer_arrays) {
   EngineImpl eng;
   eng.sm = sm;
+  eng.opt.attention_pointer_arrays = attention_pointer_arrays;
   eng.opt.attention_workspace_bytes = attention_workspace_bytes;
   eng.opt.attention_tensor_cores = attention_tensor_cores;
   eng.opt.conv_layout = conv_layout;

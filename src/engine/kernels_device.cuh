@@ -1,7 +1,7 @@
 // src/engine/kernels_device.cuh — the device code of kernels.cu: the fixed
 // kernels (flash-style attention, the materialized attention's softmax, layer
 // norm, softmax over the last dimension, reductions, embedding, gather /
-// index.Tensor with device-side bounds checks) and, per kernel family, the
+// index.Tensor with device-side bounds checks, cuBLASLt's pointer arrays) and, per kernel family, the
 // host-side choice of kernel and launch geometry (`dispatch_*`), written over
 // a launch policy: kernels.cu passes CudaLaunch (device_io.cuh), and
 // tests/engine/test_kernels_host.cpp compiles this file as host C++ behind
@@ -246,6 +246,17 @@ __global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
       static_cast<__nv_bfloat16*>(a.probs)[r * a.S + s] = __float2bfloat16_rn(p);
     else
       static_cast<float*>(a.probs)[r * a.S + s] = p;
+  }
+}
+
+// ---------------------------------------------------------- pointer arrays
+__global__ void ptr_arrays_kernel(PtrArraysArgs a) {
+  const long long total = a.arrays * a.n;
+  for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int j = static_cast<int>(t / a.n);
+    const long long i = t % a.n;
+    a.out[t] = const_cast<char*>(a.base[j]) + (i / a.per_b) * a.step_b[j] + (i % a.per_b) * a.step_h[j];
   }
 }
 
@@ -545,6 +556,15 @@ int dispatch_softmax(Launch&& launch, const void* x, void* y, long long rows, lo
   if (rows > 0x7fffffffLL) return kLaunchInvalidValue;
   const unsigned threads = n >= 1024 ? 512 : 128;
   return launch(dim3(static_cast<unsigned>(rows)), dim3(threads), 0, softmax_kernel, x, y, n, in_bf16, out_bf16);
+}
+
+template <class Launch>
+int dispatch_ptr_arrays(Launch&& launch, const PtrArraysArgs& a) {
+  if (a.arrays < 0 || a.arrays > kMaxPtrArrays || a.n < 0 || a.per_b <= 0) return kLaunchInvalidValue;
+  const long long total = a.arrays * a.n;
+  if (total == 0) return 0;
+  const long long blocks = (total + 255) / 256 < 1024 ? (total + 255) / 256 : 1024;
+  return launch(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, ptr_arrays_kernel, a);
 }
 
 template <class Launch>

@@ -1478,22 +1478,42 @@ struct Lowering {
       auto collapsible = [&](const DevTensor& t) {
         return aa.B == 1 || aa.H == 1 || t.strides[0] == aa.H * t.strides[1];
       };
+      bool coll = true;
+      for (const DevTensor* t : {&q, &k, &v}) coll = coll && collapsible(*t);
+      DevTensor y = new_tensor(od, oshape);
       // Heads split from a [B, S, H*D] projection (view + transpose) step
-      // over b and h with two strides: one GEMM batch per batch element. From
-      // 4 batch elements on, contiguous copies of the operands (3 passes over
-      // B*S*H*D elements) cost less than that many launches (BERT-base at
-      // batch 32: 1317 -> ~240 launches).
-      if (aa.B >= 4)
+      // over b and h with two strides. cuBLASLt's pointer-array batches take
+      // them as they are, any number of batch elements per GEMM, and write
+      // the output with heads inside rows (EngineOptions::
+      // attention_pointer_arrays). Without them: one GEMM batch per batch
+      // element, and from 4 batch elements on contiguous copies of the
+      // operands (3 passes over B*S*H*D elements) instead, which cost less
+      // than that many launches (BERT-base at batch 32: 1317 -> ~240
+      // launches).
+      if (!coll && eng.opt.attention_pointer_arrays) {
+        ash.batch_collapsible = true;
+        AttnChoice pc = choose_attention(ash, eng.opt.attention_workspace_bytes);
+        DevTensor yr = y;
+        yr.strides = {aa.L * aa.H * aa.Dv, aa.Dv, aa.H * aa.Dv, 1};
+        Status st = lower_sdpa_materialized(aa, pc, q, k, v, mask, yr, true);
+        if (st) {
+          set_out(0, yr);
+          return {};
+        }
+        if (st.error().code() != ErrorCode::kDevice) return st;
+        // cuBLASLt without pointer-array batches (or no algorithm for them):
+        // nothing was added to the plan; the strided GEMMs below.
+      }
+      if (aa.B >= 4 && !coll) {
         for (DevTensor* t : {&q, &k, &v})
           if (!collapsible(*t)) {
             SAFECKPT_TRY(*t, contiguous(*t));
           }
-      bool coll = true;
-      for (const DevTensor* t : {&q, &k, &v}) coll = coll && collapsible(*t);
+        coll = true;
+      }
       ash.batch_collapsible = coll;
       choice = choose_attention(ash, eng.opt.attention_workspace_bytes);
-      DevTensor y = new_tensor(od, oshape);
-      SAFECKPT_CHECK(lower_sdpa_materialized(aa, choice, q, k, v, mask, y));
+      SAFECKPT_CHECK(lower_sdpa_materialized(aa, choice, q, k, v, mask, y, false));
       set_out(0, y);
       return {};
     }
@@ -1573,14 +1593,19 @@ struct Lowering {
   // buffer), O = P V; causal rows in blocks (causal_blocks). Column-major
   // for cuBLASLt: a row-major [r, c] matrix with row stride ld is a
   // column-major [c, r] one with the same ld.
+  // `ptr_batch`: q/k/v step over b and h with two strides (heads split from
+  // a [B, S, H*D] projection), so the GEMMs take CUBLASLT_BATCH_MODE_POINTER_ARRAY
+  // operands: per group one launch fills the arrays (launch_ptr_arrays, an
+  // arena buffer), and the output `y` is written with heads inside rows
+  // ([B, L, H, Dv] in memory, as the flash kernels), so the usual transpose
+  // + view back is a view. Errors before any step or buffer is made
+  // (cuBLASLt refusing a layout: kDevice) leave the plan as it was.
   Status lower_sdpa_materialized(const AttnArgs& aa, const AttnChoice& c, const DevTensor& q, const DevTensor& k,
-                                 const DevTensor& v, const std::optional<DevTensor>& mask, const DevTensor& y) {
+                                 const DevTensor& v, const std::optional<DevTensor>& mask, const DevTensor& y,
+                                 bool ptr_batch) {
     const bool bf = aa.bf16 != 0;
     const long long gb = c.group_batches, H = aa.H, L = aa.L, S = aa.S, D = aa.D, Dv = aa.Dv;
     const auto batch = static_cast<std::int32_t>(gb * H);
-    DevTensor scores = new_tensor(DType::kFloat32, {gb * H, L, S});
-    std::optional<DevTensor> probs;
-    if (bf) probs = new_tensor(DType::kBFloat16, {gb * H, L, S});
     const cudaDataType_t ty = bf ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t ct = (!bf && eng.opt.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const std::uint32_t es = esize(q.dtype);
@@ -1591,6 +1616,7 @@ struct Lowering {
     auto ld_of = [](const DevTensor& t) {
       return t.shape[2] == 1 ? std::max<std::int64_t>(t.shape[3], 1) : t.strides[2];
     };
+    auto bytes = [](long long x, std::uint32_t e) { return static_cast<std::uint64_t>(x) * e; };
     // `t` as cuBLASLt sees it, its first column `col0` rows (query / key
     // positions) in.
     auto mat = [&](const DevTensor& t, std::uint64_t rows, std::uint64_t cols, long long col0) {
@@ -1599,14 +1625,23 @@ struct Lowering {
       m.rows = rows;
       m.cols = cols;
       m.ld = ld_of(t);
-      m.batch_stride = bstride(t);
+      m.pointer_array = ptr_batch;
       // Every matrix's start (groups, batch entries, row blocks) and row: what the heuristic may assume.
-      m.align = alignment(base_bytes(t) | static_cast<std::uint64_t>(col0 * m.ld) * es |
-                              static_cast<std::uint64_t>(m.batch_stride) * es | static_cast<std::uint64_t>(m.ld) * es,
-                          static_cast<std::uint64_t>(gb * t.strides[0]) * es);
+      if (ptr_batch) {
+        m.align = alignment(base_bytes(t) | bytes(col0 * m.ld, es) | bytes(t.strides[0], es) | bytes(t.strides[1], es) |
+                                bytes(m.ld, es),
+                            0);
+      } else {
+        m.batch_stride = bstride(t);
+        m.align = alignment(base_bytes(t) | bytes(col0 * m.ld, es) | bytes(m.batch_stride, es) | bytes(m.ld, es),
+                            bytes(gb * t.strides[0], es));
+      }
       return m;
     };
     auto u = [](long long x) { return static_cast<std::uint64_t>(x); };
+    // The output: row-major [Dv, rows] per (b, h) matrix, column-major
+    // [Dv, rows] with ld = its row stride.
+    const long long y_ld = y.strides[2];
     struct Block {
       long long r0 = 0, r1 = 0, kn = 0;  // query rows [r0, r1), keys [0, kn)
       std::shared_ptr<GemmDesc> qk, pv;
@@ -1626,29 +1661,39 @@ struct Lowering {
       sc.cols = u(rows);
       sc.ld = S;
       sc.batch_stride = L * S;
-      sc.align = alignment(static_cast<std::uint64_t>(L * S * 4) | static_cast<std::uint64_t>(S * 4) |
-                               static_cast<std::uint64_t>(r0 * S * 4),
-                           0);
+      sc.pointer_array = ptr_batch;
+      sc.align = alignment(bytes(L * S, 4) | bytes(S, 4) | bytes(r0 * S, 4), 0);
       SAFECKPT_TRY(bl.qk, make_batched_gemm(eng, ct, CUBLAS_OP_T, CUBLAS_OP_N, mat(k, u(D), u(bl.kn), 0),
                                             mat(q, u(D), u(rows), r0), sc, batch));
       // O^T[Dv, rows] = V^T[Dv, kn] x P^T[kn, rows].
       LtMat pm = sc;
       pm.type = bf ? CUDA_R_16BF : CUDA_R_32F;
-      pm.align = alignment(static_cast<std::uint64_t>(L * S * pes) | static_cast<std::uint64_t>(S * pes) |
-                               static_cast<std::uint64_t>(r0 * S * pes),
-                           0);
+      pm.align = alignment(bytes(L * S, pes) | bytes(S, pes) | bytes(r0 * S, pes), 0);
       LtMat om;
       om.type = ty;
       om.rows = u(Dv);
       om.cols = u(rows);
-      om.ld = Dv;
+      om.ld = y_ld;
       om.batch_stride = L * Dv;
-      om.align = alignment(base_bytes(y) | static_cast<std::uint64_t>(L * Dv) * es |
-                               static_cast<std::uint64_t>(Dv) * es | static_cast<std::uint64_t>(r0 * Dv) * es,
-                           static_cast<std::uint64_t>(gb * H * L * Dv) * es);
+      om.pointer_array = ptr_batch;
+      om.align = alignment(
+          base_bytes(y) | bytes(y.strides[0], es) | bytes(y.strides[1], es) | bytes(y_ld, es) | bytes(r0 * y_ld, es),
+          bytes(gb * y.strides[0], es));
       SAFECKPT_TRY(bl.pv,
                    make_batched_gemm(eng, ct, CUBLAS_OP_N, CUBLAS_OP_N, mat(v, u(Dv), u(bl.kn), 0), pm, om, batch));
       blocks.push_back(std::move(bl));
+    }
+    // Every GEMM has an algorithm: from here on the plan grows.
+    DevTensor scores = new_tensor(DType::kFloat32, {gb * H, L, S});
+    std::optional<DevTensor> probs;
+    if (bf) probs = new_tensor(DType::kBFloat16, {gb * H, L, S});
+    // Pointer arrays of one group: K, V, then per block Q, scores,
+    // probabilities, output.
+    const int n_arrays = 2 + 4 * static_cast<int>(blocks.size());
+    std::optional<DevTensor> ptrs;
+    if (ptr_batch) {
+      if (n_arrays > kMaxPtrArrays) return fail(ErrorCode::kInternal, "attention: too many pointer arrays");
+      ptrs = new_tensor(DType::kInt64, {n_arrays * gb * H});
     }
     AttnSoftmaxArgs sa{};
     sa.probs_bf16 = bf ? 1 : 0;
@@ -1661,7 +1706,7 @@ struct Lowering {
     for (int i = 0; i < 4; ++i) sa.m_s[i] = aa.m_s[i];
     sa.causal = aa.causal;
     const float alpha = aa.scale;
-    const std::string what = attn_shapes(aa, "materialized");
+    const std::string what = attn_shapes(aa, ptr_batch ? "materialized, pointer arrays" : "materialized");
     const std::string group_text = " group of " + std::to_string(gb) + " x " + std::to_string(H) + " heads";
     auto block_text = [&](const Block& bl) {
       if (blocks.size() == 1) return std::string();
@@ -1676,21 +1721,81 @@ struct Lowering {
     def(y);
     Plan* pl = &plan;
     cublasLtHandle_t lt = eng.lt;
+    const DevTensor& p_t = probs ? *probs : scores;
+    // Operand addresses of batch entry 0 of group b0 (block bl where it
+    // applies), in bytes from the tensors' first elements.
+    auto q_off = [&](long long b0, const Block& bl) { return bytes(b0 * q.strides[0] + bl.r0 * ld_of(q), es); };
+    auto s_off = [&](const Block& bl, std::uint32_t e) { return bytes(bl.r0 * S, e); };
+    auto y_off = [&](long long b0, const Block& bl) { return bytes(b0 * y.strides[0] + bl.r0 * y_ld, es); };
+    const auto n_entries = static_cast<std::uint64_t>(gb * H);
     for (long long gi = 0; gi < c.groups; ++gi) {
       const long long b0 = gi * gb;
       const std::string gname = node->name + (c.groups > 1 ? "[" + std::to_string(b0) + "]" : "");
-      for (const Block& bl : blocks) {
+      if (ptr_batch) {
+        // Array j: entry i = head i % H of batch element b0 + i / H.
+        struct Src {
+          DevTensor t;
+          std::uint64_t off;
+          long long step_b, step_h;  // bytes
+        };
+        std::vector<Src> srcs;
+        srcs.push_back({k, bytes(b0 * k.strides[0], es), static_cast<long long>(bytes(k.strides[0], es)),
+                        static_cast<long long>(bytes(k.strides[1], es))});
+        srcs.push_back({v, bytes(b0 * v.strides[0], es), static_cast<long long>(bytes(v.strides[0], es)),
+                        static_cast<long long>(bytes(v.strides[1], es))});
+        for (const Block& bl : blocks) {
+          srcs.push_back({q, q_off(b0, bl), static_cast<long long>(bytes(q.strides[0], es)),
+                          static_cast<long long>(bytes(q.strides[1], es))});
+          srcs.push_back({scores, s_off(bl, 4), H * L * S * 4, L * S * 4});
+          srcs.push_back({p_t, s_off(bl, pes), H * L * S * pes, L * S * pes});
+          srcs.push_back({y, y_off(b0, bl), static_cast<long long>(bytes(y.strides[0], es)),
+                          static_cast<long long>(bytes(y.strides[1], es))});
+        }
+        use(q);
+        use(k);
+        use(v);
+        use(scores);
+        use(p_t);
+        use(y);
+        def(*ptrs);
+        add_step(
+            gname + ".pointers",
+            [pl, srcs, out = *ptrs, H, n = gb * H](cudaStream_t s) {
+              PtrArraysArgs a{};
+              a.arrays = static_cast<int>(srcs.size());
+              a.n = n;
+              a.per_b = H;
+              for (std::size_t j = 0; j < srcs.size(); ++j) {
+                a.base[j] = static_cast<const char*>(pl->ptr(srcs[j].t)) + srcs[j].off;
+                a.step_b[j] = srcs[j].step_b;
+                a.step_h[j] = srcs[j].step_h;
+              }
+              a.out = static_cast<void**>(pl->ptr(out));
+              return launch_ptr_arrays(a, s);
+            },
+            "attention_pointers", std::to_string(n_arrays) + " pointer arrays of " + std::to_string(gb * H));
+      }
+      // The address cublasLtMatmul takes for an operand: the matrix (strided
+      // batches) or array `j`'s first entry (pointer arrays).
+      auto arg = [pl, ptr_batch, ptrs, n_entries](const DevTensor& t, std::uint64_t off, int j) -> const void* {
+        if (ptr_batch) return static_cast<const char*>(pl->ptr(*ptrs)) + static_cast<std::uint64_t>(j) * n_entries * 8;
+        return static_cast<const char*>(pl->ptr(t)) + off;
+      };
+      for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
+        const Block& bl = blocks[bi];
         use(q);
         use(k);
         use(scores);
-        const long long q_off = b0 * q.strides[0] + bl.r0 * ld_of(q), s_off = bl.r0 * S;
+        if (ptrs) use(*ptrs);
+        const int jq = 2 + 4 * static_cast<int>(bi);
         add_step(
             gname + ".qk" + block_name(bl),
-            [pl, qk = bl.qk, q, k, scores, alpha, b0, q_off, s_off, lt](cudaStream_t s) {
+            [arg, qk = bl.qk, q, k, scores, alpha, qo = q_off(b0, bl), ko = bytes(b0 * k.strides[0], es),
+             so = s_off(bl, 4), jq, lt, pl](cudaStream_t s) {
               const float beta = 0;
-              const char* qp = static_cast<const char*>(pl->ptr(q)) + q_off * esize(q.dtype);
-              const char* kp = static_cast<const char*>(pl->ptr(k)) + b0 * k.strides[0] * esize(k.dtype);
-              void* d = static_cast<char*>(pl->ptr(scores)) + s_off * 4;
+              const void* qp = arg(q, qo, jq);
+              const void* kp = arg(k, ko, 0);
+              void* d = const_cast<void*>(arg(scores, so, jq + 1));
               cublasStatus_t st = cublasLtMatmul(lt, qk->op, &alpha, kp, qk->la, qp, qk->lb, &beta, d, qk->lc, d,
                                                  qk->lc, &qk->algo, pl->workspace, kWorkspaceBytes, s);
               return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);
@@ -1711,19 +1816,21 @@ struct Lowering {
             return launch_attention_softmax(a, s);
           },
           "attention_softmax", "softmax" + group_text + ": " + what);
-      const DevTensor& p_t = probs ? *probs : scores;
-      for (const Block& bl : blocks) {
+      for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
+        const Block& bl = blocks[bi];
         use(p_t);
         use(v);
         use(y);
-        const long long p_off = bl.r0 * S, y_off = b0 * H * L * Dv + bl.r0 * Dv;
+        if (ptrs) use(*ptrs);
+        const int jq = 2 + 4 * static_cast<int>(bi);
         add_step(
             gname + ".pv" + block_name(bl),
-            [pl, pv = bl.pv, p_t, v, y, b0, p_off, y_off, lt](cudaStream_t s) {
+            [arg, pv = bl.pv, p_t, v, y, vo = bytes(b0 * v.strides[0], es), po = s_off(bl, pes), yo = y_off(b0, bl), jq,
+             lt, pl](cudaStream_t s) {
               const float one = 1, beta = 0;
-              const char* vp = static_cast<const char*>(pl->ptr(v)) + b0 * v.strides[0] * esize(v.dtype);
-              const char* pp = static_cast<const char*>(pl->ptr(p_t)) + p_off * esize(p_t.dtype);
-              char* d = static_cast<char*>(pl->ptr(y)) + y_off * esize(y.dtype);
+              const void* vp = arg(v, vo, 1);
+              const void* pp = arg(p_t, po, jq + 2);
+              void* d = const_cast<void*>(arg(y, yo, jq + 3));
               cublasStatus_t st = cublasLtMatmul(lt, pv->op, &one, vp, pv->la, pp, pv->lb, &beta, d, pv->lc, d, pv->lc,
                                                  &pv->algo, pl->workspace, kWorkspaceBytes, s);
               return st == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + static_cast<int>(st);

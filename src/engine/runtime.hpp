@@ -114,17 +114,21 @@ struct GemmTune {
   cublasLtMatmulAlgo_t fallback{};               // the heuristic's first answer (every candidate refused)
 };
 
-// One operand of a strided-batched cuBLASLt GEMM, column-major as stored.
+// One operand of a batched cuBLASLt GEMM, column-major as stored.
 struct LtMat {
   cudaDataType_t type = CUDA_R_32F;
   std::uint64_t rows = 0, cols = 0;
   std::int64_t ld = 0;
-  std::int64_t batch_stride = 0;  // elements
-  std::uint32_t align = 256;      // bytes every pointer passed for it is aligned to
+  std::int64_t batch_stride = 0;  // elements (strided batches)
+  std::uint32_t align = 256;      // bytes every matrix address of it is aligned to
+  // CUBLASLT_BATCH_MODE_POINTER_ARRAY: the operand passed to cublasLtMatmul
+  // is a device array of `batch` matrix addresses (batch_stride unused).
+  bool pointer_array = false;
 };
 // D = alpha * op(A) op(B) over `batch` matrices; the algorithm from
 // cuBLASLt's heuristic (none chosen when eng.lt is null: dry plans). Errors:
-// kDevice (cuBLASLt refused the layouts or found no algorithm).
+// kDevice (cuBLASLt refused the layouts, e.g. a version without pointer-array
+// batches, or found no algorithm).
 Result<std::shared_ptr<GemmDesc>> make_batched_gemm(const EngineImpl& eng, cublasComputeType_t ct,
                                                     cublasOperation_t opa, cublasOperation_t opb, const LtMat& a,
                                                     const LtMat& b, const LtMat& d, std::int32_t batch);
@@ -217,12 +221,12 @@ struct DryPlan {
   std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
 // `attention_workspace_bytes`, `conv_layout`, `fold_batch_norm`,
-// `attention_tensor_cores`: those
+// `attention_tensor_cores`, `attention_pointer_arrays`: those
 // EngineOptions (the other options at their defaults: cudnn_allow_tf32, so
 // kAuto plans channels-last convolutions).
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm, std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes,
                          ConvLayout conv_layout = ConvLayout::kAuto, bool fold_batch_norm = true,
-                         bool attention_tensor_cores = true);
+                         bool attention_tensor_cores = true, bool attention_pointer_arrays = true);
 
 }  // namespace safeckpt::engine::detail

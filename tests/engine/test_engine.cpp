@@ -1249,7 +1249,10 @@ TEST_CASE("engine: residual adds join the GEMM before them (no device)") {
 
 TEST_CASE("engine: the blocks of a transformer launch the same generated kernels (no device)") {
   // gpt2*: two identical blocks; each block's fused groups (residual adds,
-  // GELU, copies) are the same code, so NVRTC compiles each once.
+  // GELU, copies) are the same code, so NVRTC compiles each once. With
+  // pointer-array attention (the default) the fused plans have no per-block
+  // copies left, and may launch every remaining kernel once; without it,
+  // the attention output's copy back is one kernel for both blocks.
   using safeckpt::engine::detail::dry_plan;
   for (const char* m : {"gpt2", "gpt2_dynbatch"}) {
     auto io = SafetensorsFile::open(data_dir() + m + ".io.safetensors");
@@ -1260,14 +1263,20 @@ TEST_CASE("engine: the blocks of a transformer launch the same generated kernels
       auto shapes = user_shapes(l.program, c.inputs);
       const std::string what = std::string(m) + "." + ir;
       CAPTURE(what);
-      for (bool fuse : {true, false}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool fuse = variant != 1, ptr_arrays = variant != 2;
         CAPTURE(fuse);
-        auto plan = dry_plan(l.program, shapes, fuse, 90);
+        CAPTURE(ptr_arrays);
+        auto plan = dry_plan(l.program, shapes, fuse, 90, engine::kDefaultAttentionWorkspaceBytes,
+                             engine::ConvLayout::kAuto, true, true, ptr_arrays);
         REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.error().to_string()));
         MESSAGE(what << (fuse ? " fused: " : " eager: ") << plan->fused_launches << " generated launches, "
                      << plan->fused_kernels << " distinct kernels");
         CHECK(plan->fused_kernels > 0);
-        CHECK(plan->fused_kernels < plan->fused_launches);
+        if (fuse && ptr_arrays)
+          CHECK(plan->fused_kernels <= plan->fused_launches);
+        else
+          CHECK(plan->fused_kernels < plan->fused_launches);
         // The module holds each distinct kernel once.
         std::size_t n = 0;
         for (std::size_t at = plan->source.find("__global__"); at != std::string::npos;
@@ -1358,10 +1367,13 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
       auto shapes = user_shapes(l.program, c.inputs);
       std::string what = std::string(m) + ".train " + c.prefix;
       CAPTURE(what);
-      for (bool fuse : {true, false}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool fuse = variant % 2 == 0, ptr_arrays = variant < 2;
+        CAPTURE(fuse);
+        CAPTURE(ptr_arrays);
         auto flash = dry_plan(l.program, shapes, fuse, 90, 0);
         REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
-        auto mat = dry_plan(l.program, shapes, fuse, 90, ~0ull);
+        auto mat = dry_plan(l.program, shapes, fuse, 90, ~0ull, engine::ConvLayout::kAuto, true, true, ptr_arrays);
         REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
         auto count = [](const std::vector<std::string>& kinds, const std::string& k) {
           return static_cast<int>(std::count(kinds.begin(), kinds.end(), k));
@@ -1378,16 +1390,29 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
         // Below that, the materialized output ([B, H, L, Dv] contiguous) may
         // need one copy more per SDPA than the flash kernels' (heads inside
         // rows) when the program transposes it back and views it as [B, L, H * Dv].
+        // With pointer-array batches (the default) split heads are read in
+        // place, any batch size is one group, and the output has heads inside
+        // rows as the flash kernels': no copy more than theirs, one launch
+        // more per group (the arrays).
         const int copies = count(mat->step_kinds, "copy") - count(flash->step_kinds, "copy");
+        const int pointers = count(mat->step_kinds, "attention_pointers");
         CHECK(copies >= 0);
-        if (shapes[0][0] >= 4) {
+        if (!ptr_arrays) CHECK(pointers == 0);
+        if (pointers > 0) {
+          CHECK(pointers == sdpa);
+          CHECK(groups == sdpa);
+          CHECK(copies == 0);
+        } else if (shapes[0][0] >= 4) {
           CHECK(groups == sdpa);
           CHECK(copies > 0);
         } else {
           CHECK(copies <= sdpa);
         }
+        // gpt2_dynbatch at batch 4 and more: heads split off the projection.
+        if (ptr_arrays && shapes[0][0] >= 4) CHECK(pointers == sdpa);
         CHECK(mat->steps.size() == flash->steps.size() + 2 * static_cast<std::size_t>(groups) +
-                                       static_cast<std::size_t>(groups - sdpa) + static_cast<std::size_t>(copies));
+                                       static_cast<std::size_t>(groups - sdpa) + static_cast<std::size_t>(copies) +
+                                       static_cast<std::size_t>(pointers));
         // The scores live in the arena: at least one group's float32 [G * H, L, S]
         // (first fit by liveness is not monotone, so no comparison with the
         // flash plan's arena: a plan with more buffers can pack tighter).
@@ -1787,6 +1812,20 @@ std::vector<SdpaCase> sdpa_cases() {
   c.bf16 = true;
   c.causal = true;
   v.push_back(c);
+  // Heads of [B, L, H, D] at batch 4 and more (BERT's at batch 32): the
+  // pointer-array GEMMs, or contiguous copies without them; with row blocks.
+  c = SdpaCase{"fp32 additive mask [B,1,1,S] heads of [B,L,H,D] B=5", 5, 3, 40, 56, 32, 32};
+  c.mask = 2;
+  c.mask_shape = {5, 1, 1, 56};
+  v.push_back(c);
+  c = SdpaCase{"fp32 causal L=S=520 heads of [B,L,H,D] B=4 (row blocks)", 4, 2, 520, 520, 16, 24};
+  c.causal = true;
+  v.push_back(c);
+  c = SdpaCase{"bf16 bool mask [B,1,L,S] heads of [B,L,H,D] B=4", 4, 2, 20, 36, 64, 64};
+  c.bf16 = true;
+  c.mask = 1;
+  c.mask_shape = {4, 1, 20, 36};
+  v.push_back(c);
   return v;
 }
 
@@ -1850,12 +1889,26 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     auto flash = dry_plan(sp.program, shapes, true, 90, 0, engine::ConvLayout::kAuto, true, false);
     REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
     CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == 1);
+    // Transposed views of [B, L, H, D] cannot share one batch stride: one
+    // group per batch element, or (B >= 4) contiguous copies first, unless
+    // the GEMMs take pointer arrays (the default): then one group.
+    const bool split = c.transposed && c.L > 1 && c.B > 1 && c.H > 1;
+    auto strided = dry_plan(sp.program, shapes, true, 90, ~0ull, engine::ConvLayout::kAuto, true, false, false);
+    REQUIRE_MESSAGE(strided.has_value(), (strided ? "" : strided.error().to_string()));
+    CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "attention_softmax") ==
+          (split && c.B < 4 ? c.B : 1));
+    CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "copy") == (split && c.B >= 4 ? 3 : 0));
+    CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "attention_pointers") == 0);
     auto mat = dry_plan(sp.program, shapes, true, 90, ~0ull, engine::ConvLayout::kAuto, true, false);
     REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
     CHECK(std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention") == 0);
     const auto groups = std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention_softmax");
-    // Transposed views of [B, L, H, D] cannot share one batch stride: one group per batch element.
-    CHECK(groups == (c.transposed && c.L > 1 ? c.B : 1));
+    CHECK(groups == 1);
+    CHECK(std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention_pointers") == (split ? 1 : 0));
+    // Its output has heads inside rows, as the flash kernels': the program
+    // output's copy to contiguous is theirs too.
+    const auto flash_copies = std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "copy");
+    CHECK(std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "copy") == (split ? flash_copies : 0));
     // Causal rows in blocks on long sequences: per group, score and P V GEMMs
     // whose row ranges tile [0, L) in order, each over keys 0..min(S, last
     // row + 1); one GEMM each otherwise.
@@ -1906,15 +1959,21 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
 
 TEST_CASE("engine: synthetic SDPA programs match the CPU reference through every attention path") {
   if (!have_device()) return;
-  // CUDA-core flash, materialized, and (bfloat16) the tensor-core flash kernel.
-  for (int path = 0; path < 3; ++path) {
+  // CUDA-core flash, materialized (pointer-array GEMMs where heads are split,
+  // the default), (bfloat16) the tensor-core flash kernel, and materialized
+  // with strided GEMMs only (copies / one group per batch element).
+  for (int path = 0; path < 4; ++path) {
     engine::EngineOptions o = no_cache();
-    o.attention_workspace_bytes = path == 1 ? ~std::uint64_t{0} : 0;
+    o.attention_workspace_bytes = path == 1 || path == 3 ? ~std::uint64_t{0} : 0;
     o.attention_tensor_cores = path == 2;
+    o.attention_pointer_arrays = path != 3;
     auto eng = make_engine(o);
     for (const auto& c : sdpa_cases()) {
       if (path == 2 && !c.bf16) continue;  // float32 never takes it
-      std::string what = c.name + (path == 0 ? " flash" : path == 1 ? " materialized" : " flash on tensor cores");
+      std::string what = c.name + (path == 0   ? " flash"
+                                   : path == 1 ? " materialized"
+                                   : path == 2 ? " flash on tensor cores"
+                                               : " materialized, strided GEMMs");
       CAPTURE(what);
       SdpaProgram sp = make_sdpa_program(c);
       auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);

@@ -717,3 +717,41 @@ TEST_CASE("batch norm folding and bias + add + relu kernels on the host emulator
     check_close(y, want, 1e-6, 1e-6);
   }
 }
+
+TEST_CASE("pointer-array kernel on the host emulator: cuBLASLt batch entries over (b, h) (no device)") {
+  // Three arrays over 5 batch elements x 3 heads, as the materialized
+  // attention fills them: q-like (b and h strides of a [B, L, H, D] view),
+  // scores-like (contiguous [B*H, L, S]), and one with a row-block offset.
+  std::vector<char> mem(1 << 20);  // every address below lies inside it
+  char* a = mem.data();
+  char* b = mem.data();
+  char* c = mem.data();
+  PtrArraysArgs args{};
+  args.arrays = 3;
+  args.n = 15;
+  args.per_b = 3;
+  args.base[0] = a;
+  args.step_b[0] = 40 * 3 * 32 * 4;
+  args.step_h[0] = 32 * 4;
+  args.base[1] = b;
+  args.step_b[1] = 3 * 40 * 56 * 4;
+  args.step_h[1] = 40 * 56 * 4;
+  args.base[2] = c + 256 * 56 * 4;
+  args.step_b[2] = 3 * 520 * 56 * 2;
+  args.step_h[2] = 520 * 56 * 2;
+  std::vector<void*> out(45, nullptr);
+  args.out = out.data();
+  std::vector<LaunchRecord> log;
+  REQUIRE(dispatch_ptr_arrays(SimLaunch{&log}, args) == 0);
+  REQUIRE(log.size() == 1);
+  for (int j = 0; j < 3; ++j)
+    for (long long i = 0; i < 15; ++i) {
+      CAPTURE(j);
+      CAPTURE(i);
+      const char* want = args.base[j] + (i / 3) * args.step_b[j] + (i % 3) * args.step_h[j];
+      CHECK(out[static_cast<std::size_t>(j * 15 + i)] == static_cast<const void*>(want));
+    }
+  args.arrays = kMaxPtrArrays + 1;
+  CHECK(dispatch_ptr_arrays(SimLaunch{&log}, args) == kLaunchInvalidValue);
+  CHECK(log.size() == 1);
+}
