@@ -205,16 +205,21 @@ AttnChoice choose_attention(const AttnShape& s, std::uint64_t max_workspace_byte
 // `rows` = group_batches * H * L: causal (key > query row masked), the mask
 // (batch element b0 + r / (H * L)), max-subtracted softmax in fp32, a row
 // with every key masked -> zeros; probabilities to `probs` (float32: may be
-// `scores` itself, or bfloat16).
+// `scores` itself, or bfloat16). Causal: row l reads scores [0, min(l, S-1)]
+// only, and writes probabilities for keys [0, kn) only, kn = min(S, the end
+// of l's row block), the row blocks being [0, block_rows), [block_rows,
+// 2 block_rows), ... (block_rows 0: one block of L rows) — what the P V
+// GEMM of that block reads; the columns after kn are left as they were.
 struct AttnSoftmaxArgs {
   float* scores;
   void* probs;
   int probs_bf16;
   long long rows, H, L, S, b0;
-  const void* mask;  // nullptr = none
-  int mask_kind;     // 0 none, 1 bool (true = keep), 2 additive
-  int mask_bf16;     // additive mask dtype
-  long long m_s[4];  // mask strides for b, h, l, s (0 = broadcast)
+  long long block_rows;  // causal row blocks of the P V GEMMs (0: one)
+  const void* mask;      // nullptr = none
+  int mask_kind;         // 0 none, 1 bool (true = keep), 2 additive
+  int mask_bf16;         // additive mask dtype
+  long long m_s[4];      // mask strides for b, h, l, s (0 = broadcast)
   int causal;
 };
 int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream);

@@ -216,32 +216,46 @@ __global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
 // --------------------------------------- attention, materialized scores
 // One block per score row (scale already applied by the Q K^T GEMM): mask,
 // max, sum of exp, probabilities. Each thread touches the same columns in
-// every pass, so the in-place float32 case needs no extra barrier.
+// every pass, so the in-place float32 case needs no extra barrier. A causal
+// row reads its scores up to the diagonal only (the masked ones are never
+// computed past the row block's keys), and writes probabilities for the
+// keys its row block's P V reads: zeros from the diagonal to there.
 __global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
   __shared__ float scratch[32];
   const long long r = blockIdx.x;
   const long long l = r % a.L, bh = r / a.L;
   const long long b = a.b0 + bh / a.H, h = bh % a.H;
   float* row = a.scores + r * a.S;
-  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;  // keys after it are masked
+  // Keys after `last` are masked (causal) and never read; P V reads keys
+  // [0, kn) of this row: its causal row block's keys (AttnSoftmaxArgs).
+  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;
+  long long kn = a.S;
+  if (a.causal) {
+    const long long br = a.block_rows > 0 ? a.block_rows : a.L;
+    long long r1 = (l / br + 1) * br;
+    if (r1 > a.L) r1 = a.L;
+    if (r1 < kn) kn = r1;
+  }
   const auto* mb = static_cast<const unsigned char*>(a.mask);
   const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
   float mx = -INFINITY;
-  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
-    float x = s > last ? -INFINITY : row[s];
-    if (a.mask_kind == 1 && !mb[mrow + s * a.m_s[3]]) x = -INFINITY;
-    if (a.mask_kind == 2) x += ld(a.mask, mrow + s * a.m_s[3], a.mask_bf16);
-    row[s] = x;
+  for (long long s = threadIdx.x; s <= last; s += blockDim.x) {
+    float x = row[s];
+    if (a.mask_kind != 0) {
+      if (a.mask_kind == 1 && !mb[mrow + s * a.m_s[3]]) x = -INFINITY;
+      if (a.mask_kind == 2) x += ld(a.mask, mrow + s * a.m_s[3], a.mask_bf16);
+      row[s] = x;
+    }
     mx = fmaxf(mx, x);
   }
   mx = block_max(mx, scratch);
   float sum = 0.f;
   if (mx != -INFINITY)
-    for (long long s = threadIdx.x; s < a.S; s += blockDim.x) sum += expf(row[s] - mx);
+    for (long long s = threadIdx.x; s <= last; s += blockDim.x) sum += expf(row[s] - mx);
   sum = block_sum(sum, scratch);
   const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
-  for (long long s = threadIdx.x; s < a.S; s += blockDim.x) {
-    const float p = mx == -INFINITY ? 0.f : expf(row[s] - mx) * inv;
+  for (long long s = threadIdx.x; s < kn; s += blockDim.x) {
+    const float p = (mx == -INFINITY || s > last) ? 0.f : expf(row[s] - mx) * inv;
     if (a.probs_bf16)
       static_cast<__nv_bfloat16*>(a.probs)[r * a.S + s] = __float2bfloat16_rn(p);
     else

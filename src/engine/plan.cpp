@@ -1571,7 +1571,9 @@ struct Lowering {
   // is_causal: row r keeps keys 0..r), skipping the scores the mask would
   // discard: with 4 blocks 62.5 % of the products of one full GEMM each
   // (inductor's SDPA kernels skip those tiles too). The softmax kernel never
-  // reads a score above the diagonal and writes zero probabilities there.
+  // reads a score above the diagonal, and writes probabilities (zeros past
+  // the diagonal) only up to the keys its row's block reads
+  // (AttnSoftmaxArgs::block_rows).
   static constexpr long long kCausalSplitMinRows = 512;
   static constexpr long long kCausalBlockRows = 256;
   static constexpr long long kCausalMaxBlocks = 8;
@@ -1705,6 +1707,7 @@ struct Lowering {
     sa.mask_bf16 = bf ? 1 : 0;
     for (int i = 0; i < 4; ++i) sa.m_s[i] = aa.m_s[i];
     sa.causal = aa.causal;
+    sa.block_rows = blocks.size() > 1 ? blocks[0].r1 - blocks[0].r0 : 0;
     const float alpha = aa.scale;
     const std::string what = attn_shapes(aa, ptr_batch ? "materialized, pointer arrays" : "materialized");
     const std::string group_text = " group of " + std::to_string(gb) + " x " + std::to_string(H) + " heads";

@@ -249,12 +249,14 @@ TEST_CASE("materialized attention softmax kernel on the host emulator: causal, m
     bool causal;
     int mask_kind;
     bool probs_bf16;
+    long long block_rows = 0;  // causal row blocks of the P V GEMMs
   };
-  const Case cases[] = {{1, 2, 5, 7, 0, true, 0, false},
-                        {2, 2, 4, 600, 1, false, 1, true},
-                        {2, 1, 6, 6, 0, true, 2, false},
-                        {1, 3, 3, 2100, 0, false, 2, true},
-                        {1, 1, 9, 5, 0, true, 1, false}};  // L > S: causal rows past the last key keep every key
+  const Case cases[] = {
+      {1, 2, 5, 7, 0, true, 0, false},  // L < S: keys past L never read by P V
+      {2, 2, 4, 600, 1, false, 1, true},    {2, 1, 6, 6, 0, true, 2, false}, {1, 3, 3, 2100, 0, false, 2, true},
+      {1, 1, 9, 5, 0, true, 1, false},       // L > S: causal rows past the last key keep every key
+      {1, 2, 11, 11, 0, true, 0, false, 4},  // row blocks [0,4) [4,8) [8,11), in place
+      {2, 1, 10, 7, 1, true, 1, true, 3}};   // blocks past the keys, bf16 probabilities
   for (const Case& c : cases) {
     CAPTURE(c.S);
     CAPTURE(c.mask_kind);
@@ -273,6 +275,7 @@ TEST_CASE("materialized attention softmax kernel on the host emulator: causal, m
     const void* mask =
         c.mask_kind == 1 ? static_cast<const void*>(bmask.data()) : (c.mask_kind == 2 ? amask.ptr() : nullptr);
     HostBuf probs(scores.size(), c.probs_bf16);
+    for (std::size_t i = 0; i < probs.size(); ++i) probs.set(i, 7.f);  // what no write leaves
     AttnSoftmaxArgs a{};
     a.scores = scores.data();
     a.probs = c.probs_bf16 ? probs.ptr() : static_cast<void*>(scores.data());  // float32: in place
@@ -287,10 +290,25 @@ TEST_CASE("materialized attention softmax kernel on the host emulator: causal, m
     a.mask_bf16 = 0;
     for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
     a.causal = c.causal ? 1 : 0;
+    a.block_rows = c.block_rows;
     REQUIRE(dispatch_attention_softmax(SimLaunch{}, a) == 0);
     if (!c.probs_bf16) probs.f = scores;
-    const std::vector<double> want =
+    std::vector<double> want =
         masked_softmax_ref(sd, c.nb, c.H, c.L, c.S, c.b0, c.causal, c.mask_kind, mask, &amask, m_s);
+    // Causal rows: probabilities for the keys of the row's block only
+    // (kn = min(S, L, block end)); after that, what was there (7, or in
+    // place the score).
+    std::size_t kept = 0;
+    for (long long row = 0; row < c.nb * c.H * c.L; ++row) {
+      const long long l = row % c.L, br = c.block_rows > 0 ? c.block_rows : c.L;
+      const long long kn = c.causal ? std::min({c.S, c.L, (l / br + 1) * br}) : c.S;
+      for (long long s = kn; s < c.S; ++s) {
+        const auto i = static_cast<std::size_t>(row * c.S + s);
+        want[i] = c.probs_bf16 ? 7.0 : sd[i];
+        ++kept;
+      }
+    }
+    if (c.block_rows > 0) CHECK(kept > 0);
     check_close(probs, want, 1e-5, 1e-7);
   }
 }
