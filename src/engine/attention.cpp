@@ -55,14 +55,19 @@ Result<std::shared_ptr<GemmDesc>> make_batched_gemm(const EngineImpl& eng, cubla
     cublasStatus_t s2 = cublasLtMatrixLayoutCreate(l, m.type, m.rows, m.cols, m.ld);
     if (s2 != CUBLAS_STATUS_SUCCESS) return lt_fail("MatrixLayoutCreate", s2);
     cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
-    cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &m.batch_stride,
-                                     sizeof m.batch_stride);
-    if (m.pointer_array) {
-      const auto mode = static_cast<std::uint32_t>(CUBLASLT_BATCH_MODE_POINTER_ARRAY);
-      s2 = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
-      if (s2 != CUBLAS_STATUS_SUCCESS) return lt_fail("pointer-array batch mode", s2);
+    if (!m.pointer_array) {
+      cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &m.batch_stride,
+                                       sizeof m.batch_stride);
+      return {};
     }
+#if CUBLAS_VER_MAJOR >= 13
+    const auto mode = static_cast<std::uint32_t>(CUBLASLT_BATCH_MODE_POINTER_ARRAY);
+    s2 = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+    if (s2 != CUBLAS_STATUS_SUCCESS) return lt_fail("pointer-array batch mode", s2);
     return {};
+#else
+    return lt_fail("pointer-array batch mode (built against cuBLASLt < 13)", CUBLAS_STATUS_NOT_SUPPORTED);
+#endif
   };
   SAFECKPT_CHECK(layout(&g->la, a));
   SAFECKPT_CHECK(layout(&g->lb, b));

@@ -14,8 +14,11 @@
 #include <utility>
 
 // The kernel's dynamic shared memory (the launch's third argument) as
-// `type name[]`.
+// `type name[]`, aligned to `type`, or to `align` bytes.
 #define SAFECKPT_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define SAFECKPT_DYNAMIC_SHARED_ALIGNED(type, name, align) \
+  extern __shared__ __align__(align)                       \
+  type name[]
 #endif
 
 namespace safeckpt::engine::detail {

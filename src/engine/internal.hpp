@@ -226,16 +226,16 @@ int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream);
 // The pointer arrays of cuBLASLt's CUBLASLT_BATCH_MODE_POINTER_ARRAY GEMMs
 // (the materialized attention over query/key/value whose heads step over b
 // and h with two strides, so no single batch stride exists): array j of
-// `arrays`, at out + j * n, gets for i in [0, n) the address base[j] +
-// (i / per_b) * step_b[j] + (i % per_b) * step_h[j] (bytes): batch entry i
-// is head i % per_b of batch element i / per_b.
+// `arrays`, at out + j * array_stride (entries; >= n), gets for i in [0, n)
+// the address base[j] + (i / per_b) * step_b[j] + (i % per_b) * step_h[j]
+// (bytes): batch entry i is head i % per_b of batch element i / per_b.
 inline constexpr int kMaxPtrArrays = 40;
 struct PtrArraysArgs {
   int arrays;
-  long long n, per_b;
+  long long n, per_b, array_stride;
   const char* base[kMaxPtrArrays];
   long long step_b[kMaxPtrArrays], step_h[kMaxPtrArrays];
-  void** out;  // arrays * n pointers
+  void** out;  // arrays * array_stride pointers
 };
 int launch_ptr_arrays(const PtrArraysArgs& a, void* stream);
 int launch_layer_norm(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,

@@ -270,7 +270,8 @@ __global__ void ptr_arrays_kernel(PtrArraysArgs a) {
        t += static_cast<long long>(gridDim.x) * blockDim.x) {
     const int j = static_cast<int>(t / a.n);
     const long long i = t % a.n;
-    a.out[t] = const_cast<char*>(a.base[j]) + (i / a.per_b) * a.step_b[j] + (i % a.per_b) * a.step_h[j];
+    a.out[j * a.array_stride + i] =
+        const_cast<char*>(a.base[j]) + (i / a.per_b) * a.step_b[j] + (i % a.per_b) * a.step_h[j];
   }
 }
 
@@ -574,7 +575,8 @@ int dispatch_softmax(Launch&& launch, const void* x, void* y, long long rows, lo
 
 template <class Launch>
 int dispatch_ptr_arrays(Launch&& launch, const PtrArraysArgs& a) {
-  if (a.arrays < 0 || a.arrays > kMaxPtrArrays || a.n < 0 || a.per_b <= 0) return kLaunchInvalidValue;
+  if (a.arrays < 0 || a.arrays > kMaxPtrArrays || a.n < 0 || a.per_b <= 0 || a.array_stride < a.n)
+    return kLaunchInvalidValue;
   const long long total = a.arrays * a.n;
   if (total == 0) return 0;
   const long long blocks = (total + 255) / 256 < 1024 ? (total + 255) / 256 : 1024;

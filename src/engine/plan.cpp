@@ -1690,12 +1690,13 @@ struct Lowering {
     std::optional<DevTensor> probs;
     if (bf) probs = new_tensor(DType::kBFloat16, {gb * H, L, S});
     // Pointer arrays of one group: K, V, then per block Q, scores,
-    // probabilities, output.
+    // probabilities, output; each starting on a 128-byte boundary.
     const int n_arrays = 2 + 4 * static_cast<int>(blocks.size());
+    const long long array_stride = (gb * H + 15) / 16 * 16;
     std::optional<DevTensor> ptrs;
     if (ptr_batch) {
       if (n_arrays > kMaxPtrArrays) return fail(ErrorCode::kInternal, "attention: too many pointer arrays");
-      ptrs = new_tensor(DType::kInt64, {n_arrays * gb * H});
+      ptrs = new_tensor(DType::kInt64, {n_arrays * array_stride});
     }
     AttnSoftmaxArgs sa{};
     sa.probs_bf16 = bf ? 1 : 0;
@@ -1721,6 +1722,7 @@ struct Lowering {
     };
     def(scores);
     if (probs) def(*probs);
+    if (ptrs) def(*ptrs);  // once: every group's steps read it (def moves a buffer's start)
     def(y);
     Plan* pl = &plan;
     cublasLtHandle_t lt = eng.lt;
@@ -1730,7 +1732,7 @@ struct Lowering {
     auto q_off = [&](long long b0, const Block& bl) { return bytes(b0 * q.strides[0] + bl.r0 * ld_of(q), es); };
     auto s_off = [&](const Block& bl, std::uint32_t e) { return bytes(bl.r0 * S, e); };
     auto y_off = [&](long long b0, const Block& bl) { return bytes(b0 * y.strides[0] + bl.r0 * y_ld, es); };
-    const auto n_entries = static_cast<std::uint64_t>(gb * H);
+    const auto stride_entries = static_cast<std::uint64_t>(array_stride);
     for (long long gi = 0; gi < c.groups; ++gi) {
       const long long b0 = gi * gb;
       const std::string gname = node->name + (c.groups > 1 ? "[" + std::to_string(b0) + "]" : "");
@@ -1760,14 +1762,14 @@ struct Lowering {
         use(scores);
         use(p_t);
         use(y);
-        def(*ptrs);
         add_step(
             gname + ".pointers",
-            [pl, srcs, out = *ptrs, H, n = gb * H](cudaStream_t s) {
+            [pl, srcs, out = *ptrs, H, n = gb * H, array_stride](cudaStream_t s) {
               PtrArraysArgs a{};
               a.arrays = static_cast<int>(srcs.size());
               a.n = n;
               a.per_b = H;
+              a.array_stride = array_stride;
               for (std::size_t j = 0; j < srcs.size(); ++j) {
                 a.base[j] = static_cast<const char*>(pl->ptr(srcs[j].t)) + srcs[j].off;
                 a.step_b[j] = srcs[j].step_b;
@@ -1780,8 +1782,9 @@ struct Lowering {
       }
       // The address cublasLtMatmul takes for an operand: the matrix (strided
       // batches) or array `j`'s first entry (pointer arrays).
-      auto arg = [pl, ptr_batch, ptrs, n_entries](const DevTensor& t, std::uint64_t off, int j) -> const void* {
-        if (ptr_batch) return static_cast<const char*>(pl->ptr(*ptrs)) + static_cast<std::uint64_t>(j) * n_entries * 8;
+      auto arg = [pl, ptr_batch, ptrs, stride_entries](const DevTensor& t, std::uint64_t off, int j) -> const void* {
+        if (ptr_batch)
+          return static_cast<const char*>(pl->ptr(*ptrs)) + static_cast<std::uint64_t>(j) * stride_entries * 8;
         return static_cast<const char*>(pl->ptr(t)) + off;
       };
       for (std::size_t bi = 0; bi < blocks.size(); ++bi) {

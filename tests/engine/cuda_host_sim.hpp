@@ -57,6 +57,8 @@
 #define __shared__ static
 #define __align__(n) alignas(n)
 #define SAFECKPT_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::cuda_host_sim::dynamic_shared())
+// (the emulator's dynamic shared memory is 128-byte aligned)
+#define SAFECKPT_DYNAMIC_SHARED_ALIGNED(type, name, align) SAFECKPT_DYNAMIC_SHARED(type, name)
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;

@@ -757,19 +757,25 @@ TEST_CASE("pointer-array kernel on the host emulator: cuBLASLt batch entries ove
   args.base[2] = c + 256 * 56 * 4;
   args.step_b[2] = 3 * 520 * 56 * 2;
   args.step_h[2] = 520 * 56 * 2;
-  std::vector<void*> out(45, nullptr);
+  args.array_stride = 16;  // arrays on 128-byte boundaries, as the plan lays them out
+  std::vector<void*> out(48, nullptr);
   args.out = out.data();
   std::vector<LaunchRecord> log;
   REQUIRE(dispatch_ptr_arrays(SimLaunch{&log}, args) == 0);
   REQUIRE(log.size() == 1);
-  for (int j = 0; j < 3; ++j)
+  for (int j = 0; j < 3; ++j) {
     for (long long i = 0; i < 15; ++i) {
       CAPTURE(j);
       CAPTURE(i);
       const char* want = args.base[j] + (i / 3) * args.step_b[j] + (i % 3) * args.step_h[j];
-      CHECK(out[static_cast<std::size_t>(j * 15 + i)] == static_cast<const void*>(want));
+      CHECK(out[static_cast<std::size_t>(j * 16 + i)] == static_cast<const void*>(want));
     }
+    CHECK(out[static_cast<std::size_t>(j * 16 + 15)] == nullptr);  // the padding stays as it was
+  }
   args.arrays = kMaxPtrArrays + 1;
+  CHECK(dispatch_ptr_arrays(SimLaunch{&log}, args) == kLaunchInvalidValue);
+  args.arrays = 3;
+  args.array_stride = 14;  // < n
   CHECK(dispatch_ptr_arrays(SimLaunch{&log}, args) == kLaunchInvalidValue);
   CHECK(log.size() == 1);
 }
