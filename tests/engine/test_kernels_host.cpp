@@ -327,6 +327,90 @@ struct Qkv {
   }
 };
 
+// One attention problem for the flash kernels: q/k/v as Qkv, a bool or
+// additive mask of [B, H, L, S] (`mask_heads`) or [B, 1, L, S] with one row
+// of batch element 0 masked entirely, the output [B, H, L, Dv] contiguous or
+// with heads inside rows (`heads_in_rows`); `a` for the dispatchers;
+// reference() in float64.
+struct AttnProblem {
+  long long B, H, L, S, D, Dv;
+  bool causal;
+  int mask_kind;
+  Qkv q, k, v;
+  std::vector<unsigned char> bmask;
+  HostBuf amask, out;
+  long long m_s[4];
+  AttnArgs a{};
+  AttnProblem(long long b, long long h, long long l, long long s, long long d, long long dv, bool causal_, int mask,
+              bool bf16, bool mask_heads, bool heads_in_rows, std::mt19937& rng)
+      : B(b),
+        H(h),
+        L(l),
+        S(s),
+        D(d),
+        Dv(dv),
+        causal(causal_),
+        mask_kind(mask),
+        q(b, h, l, d, bf16, rng),
+        k(b, h, s, d, bf16, rng),
+        v(b, h, s, dv, bf16, rng),
+        bmask(static_cast<std::size_t>(b * (mask_heads ? h : 1) * l * s)),
+        amask(random_buf(bmask.size(), bf16, rng, -2.f, 1.f)),
+        out(static_cast<std::size_t>(b * h * l * dv), bf16),
+        m_s{(mask_heads ? h : 1) * l * s, mask_heads ? l * s : 0, s, 1} {
+    for (auto& m : bmask) m = (rng() % 3) != 0;
+    const long long dead = std::min<long long>(3, l - 1);  // a row whose every key is masked: zeros
+    for (long long j = 0; j < s; ++j) bmask[static_cast<std::size_t>(dead * s + j)] = 0;
+    a.q = q.t.ptr();
+    a.k = k.t.ptr();
+    a.v = v.t.ptr();
+    a.out = out.ptr();
+    a.mask_kind = mask;
+    a.mask = mask == 1 ? static_cast<const void*>(bmask.data()) : (mask == 2 ? amask.ptr() : nullptr);
+    a.B = b;
+    a.H = h;
+    a.L = l;
+    a.S = s;
+    a.D = d;
+    a.Dv = dv;
+    for (int i = 0; i < 3; ++i) {
+      a.q_s[i] = q.s[i];
+      a.k_s[i] = k.s[i];
+      a.v_s[i] = v.s[i];
+    }
+    const long long o_s[3] = {h * l * dv, heads_in_rows ? dv : l * dv, heads_in_rows ? h * dv : dv};
+    for (int i = 0; i < 3; ++i) a.o_s[i] = o_s[i];
+    for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
+    a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    a.causal = causal_ ? 1 : 0;
+    a.bf16 = bf16 ? 1 : 0;
+  }
+  // softmax(scale * q k^T, masked) v, at the output's offsets.
+  std::vector<double> reference() const {
+    std::vector<double> scores(static_cast<std::size_t>(B * H * L * S));
+    for (long long b = 0; b < B; ++b)
+      for (long long h = 0; h < H; ++h)
+        for (long long l = 0; l < L; ++l)
+          for (long long s = 0; s < S; ++s) {
+            double acc = 0;
+            for (long long d = 0; d < D; ++d) acc += q.at(b, h, l, d) * k.at(b, h, s, d);
+            scores[static_cast<std::size_t>(((b * H + h) * L + l) * S + s)] = acc * a.scale;
+          }
+    const std::vector<double> p = masked_softmax_ref(scores, B, H, L, S, 0, causal, mask_kind, a.mask, &amask, m_s);
+    std::vector<double> want(out.size());
+    for (long long b = 0; b < B; ++b)
+      for (long long h = 0; h < H; ++h)
+        for (long long l = 0; l < L; ++l)
+          for (long long d = 0; d < Dv; ++d) {
+            double acc = 0;
+            for (long long s = 0; s < S; ++s)
+              acc += p[static_cast<std::size_t>(((b * H + h) * L + l) * S + s)] * v.at(b, h, s, d);
+            want[static_cast<std::size_t>(b * a.o_s[0] + h * a.o_s[1] + l * a.o_s[2] + d)] = acc;
+          }
+    return want;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("flash attention kernel (CUDA cores) on the host emulator (no device)") {
@@ -349,67 +433,14 @@ TEST_CASE("flash attention kernel (CUDA cores) on the host emulator (no device)"
     CAPTURE(c.D);
     CAPTURE(c.mask_kind);
     CAPTURE(c.bf16);
-    Qkv q(c.B, c.H, c.L, c.D, c.bf16, rng), k(c.B, c.H, c.S, c.D, c.bf16, rng), v(c.B, c.H, c.S, c.Dv, c.bf16, rng);
-    HostBuf out(static_cast<std::size_t>(c.B * c.H * c.L * c.Dv), c.bf16);
-    const long long m_s[4] = {c.H * c.L * c.S, c.L * c.S, c.S, 1};  // [B, H, L, S]
-    std::vector<unsigned char> bmask(static_cast<std::size_t>(c.B * c.H * c.L * c.S));
-    for (auto& m : bmask) m = (rng() % 3) != 0;
-    for (long long s = 0; s < c.S; ++s) bmask[static_cast<std::size_t>(s)] = 0;  // row 0 of (0, 0): all masked
-    HostBuf amask = random_buf(bmask.size(), c.bf16, rng, -2.f, 1.f);
-    AttnArgs a{};
-    a.q = q.t.ptr();
-    a.k = k.t.ptr();
-    a.v = v.t.ptr();
-    a.out = out.ptr();
-    a.mask_kind = c.mask_kind;
-    a.mask = c.mask_kind == 1 ? static_cast<const void*>(bmask.data()) : (c.mask_kind == 2 ? amask.ptr() : nullptr);
-    a.B = c.B;
-    a.H = c.H;
-    a.L = c.L;
-    a.S = c.S;
-    a.D = c.D;
-    a.Dv = c.Dv;
-    for (int i = 0; i < 3; ++i) {
-      a.q_s[i] = q.s[i];
-      a.k_s[i] = k.s[i];
-      a.v_s[i] = v.s[i];
-    }
-    a.o_s[0] = c.H * c.L * c.Dv;  // output [B, H, L, Dv]
-    a.o_s[1] = c.L * c.Dv;
-    a.o_s[2] = c.Dv;
-    for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-    a.causal = c.causal ? 1 : 0;
-    a.bf16 = c.bf16 ? 1 : 0;
+    AttnProblem pr(c.B, c.H, c.L, c.S, c.D, c.Dv, c.causal, c.mask_kind, c.bf16, true, false, rng);
     std::vector<LaunchRecord> log;
-    REQUIRE(dispatch_attention(SimLaunch{&log}, a) == 0);
+    REQUIRE(dispatch_attention(SimLaunch{&log}, pr.a) == 0);
     REQUIRE(log.size() == 1);
     CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(attention_kernel<64>)
                                              : reinterpret_cast<const void*>(attention_kernel<128>)));
     CHECK(log[0].smem == static_cast<unsigned>(attention_smem_bytes(c.head_cap)));
-    // Reference: scores in float64 (q scaled as the kernel does, in fp32), the masked softmax, P V.
-    std::vector<double> scores(static_cast<std::size_t>(c.B * c.H * c.L * c.S));
-    for (long long b = 0; b < c.B; ++b)
-      for (long long h = 0; h < c.H; ++h)
-        for (long long l = 0; l < c.L; ++l)
-          for (long long s = 0; s < c.S; ++s) {
-            double acc = 0;
-            for (long long d = 0; d < c.D; ++d)
-              acc += static_cast<double>(static_cast<float>(q.at(b, h, l, d)) * a.scale) * k.at(b, h, s, d);
-            scores[static_cast<std::size_t>(((b * c.H + h) * c.L + l) * c.S + s)] = acc;
-          }
-    const std::vector<double> p =
-        masked_softmax_ref(scores, c.B, c.H, c.L, c.S, 0, c.causal, c.mask_kind, a.mask, &amask, m_s);
-    std::vector<double> want(out.size());
-    for (long long bh = 0; bh < c.B * c.H; ++bh)
-      for (long long l = 0; l < c.L; ++l)
-        for (long long d = 0; d < c.Dv; ++d) {
-          double acc = 0;
-          for (long long s = 0; s < c.S; ++s)
-            acc += p[static_cast<std::size_t>((bh * c.L + l) * c.S + s)] * v.at(bh / c.H, bh % c.H, s, d);
-          want[static_cast<std::size_t>((bh * c.L + l) * c.Dv + d)] = acc;
-        }
-    check_close(out, want, 1e-4, 1e-5);
+    check_close(pr.out, pr.reference(), 1e-4, 1e-5);
   }
 }
 
@@ -510,70 +541,21 @@ TEST_CASE("tensor-core flash attention kernel on the host emulator: mma.sync, ld
     CAPTURE(c.D);
     CAPTURE(c.Dv);
     CAPTURE(c.mask_kind);
-    Qkv q(c.B, c.H, c.L, c.D, true, rng), k(c.B, c.H, c.S, c.D, true, rng), v(c.B, c.H, c.S, c.Dv, true, rng);
-    HostBuf out(static_cast<std::size_t>(c.B * c.L * c.H * c.Dv), true);
-    const long long m_s[4] = {c.L * c.S, 0, c.S, 1};  // [B, 1, L, S], broadcast over heads
-    std::vector<unsigned char> bmask(static_cast<std::size_t>(c.B * c.L * c.S));
-    for (auto& m : bmask) m = (rng() % 3) != 0;
-    for (long long s = 0; s < c.S; ++s) bmask[static_cast<std::size_t>(3 * c.S + s)] = 0;  // row 3: all masked
-    HostBuf amask = random_buf(bmask.size(), true, rng, -2.f, 1.f);
-    AttnArgs a{};
-    a.q = q.t.ptr();
-    a.k = k.t.ptr();
-    a.v = v.t.ptr();
-    a.out = out.ptr();
-    a.mask_kind = c.mask_kind;
-    a.mask = c.mask_kind == 1 ? static_cast<const void*>(bmask.data()) : (c.mask_kind == 2 ? amask.ptr() : nullptr);
-    a.B = c.B;
-    a.H = c.H;
-    a.L = c.L;
-    a.S = c.S;
-    a.D = c.D;
-    a.Dv = c.Dv;
-    for (int i = 0; i < 3; ++i) {
-      a.q_s[i] = q.s[i];
-      a.k_s[i] = k.s[i];
-      a.v_s[i] = v.s[i];
-    }
-    a.o_s[0] = c.L * c.H * c.Dv;  // output [B, L, H, Dv]: the heads inside rows, as the engine writes it
-    a.o_s[1] = c.Dv;
-    a.o_s[2] = c.H * c.Dv;
-    for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-    a.causal = c.causal ? 1 : 0;
-    a.bf16 = 1;
-    std::vector<double> scores(static_cast<std::size_t>(c.B * c.H * c.L * c.S));
-    for (long long b = 0; b < c.B; ++b)
-      for (long long h = 0; h < c.H; ++h)
-        for (long long l = 0; l < c.L; ++l)
-          for (long long s = 0; s < c.S; ++s) {
-            double acc = 0;
-            for (long long d = 0; d < c.D; ++d) acc += q.at(b, h, l, d) * k.at(b, h, s, d);
-            scores[static_cast<std::size_t>(((b * c.H + h) * c.L + l) * c.S + s)] = acc * a.scale;
-          }
-    const std::vector<double> p =
-        masked_softmax_ref(scores, c.B, c.H, c.L, c.S, 0, c.causal, c.mask_kind, a.mask, &amask, m_s);
-    std::vector<double> want(out.size());
-    for (long long b = 0; b < c.B; ++b)
-      for (long long h = 0; h < c.H; ++h)
-        for (long long l = 0; l < c.L; ++l)
-          for (long long d = 0; d < c.Dv; ++d) {
-            double acc = 0;
-            for (long long s = 0; s < c.S; ++s)
-              acc += p[static_cast<std::size_t>(((b * c.H + h) * c.L + l) * c.S + s)] * v.at(b, h, s, d);
-            want[static_cast<std::size_t>(b * a.o_s[0] + h * a.o_s[1] + l * a.o_s[2] + d)] = acc;
-          }
+    // The mask broadcast over heads, the output with heads inside rows: as the engine runs it.
+    AttnProblem pr(c.B, c.H, c.L, c.S, c.D, c.Dv, c.causal, c.mask_kind, true, false, true, rng);
+    const std::vector<double> want = pr.reference();
     // cp.async copies landing as late, then as early as the PTX allows.
     for (const bool at_issue : {false, true}) {
       CAPTURE(at_issue);
+      for (std::size_t i = 0; i < pr.out.size(); ++i) pr.out.set(i, NAN);  // every element written again
       std::vector<LaunchRecord> log;
-      REQUIRE(dispatch_attention_tc(SimLaunch{&log, c.reverse, at_issue}, a) == 0);
+      REQUIRE(dispatch_attention_tc(SimLaunch{&log, c.reverse, at_issue}, pr.a) == 0);
       REQUIRE(log.size() == 1);
       CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(attention_tc_kernel<64>)
                                                : reinterpret_cast<const void*>(attention_tc_kernel<128>)));
       // The kernel rounds the probabilities to bfloat16 before P V (as
       // PyTorch's flash kernels): up to 2^-9 of each, times |v| <= 2.
-      check_close(out, want, 1e-3, 8e-3);
+      check_close(pr.out, want, 1e-3, 8e-3);
     }
   }
 }
