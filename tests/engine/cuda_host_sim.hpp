@@ -282,6 +282,15 @@ struct ThreadState {
 };
 inline thread_local ThreadState t_state;
 
+// This thread's cp.async copies not yet landed (cp_async_16 below).
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline thread_local std::vector<AsyncCopy> t_async_open;
+inline thread_local std::vector<std::vector<AsyncCopy>> t_async_groups;
+
 inline void* dynamic_shared() {
   return g_block->smem();
 }
@@ -358,34 +367,61 @@ struct SimLaunch {
     std::unique_ptr<unsigned char, void (*)(unsigned char*)> smem_buf(
         static_cast<unsigned char*>(::operator new(smem + 1, std::align_val_t(128))),
         [](unsigned char* p) { ::operator delete(p, std::align_val_t(128)); });
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) {
-          blockIdx = dim3(x, y, z);
-          std::memset(smem_buf.get(), 0xff, smem + 1);  // NaN floats, -1 integers
-          run_block(threads, smem_buf.get(), kernel, params);
-        }
-    return 0;
-  }
-
- private:
-  template <class... P>
-  void run_block(unsigned threads, unsigned char* smem, void (*kernel)(P...),
-                 const std::tuple<std::decay_t<P>...>& params) const {
-    BlockState st(threads, smem, reverse);
-    g_block = &st;
+    // One OS thread per CUDA thread of a block, kept for every block of the
+    // launch: each waits for the next block (a generation count), runs the
+    // kernel there and reports done.
+    std::mutex m;
+    std::condition_variable go, done;
+    unsigned long long gen = 0;
+    unsigned running = 0;
+    bool stop = false;
+    BlockState* cur = nullptr;
     std::vector<std::thread> pool;
     pool.reserve(threads);
     for (unsigned t = 0; t < threads; ++t)
-      pool.emplace_back([t, kernel, &params, &st] {
-        t_state = ThreadState{t, 0};  // a new OS thread: no cp.async in flight
-        threadIdx = dim3(t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y));
-        st.start(t);
-        std::apply(kernel, params);
-        st.finish(t);
+      pool.emplace_back([&, t] {
+        for (unsigned long long seen = 0;;) {
+          BlockState* st = nullptr;
+          {
+            std::unique_lock<std::mutex> lk(m);
+            go.wait(lk, [&] { return stop || gen != seen; });
+            if (gen == seen) return;
+            seen = gen;
+            st = cur;
+          }
+          t_state = ThreadState{t, 0};
+          t_async_open.clear();  // copies of the block before never land in this one
+          t_async_groups.clear();
+          threadIdx = dim3(t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y));
+          st->start(t);
+          std::apply(kernel, params);
+          st->finish(t);
+          std::lock_guard<std::mutex> lk(m);
+          if (--running == 0) done.notify_one();
+        }
       });
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          std::memset(smem_buf.get(), 0xff, smem + 1);  // NaN floats, -1 integers
+          BlockState st(threads, smem_buf.get(), reverse);
+          std::unique_lock<std::mutex> lk(m);
+          blockIdx = dim3(x, y, z);
+          g_block = &st;
+          cur = &st;
+          running = threads;
+          ++gen;
+          go.notify_all();
+          done.wait(lk, [&] { return running == 0; });
+          g_block = nullptr;
+        }
+    {
+      std::lock_guard<std::mutex> lk(m);
+      stop = true;
+    }
+    go.notify_all();
     for (auto& th : pool) th.join();
-    g_block = nullptr;
+    return 0;
   }
 };
 
@@ -462,13 +498,6 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::u
 // poison, or the tile before); landing at the issue, a copy issued into a
 // buffer other threads still read (a missing barrier before the reuse)
 // overwrites it under them.
-struct AsyncCopy {
-  void* dst;
-  const void* src;
-  bool valid;
-};
-inline thread_local std::vector<AsyncCopy> t_async_open;
-inline thread_local std::vector<std::vector<AsyncCopy>> t_async_groups;
 inline void cp_async_16(void* dst, const void* src, bool valid) {
   if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<std::uintptr_t>(src) % 16 != 0)) {
     std::fprintf(stderr, "cuda_host_sim: cp.async of 16 bytes from %p to %p is not 16-byte aligned\n", src, dst);
