@@ -531,6 +531,25 @@ int dispatch_attention_softmax(Launch&& launch, const AttnSoftmaxArgs& a) {
   return launch(dim3(static_cast<unsigned>(a.rows)), dim3(threads), 0, attention_softmax_kernel, a);
 }
 
+// The warp-per-row kernel for rows of `chunks` chunks of 128 elements: the
+// instance with the fewest chunks >= that (1, 2, 4, 6 or 8).
+using LayerNormWarpKernel = void (*)(const void*, const void*, const void*, void*, void*, void*, long long, int, float,
+                                     int);
+inline LayerNormWarpKernel layer_norm_warp_kernel_for(bool bf16, int chunks) {
+  if (bf16) {
+    if (chunks <= 1) return layer_norm_warp_kernel<true, 1>;
+    if (chunks <= 2) return layer_norm_warp_kernel<true, 2>;
+    if (chunks <= 4) return layer_norm_warp_kernel<true, 4>;
+    if (chunks <= 6) return layer_norm_warp_kernel<true, 6>;
+    return layer_norm_warp_kernel<true, 8>;
+  }
+  if (chunks <= 1) return layer_norm_warp_kernel<false, 1>;
+  if (chunks <= 2) return layer_norm_warp_kernel<false, 2>;
+  if (chunks <= 4) return layer_norm_warp_kernel<false, 4>;
+  if (chunks <= 6) return layer_norm_warp_kernel<false, 6>;
+  return layer_norm_warp_kernel<false, 8>;
+}
+
 // The warp-per-row kernel when n is a multiple of 4, n <= kLnWarpMaxN and
 // every pointer is aligned to 4 elements; else a block per row.
 template <class Launch>
@@ -541,23 +560,8 @@ int dispatch_layer_norm(Launch&& launch, const void* x, const void* w, const voi
   if (n % 4 == 0 && n <= kLnWarpMaxN && rows <= 0x7fffffffLL * kLnWarpRows && aligned_to(x, vec_bytes) &&
       aligned_to(y, vec_bytes) && aligned_to(w, vec_bytes) && aligned_to(b, vec_bytes)) {
     const dim3 grid(static_cast<unsigned>((rows + kLnWarpRows - 1) / kLnWarpRows)), block(32 * kLnWarpRows);
-    const int chunks = static_cast<int>((n + 127) / 128);
-    const int ni = static_cast<int>(n);
-    auto go = [&](auto kernel) {
-      return launch(grid, block, 0, kernel, x, w, b, y, mean, rstd, rows, ni, eps, stats_bf16);
-    };
-    if (bf16) {
-      if (chunks <= 1) return go(layer_norm_warp_kernel<true, 1>);
-      if (chunks <= 2) return go(layer_norm_warp_kernel<true, 2>);
-      if (chunks <= 4) return go(layer_norm_warp_kernel<true, 4>);
-      if (chunks <= 6) return go(layer_norm_warp_kernel<true, 6>);
-      return go(layer_norm_warp_kernel<true, 8>);
-    }
-    if (chunks <= 1) return go(layer_norm_warp_kernel<false, 1>);
-    if (chunks <= 2) return go(layer_norm_warp_kernel<false, 2>);
-    if (chunks <= 4) return go(layer_norm_warp_kernel<false, 4>);
-    if (chunks <= 6) return go(layer_norm_warp_kernel<false, 6>);
-    return go(layer_norm_warp_kernel<false, 8>);
+    return launch(grid, block, 0, layer_norm_warp_kernel_for(bf16 != 0, static_cast<int>((n + 127) / 128)), x, w, b, y,
+                  mean, rstd, rows, static_cast<int>(n), eps, stats_bf16);
   }
   if (rows > 0x7fffffffLL) return kLaunchInvalidValue;
   const unsigned threads = n >= 1024 ? 1024 : (n >= 256 ? 256 : 128);

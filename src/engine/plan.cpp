@@ -1743,25 +1743,18 @@ struct Lowering {
           std::uint64_t off;
           long long step_b, step_h;  // bytes
         };
-        std::vector<Src> srcs;
-        srcs.push_back({k, bytes(b0 * k.strides[0], es), static_cast<long long>(bytes(k.strides[0], es)),
-                        static_cast<long long>(bytes(k.strides[1], es))});
-        srcs.push_back({v, bytes(b0 * v.strides[0], es), static_cast<long long>(bytes(v.strides[0], es)),
-                        static_cast<long long>(bytes(v.strides[1], es))});
+        // q/k/v/y step with their b and h strides, scores and probabilities as [gb, H, L, S].
+        auto heads = [&](const DevTensor& t, std::uint64_t off) {
+          return Src{t, off, t.strides[0] * es, t.strides[1] * es};
+        };
+        std::vector<Src> srcs = {heads(k, bytes(b0 * k.strides[0], es)), heads(v, bytes(b0 * v.strides[0], es))};
         for (const Block& bl : blocks) {
-          srcs.push_back({q, q_off(b0, bl), static_cast<long long>(bytes(q.strides[0], es)),
-                          static_cast<long long>(bytes(q.strides[1], es))});
+          srcs.push_back(heads(q, q_off(b0, bl)));
           srcs.push_back({scores, s_off(bl, 4), H * L * S * 4, L * S * 4});
           srcs.push_back({p_t, s_off(bl, pes), H * L * S * pes, L * S * pes});
-          srcs.push_back({y, y_off(b0, bl), static_cast<long long>(bytes(y.strides[0], es)),
-                          static_cast<long long>(bytes(y.strides[1], es))});
+          srcs.push_back(heads(y, y_off(b0, bl)));
         }
-        use(q);
-        use(k);
-        use(v);
-        use(scores);
-        use(p_t);
-        use(y);
+        // Only addresses are computed here: nothing is read (the GEMMs below mark their operands).
         add_step(
             gname + ".pointers",
             [pl, srcs, out = *ptrs, H, n = gb * H, array_stride](cudaStream_t s) {
