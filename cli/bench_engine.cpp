@@ -36,7 +36,8 @@
 // channels-last sets EngineOptions::conv_layout; --no-fold-batch-norm and
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
-// --no-attention-pointer-arrays attention_pointer_arrays.
+// --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
+// split_misaligned_gemm.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -77,6 +78,7 @@ struct BenchEngineArgs {
   bool no_attention_pointer_arrays = false;
   bool no_gemm_epilogue = false;
   bool no_gemm_autotune = false;
+  bool no_gemm_split = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -284,6 +286,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.cudnn_graph_fusion = !a.no_cudnn_graph;
   eo.fuse_gemm_epilogue = !a.no_gemm_epilogue;
   eo.autotune_gemm = !a.no_gemm_autotune;
+  eo.split_misaligned_gemm = !a.no_gemm_split;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -506,6 +509,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
                 "no gelu/relu or residual add in cuBLASLt epilogues (EngineOptions::fuse_gemm_epilogue off)");
   sub->add_flag("--no-gemm-autotune", args->no_gemm_autotune,
                 "cuBLASLt's first heuristic answer, no timing of candidates (EngineOptions::autotune_gemm off)");
+  sub->add_flag("--no-gemm-split", args->no_gemm_split,
+                "GEMMs with a misaligned N in one piece, no aligned part + tail + copy "
+                "(EngineOptions::split_misaligned_gemm off)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

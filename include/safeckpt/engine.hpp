@@ -255,6 +255,15 @@ struct EngineOptions {
   // the last bits (another summation order). false: the heuristic's first
   // answer, as force_eager plans always use.
   bool autotune_gemm = true;
+  // A large tensor-core GEMM whose N is not a multiple of 16 bytes' worth
+  // of elements (GPT-2's lm_head, N = 50257) runs as an aligned GEMM and a
+  // tail into rows padded to that multiple, then one copy makes the output
+  // dense (compiled and eager plans; see plan.cpp lower_gemm for the rule
+  // and its measurements). false: one GEMM straight into the misaligned
+  // rows, as PyTorch's mm does. Which is faster depends on the shape and
+  // the card (bench/RESULTS.md, 2026-12-05: at 32 x 1024 rows the copy
+  // costs more than the GEMM); `bench-engine --no-gemm-split` measures it.
+  bool split_misaligned_gemm = true;
   // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans
   // only).

@@ -229,15 +229,10 @@ void EngineImpl::store_choice(const std::string& choice, std::vector<std::uint8_
 }
 
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
-                         int sm, std::uint64_t attention_workspace_bytes, ConvLayout conv_layout, bool fold_batch_norm,
-                         bool attention_tensor_cores, bool attention_pointer_arrays) {
+                         int sm, const EngineOptions& opt) {
   EngineImpl eng;
   eng.sm = sm;
-  eng.opt.attention_pointer_arrays = attention_pointer_arrays;
-  eng.opt.attention_workspace_bytes = attention_workspace_bytes;
-  eng.opt.attention_tensor_cores = attention_tensor_cores;
-  eng.opt.conv_layout = conv_layout;
-  eng.opt.fold_batch_norm = fold_batch_norm;
+  eng.opt = opt;
   std::vector<std::optional<DevTensor>> weights(program.values.size());
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;
   std::unordered_map<std::string, std::int64_t> symbols;

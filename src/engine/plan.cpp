@@ -1047,11 +1047,14 @@ struct Lowering {
     // multiple, then the remaining columns (16-byte aligned operands), both
     // into an output whose rows are padded to the multiple, made dense by one
     // copy (inductor pads such strides too: torch/_inductor/config.py
-    // comprehensive_padding).
+    // comprehensive_padding). EngineOptions::split_misaligned_gemm off: never
+    // (on the H100 at M = 32768 the copy cost 4.25 ms against the GEMM's
+    // 3.57, where PyTorch's one misaligned GEMM took 3.78: RESULTS.md).
     const auto per16 = static_cast<std::int64_t>(16 / esize(od));
     const bool tensor_cores = od == DType::kBFloat16 || eng.opt.allow_tf32;
     const std::int64_t gn = g_out.shape.size() == 2 ? g_out.shape[1] : 0;  // 0: batched, never split
-    if (tensor_cores && a.shape.size() == 2 && b.shape.size() == 2 && beta == 0 && gn % per16 != 0 && gn > per16 &&
+    if (eng.opt.split_misaligned_gemm && tensor_cores && a.shape.size() == 2 && b.shape.size() == 2 && beta == 0 &&
+        gn % per16 != 0 && gn > per16 &&
         static_cast<double>(g_out.shape[0]) * static_cast<double>(gn) * static_cast<double>(a.shape[1]) >=
             kSplitGemmMinMacs) {
       const std::int64_t M = g_out.shape[0], head = gn / per16 * per16, ld = head + per16;

@@ -220,13 +220,11 @@ struct DryPlan {
   std::string source;
   std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
-// `attention_workspace_bytes`, `conv_layout`, `fold_batch_norm`,
-// `attention_tensor_cores`, `attention_pointer_arrays`: those
-// EngineOptions (the other options at their defaults: cudnn_allow_tf32, so
-// kAuto plans channels-last convolutions).
+// `opt`: the EngineOptions that shape a plan (attention_*, conv_layout,
+// cudnn_allow_tf32, fold_batch_norm, cudnn_graph_fusion,
+// fuse_gemm_epilogue, split_misaligned_gemm, allow_tf32); the device, stance
+// and cache ones are ignored.
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
-                         int sm, std::uint64_t attention_workspace_bytes = kDefaultAttentionWorkspaceBytes,
-                         ConvLayout conv_layout = ConvLayout::kAuto, bool fold_batch_norm = true,
-                         bool attention_tensor_cores = true, bool attention_pointer_arrays = true);
+                         int sm, const EngineOptions& opt = {});
 
 }  // namespace safeckpt::engine::detail

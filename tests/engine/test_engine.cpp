@@ -52,6 +52,14 @@ std::string data_dir() {
   return test_support::test_data_dir();
 }
 
+// The default EngineOptions with `set` applied (dry_plan's options).
+template <class F>
+engine::EngineOptions options_with(F&& set) {
+  engine::EngineOptions o;
+  set(o);
+  return o;
+}
+
 std::vector<float> floats(const HostTensor& t) {
   REQUIRE(t.dtype == DType::kFloat32);
   std::vector<float> v(t.numel());
@@ -888,12 +896,21 @@ TEST_CASE("engine: a GEMM with a misaligned N splits into an aligned GEMM, a tai
     CHECK(d->steps[2] == head + ".unpad");
     CHECK(d->step_kinds[2] == "copy");
     CHECK(d->step_shapes[2].rfind("[1024,1025]", 0) == 0);
+    // EngineOptions::split_misaligned_gemm off: one GEMM into the dense rows.
+    auto one = dry_plan(l.program, {{1024, 128}}, fuse, 90,
+                        options_with([](auto& o) { o.split_misaligned_gemm = false; }));
+    REQUIRE_MESSAGE(one.has_value(), (one ? "" : one.error().to_string()));
+    REQUIRE(one->steps.size() == 1);
+    CHECK(one->steps[0] == head);
+    CHECK(one->step_kinds[0] == "gemm");
+    CHECK(one->step_shapes[0] == "M=1024 N=1025 K=128 bfloat16");
   }
 }
 
-// The same program on the GPU: the split GEMM (bias epilogue on both parts)
+// The same program on the GPU: the split GEMM (bias epilogue on both parts),
+// and the one misaligned GEMM of split_misaligned_gemm off,
 // against PyTorch's CUDA eager output, compiled (CUDA graph) and force_eager.
-TEST_CASE("engine: a GEMM with a misaligned N, split, matches PyTorch CUDA") {
+TEST_CASE("engine: a GEMM with a misaligned N, split or whole, matches PyTorch CUDA") {
   if (!have_device()) return;
   const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
   json meta = json::parse(read_text(dir + "misaligned_linear.json"));
@@ -901,24 +918,31 @@ TEST_CASE("engine: a GEMM with a misaligned N, split, matches PyTorch CUDA") {
   auto io = SafetensorsFile::open(dir + "misaligned_linear.io.safetensors");
   REQUIRE(io.has_value());
   auto l = test_support::load_program("misaligned_linear.train.pt2", true, "pt2-2.11-extra");
-  auto eng = make_engine();
-  auto cp = eng.compile(l.program, l.weights);
-  REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
   // io's input.x is the program's one user input (nn.Sequential names it "input").
   Inputs in;
   for (const auto& gi : l.program.inputs)
     if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input.x");
   REQUIRE(in.size() == 1);
-  check_stances_vs_cuda(*cp, in, tensor_of(*io, "output.0.cuda"), atol, rtol, "misaligned_linear",
-                        {Stance::kDefault, Stance::kForceEager});
+  for (bool split : {true, false}) {  // EngineOptions::split_misaligned_gemm off: one misaligned GEMM
+    CAPTURE(split);
+    auto o = no_cache();
+    o.split_misaligned_gemm = split;
+    auto eng = make_engine(o);
+    auto cp = eng.compile(l.program, l.weights);
+    REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+    check_stances_vs_cuda(*cp, in, tensor_of(*io, "output.0.cuda"), atol, rtol, "misaligned_linear",
+                          {Stance::kDefault, Stance::kForceEager});
+  }
 }
 
 TEST_CASE("engine: a convolutional plan (no device): batch_norm and relu join one generated kernel") {
   using safeckpt::engine::detail::dry_plan;
   for (const char* ir : {"train", "core"}) {
     Loaded l = load_program(std::string("cnn.") + ir + ".pt2");
-    auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90, engine::kDefaultAttentionWorkspaceBytes,
-                          engine::ConvLayout::kNchw, false);
+    auto fused = dry_plan(l.program, {{2, 3, 32, 32}}, true, 90, options_with([](auto& o) {
+                            o.conv_layout = engine::ConvLayout::kNchw;
+                            o.fold_batch_norm = false;
+                          }));
     REQUIRE_MESSAGE(fused.has_value(), (fused ? "" : fused.error().to_string()));
     CHECK(fused->prep_steps.empty());
     std::size_t convs = 0, norms = 0;
@@ -981,10 +1005,11 @@ TEST_CASE("engine: convolutional plans in channels-last (no device): one input c
   for (const auto& c : cases) {
     CAPTURE(c.file);
     auto l = c.dir.empty() ? load_program(c.file) : test_support::load_program(c.file, true, c.dir);
-    auto cl = dry_plan(l.program, c.shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes,
-                       engine::ConvLayout::kAuto, false);
-    auto nchw = dry_plan(l.program, c.shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes,
-                         engine::ConvLayout::kNchw, false);
+    auto cl = dry_plan(l.program, c.shapes, true, 90, options_with([](auto& o) { o.fold_batch_norm = false; }));
+    auto nchw = dry_plan(l.program, c.shapes, true, 90, options_with([](auto& o) {
+                           o.conv_layout = engine::ConvLayout::kNchw;
+                           o.fold_batch_norm = false;
+                         }));
     REQUIRE_MESSAGE(cl.has_value(), (cl ? "" : cl.error().to_string()));
     REQUIRE_MESSAGE(nchw.has_value(), (nchw ? "" : nchw.error().to_string()));
     REQUIRE_FALSE(cl->convs.empty());
@@ -1085,9 +1110,12 @@ TEST_CASE("engine: batch norm folds into the convolution before it (no device), 
       CHECK_FALSE(folds.empty());
       if (corpus) CHECK(stays.empty());
       for (auto layout : {engine::ConvLayout::kAuto, engine::ConvLayout::kNchw}) {
-        auto folded = dry_plan(l.program, shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes, layout);
-        auto kept = dry_plan(l.program, shapes, true, 90, engine::kDefaultAttentionWorkspaceBytes, layout, false);
-        auto eager = dry_plan(l.program, shapes, false, 90, engine::kDefaultAttentionWorkspaceBytes, layout);
+        auto folded = dry_plan(l.program, shapes, true, 90, options_with([&](auto& o) { o.conv_layout = layout; }));
+        auto kept = dry_plan(l.program, shapes, true, 90, options_with([&](auto& o) {
+                                o.conv_layout = layout;
+                                o.fold_batch_norm = false;
+                              }));
+        auto eager = dry_plan(l.program, shapes, false, 90, options_with([&](auto& o) { o.conv_layout = layout; }));
         REQUIRE_MESSAGE(folded.has_value(), (folded ? "" : folded.error().to_string()));
         REQUIRE_MESSAGE(kept.has_value(), (kept ? "" : kept.error().to_string()));
         REQUIRE_MESSAGE(eager.has_value(), (eager ? "" : eager.error().to_string()));
@@ -1267,8 +1295,8 @@ TEST_CASE("engine: the blocks of a transformer launch the same generated kernels
         const bool fuse = variant != 1, ptr_arrays = variant != 2;
         CAPTURE(fuse);
         CAPTURE(ptr_arrays);
-        auto plan = dry_plan(l.program, shapes, fuse, 90, engine::kDefaultAttentionWorkspaceBytes,
-                             engine::ConvLayout::kAuto, true, true, ptr_arrays);
+        auto plan = dry_plan(l.program, shapes, fuse, 90,
+                             options_with([&](auto& o) { o.attention_pointer_arrays = ptr_arrays; }));
         REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.error().to_string()));
         MESSAGE(what << (fuse ? " fused: " : " eager: ") << plan->fused_launches << " generated launches, "
                      << plan->fused_kernels << " distinct kernels");
@@ -1371,9 +1399,12 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
         const bool fuse = variant % 2 == 0, ptr_arrays = variant < 2;
         CAPTURE(fuse);
         CAPTURE(ptr_arrays);
-        auto flash = dry_plan(l.program, shapes, fuse, 90, 0);
+        auto flash = dry_plan(l.program, shapes, fuse, 90, options_with([](auto& o) { o.attention_workspace_bytes = 0; }));
         REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
-        auto mat = dry_plan(l.program, shapes, fuse, 90, ~0ull, engine::ConvLayout::kAuto, true, true, ptr_arrays);
+        auto mat = dry_plan(l.program, shapes, fuse, 90, options_with([&](auto& o) {
+                               o.attention_workspace_bytes = ~0ull;
+                               o.attention_pointer_arrays = ptr_arrays;
+                             }));
         REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
         auto count = [](const std::vector<std::string>& kinds, const std::string& k) {
           return static_cast<int>(std::count(kinds.begin(), kinds.end(), k));
@@ -1876,7 +1907,7 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     // workspace bound; without it (or on sm_75) the two other paths.
     for (int sm : {90, 75}) {
       for (std::uint64_t ws : {std::uint64_t{0}, ~std::uint64_t{0}}) {
-        auto tc = dry_plan(sp.program, shapes, true, sm, ws, engine::ConvLayout::kAuto, true, true);
+        auto tc = dry_plan(sp.program, shapes, true, sm, options_with([&](auto& o) { o.attention_workspace_bytes = ws; }));
         REQUIRE_MESSAGE(tc.has_value(), (tc ? "" : tc.error().to_string()));
         const bool want_tc = c.bf16 && sm >= 80;
         const auto it = std::find(tc->step_kinds.begin(), tc->step_kinds.end(), "attention");
@@ -1886,20 +1917,30 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
         if (want_tc) CHECK(std::count(tc->step_kinds.begin(), tc->step_kinds.end(), "attention_softmax") == 0);
       }
     }
-    auto flash = dry_plan(sp.program, shapes, true, 90, 0, engine::ConvLayout::kAuto, true, false);
+    auto flash = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
+                           o.attention_workspace_bytes = 0;
+                           o.attention_tensor_cores = false;
+                         }));
     REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
     CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == 1);
     // Transposed views of [B, L, H, D] cannot share one batch stride: one
     // group per batch element, or (B >= 4) contiguous copies first, unless
     // the GEMMs take pointer arrays (the default): then one group.
     const bool split = c.transposed && c.L > 1 && c.B > 1 && c.H > 1;
-    auto strided = dry_plan(sp.program, shapes, true, 90, ~0ull, engine::ConvLayout::kAuto, true, false, false);
+    auto strided = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
+                             o.attention_workspace_bytes = ~0ull;
+                             o.attention_tensor_cores = false;
+                             o.attention_pointer_arrays = false;
+                           }));
     REQUIRE_MESSAGE(strided.has_value(), (strided ? "" : strided.error().to_string()));
     CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "attention_softmax") ==
           (split && c.B < 4 ? c.B : 1));
     CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "copy") == (split && c.B >= 4 ? 3 : 0));
     CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "attention_pointers") == 0);
-    auto mat = dry_plan(sp.program, shapes, true, 90, ~0ull, engine::ConvLayout::kAuto, true, false);
+    auto mat = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
+                         o.attention_workspace_bytes = ~0ull;
+                         o.attention_tensor_cores = false;
+                       }));
     REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
     CHECK(std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention") == 0);
     const auto groups = std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention_softmax");
