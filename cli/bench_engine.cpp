@@ -37,7 +37,7 @@
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
-// split_misaligned_gemm.
+// split_misaligned_gemm; --cudnn-attention sets cudnn_attention.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -79,6 +79,7 @@ struct BenchEngineArgs {
   bool no_gemm_epilogue = false;
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
+  bool cudnn_attention = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -287,6 +288,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.fuse_gemm_epilogue = !a.no_gemm_epilogue;
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
+  eo.cudnn_attention = a.cudnn_attention;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -512,6 +514,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-gemm-split", args->no_gemm_split,
                 "GEMMs with a misaligned N in one piece, no aligned part + tail + copy "
                 "(EngineOptions::split_misaligned_gemm off)");
+  sub->add_flag("--cudnn-attention", args->cudnn_attention,
+                "bfloat16 attention through cuDNN's fused flash-attention engines where they apply "
+                "(EngineOptions::cudnn_attention on)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

@@ -293,6 +293,18 @@ struct EngineOptions {
   // false, or a cuBLASLt without them: one GEMM batch per batch element, or
   // from 4 batch elements on contiguous copies of query, key and value.
   bool attention_pointer_arrays = true;
+  // bfloat16 attention without a mask (or with is_causal) through cuDNN's
+  // fused flash-attention engines (the kernel PyTorch 2.11 picks on sm_90:
+  // ATen's cuDNN SDPA backend, aten/src/ATen/native/cudnn/MHA.cpp) instead
+  // of the tensor-core flash kernel, where cuDNN 9 accepts the shapes (head
+  // dims multiples of 8 up to 128, 16-byte aligned rows). cuDNN compiles its
+  // kernel at plan time (kept in the persistent compile cache); a plan it
+  // has no engine for, or whose first call it refuses, uses the kernel.
+  // Off by default until measured against the kernel on a GPU (bench/
+  // RESULTS.md 2026-12-05: the kernel ran GPT-2 32x1024's attention at 0.655
+  // ms a layer, cuDNN's 0.172 in torch.compile's plan); `bench-engine
+  // --cudnn-attention` turns it on.
+  bool cudnn_attention = false;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
   // Its directory. Empty: enginecache::CompileCache::default_dir()

@@ -109,9 +109,9 @@ int conv_bias_relu_forward(const ConvPlan& c, const void* x, const void* w, cons
 // z (when `with_z`) y's shape and layout. groups == 1 only. Returns nullptr
 // (not an error) when cuDNN has no engine for the graph; errors: kDevice
 // (a descriptor cuDNN refuses, cuDNN missing).
-struct GraphConvPlan;
-Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
-                                                          bool with_z, std::uint64_t max_workspace);
+struct GraphPlan;
+Result<std::shared_ptr<GraphPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
+                                                      bool with_z, std::uint64_t max_workspace);
 // A runtime-compiled plan kept across processes: graph_conv_plan_bytes is
 // the engine name, a NUL, then cuDNN's own serialization of the finalized
 // execution plan (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, cudnn_graph.h;
@@ -121,22 +121,61 @@ Result<std::shared_ptr<GraphConvPlan>> graph_conv_prepare(std::shared_ptr<DnnHan
 // serialize it. These bytes are handed to cuDNN's parser only from an entry of
 // our HMAC-authenticated compile cache that this engine wrote (the choice
 // key names the geometry, with_z, max_workspace and cuDNN's version).
-std::vector<std::uint8_t> graph_conv_plan_bytes(const GraphConvPlan& c);
+std::vector<std::uint8_t> graph_conv_plan_bytes(const GraphPlan& c);
 // The plan back from those bytes, re-checked: the workspace within
 // `max_workspace`. nullptr (not an error) when cuDNN refuses them (a stale
 // entry is a miss; the caller prepares the plan again and overwrites it).
-std::shared_ptr<GraphConvPlan> graph_conv_from_bytes(std::shared_ptr<DnnHandle> handle, bool with_z,
-                                                     std::uint64_t max_workspace,
-                                                     const std::vector<std::uint8_t>& bytes);
-std::uint64_t graph_conv_workspace_bytes(const GraphConvPlan& c);
+std::shared_ptr<GraphPlan> graph_conv_from_bytes(std::shared_ptr<DnnHandle> handle, bool with_z,
+                                                 std::uint64_t max_workspace, const std::vector<std::uint8_t>& bytes);
+std::uint64_t graph_conv_workspace_bytes(const GraphPlan& c);
 // e.g. "cuDNN graph engine 4 (runtime-compiled)" (cuDNN's global engine
 // index; runtime-compiled engines are taken only when no precompiled one
 // finalizes).
-std::string graph_conv_name(const GraphConvPlan& c);
+std::string graph_conv_name(const GraphPlan& c);
 // Enqueues the graph on `stream` (capturable; the variant pack is made per
 // call on the host). Returns 0 or kDnnStatusBase + status.
-int graph_conv_forward(const GraphConvPlan& c, const void* x, const void* w, const void* scale, const void* bias,
+int graph_conv_forward(const GraphPlan& c, const void* x, const void* w, const void* scale, const void* bias,
                        const void* z, void* y, void* workspace, std::uint64_t workspace_bytes, void* stream);
+
+// ------------------------------------------------ fused attention (dnn_graph.cpp)
+// scaled_dot_product_attention at concrete sizes for cuDNN's fused
+// flash-attention engines: query [b, h, l, d], key [b, h, s, d], value
+// [b, h, s, dv], output [b, h, l, dv], each with its element strides (the
+// last 1); no mask but the causal one (PyTorch's is_causal: top-left, key j
+// kept for query row i when j <= i); scale applied to Q K^T.
+struct SdpaGeometry {
+  long long b = 0, h = 0, l = 0, s = 0, d = 0, dv = 0;
+  std::int64_t q_s[4] = {}, k_s[4] = {}, v_s[4] = {}, o_s[4] = {};
+  bool bf16 = true;
+  bool causal = false;
+};
+// Whether cuDNN 9's fused attention can take `g` (its support surface,
+// cudnn-frontend sdpa_support_surface.h): bfloat16, head dims multiples of 8
+// and at most 128 (what this engine asks for), innermost strides 1, the
+// other strides multiples of 8 elements (16-byte rows; the pointers must be
+// 16-byte aligned too: the caller checks them).
+bool sdpa_graph_applies(const SdpaGeometry& g);
+// The compile cache key of `g`'s graph plan (every field, the workspace cap,
+// cuDNN's version).
+std::string sdpa_choice_key(const SdpaGeometry& g, std::uint64_t max_workspace);
+// The operation graph (dnn_graph.cpp, "fused attention") and the first of
+// cuDNN's heuristic engine configs that finalizes within `max_workspace`
+// (cuDNN's fused attention engines are runtime-compiled: NVRTC inside cuDNN
+// at this call, hundreds of milliseconds; graph_conv_plan_bytes keeps the
+// result for the next process). nullptr (not an error) when `g` does not
+// apply or cuDNN has no engine for it; errors: kDevice (cuDNN missing or
+// refusing a descriptor).
+Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle> handle, const SdpaGeometry& g,
+                                                      std::uint64_t max_workspace);
+// graph_conv_from_bytes for an attention plan (`causal` as when prepared).
+std::shared_ptr<GraphPlan> graph_sdpa_from_bytes(std::shared_ptr<DnnHandle> handle, bool causal,
+                                                 std::uint64_t max_workspace, const std::vector<std::uint8_t>& bytes);
+// Enqueues o = softmax(scale * q k^T [causal]) v on `stream` (capturable;
+// `scale` is passed by value, so a captured graph keeps it). `workspace`:
+// at least graph_conv_workspace_bytes(c). Returns 0 or kDnnStatusBase +
+// status.
+int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const void* v, void* o, float scale,
+                       void* workspace, void* stream);
 
 // ---------------------------------------------- pool.cu / pool_device.cuh
 // NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous

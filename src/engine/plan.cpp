@@ -1527,12 +1527,37 @@ struct Lowering {
     DevTensor y = new_tensor(od, oshape);
     y.strides = {aa.L * aa.H * aa.Dv, aa.Dv, aa.H * aa.Dv, 1};
     for (int i = 0; i < 3; ++i) aa.o_s[i] = y.strides[static_cast<std::size_t>(i)];
+    // cuDNN's fused attention instead of the tensor-core kernel
+    // (EngineOptions::cudnn_attention): its plan is made with the
+    // convolution graphs' (prepare_graph_plans); a step without one, or
+    // whose first cuDNN call fails, runs the kernel (the same values).
+    std::shared_ptr<GraphSlot> sdpa_slot;
+    const bool cudnn_sdpa = tc && eng.opt.cudnn_attention && sdpa_candidate(aa, q, k, v, y);
+    if (cudnn_sdpa && eng.lt != nullptr) {  // a device plan
+      if (!dnn) {
+        auto h = dnn_create();
+        if (!h) return fail(h.error().code(), h.error().message());
+        dnn = *h;
+      }
+      const SdpaGeometry sg = sdpa_geometry(aa, q, k, v, y);
+      const std::string key = sdpa_choice_key(sg, kMaxConvWorkspaceBytes);
+      auto& slot = graph_plans[key];
+      if (!slot) {
+        slot = std::make_shared<GraphSlot>();
+        slot->sdpa = sg;
+        slot->key = key;
+      }
+      sdpa_slot = slot;
+      plan.warmup_before_capture = true;
+    }
     use(q);
     use(k);
     use(v);
     if (mask) use(*mask);
     def(y);
     Plan* pl = &plan;
+    auto mode = std::make_shared<std::atomic<int>>(0);             // cuDNN: 0 untried, 1 works, 2 refused
+    if (sdpa_slot) sdpa_slot->steps.push_back(plan.steps.size());  // named after its engine
     add_step(
         node->name,
         [=](cudaStream_t s) {
@@ -1542,11 +1567,62 @@ struct Lowering {
           a.v = pl->ptr(v);
           a.out = pl->ptr(y);
           a.mask = mask ? pl->ptr(*mask) : nullptr;
+          if (sdpa_slot && sdpa_slot->plan && mode->load() != 2) {
+            int r = graph_sdpa_forward(*sdpa_slot->plan, a.q, a.k, a.v, a.out, aa.scale, pl->workspace, s);
+            if (r == 0 || mode->load() == 1) {
+              if (r == 0) mode->store(1);
+              return r;
+            }
+            mode->store(2);
+          }
           return tc ? launch_attention_tc(a, s) : launch_attention(a, s);
         },
-        "attention", attn_shapes(aa, tc ? "flash, tensor cores" : "flash"));
+        "attention",
+        attn_shapes(aa, cudnn_sdpa ? "cuDNN fused attention, else flash, tensor cores"
+                        : tc       ? "flash, tensor cores"
+                                   : "flash"));
     set_out(0, y);
     return {};
+  }
+
+  // cuDNN's fused attention geometry of a flash-path attention (conv.hpp
+  // SdpaGeometry): q/k/v as read, y the output with heads inside rows.
+  static SdpaGeometry sdpa_geometry(const AttnArgs& aa, const DevTensor& q, const DevTensor& k, const DevTensor& v,
+                                    const DevTensor& y) {
+    SdpaGeometry g;
+    g.b = aa.B, g.h = aa.H, g.l = aa.L, g.s = aa.S, g.d = aa.D, g.dv = aa.Dv;
+    g.bf16 = aa.bf16 != 0;
+    g.causal = aa.causal != 0;
+    auto strides = [](const DevTensor& t, std::int64_t(&out)[4]) {
+      for (std::size_t i = 0; i < 4; ++i)
+        if (t.shape[i] != 1) out[i] = t.strides[i];
+    };
+    // A dimension of size 1 takes the dense stride (its stride is never
+    // used; cuDNN checks alignment on all of them).
+    const std::int64_t qd[4] = {aa.H * aa.L * aa.D, aa.L * aa.D, aa.D, 1},
+                       kd[4] = {aa.H * aa.S * aa.D, aa.S * aa.D, aa.D, 1},
+                       vd[4] = {aa.H * aa.S * aa.Dv, aa.S * aa.Dv, aa.Dv, 1};
+    std::copy(qd, qd + 4, g.q_s);
+    std::copy(kd, kd + 4, g.k_s);
+    std::copy(vd, vd + 4, g.v_s);
+    strides(q, g.q_s);
+    strides(k, g.k_s);
+    strides(v, g.v_s);
+    for (std::size_t i = 0; i < 4; ++i) g.o_s[i] = y.strides[i];
+    return g;
+  }
+  // Whether cuDNN's fused attention can run this step: no mask but the
+  // causal one, sdpa_graph_applies, q/k/v/y of rank 4 with no zero
+  // (broadcast) strides and 16-byte aligned base addresses.
+  bool sdpa_candidate(const AttnArgs& aa, const DevTensor& q, const DevTensor& k, const DevTensor& v,
+                      const DevTensor& y) const {
+    if (aa.mask_kind != 0) return false;
+    for (const DevTensor* t : {&q, &k, &v, &y}) {
+      if (t->shape.size() != 4 || base_bytes(*t) % 16 != 0) return false;
+      for (std::size_t i = 0; i < 4; ++i)
+        if (t->shape[i] != 1 && t->strides[i] <= 0) return false;
+    }
+    return sdpa_graph_applies(sdpa_geometry(aa, q, k, v, y));
   }
 
   static std::string attn_shapes(const AttnArgs& aa, const char* path) {
@@ -1873,12 +1949,15 @@ struct Lowering {
   // geometry), so the geometries are compiled together on several threads
   // instead of one by one as the lowering meets them. A slot left empty
   // (cuDNN has no engine) makes its step take the unfused path at run time.
+  // Fused attention's cuDNN plans (EngineOptions::cudnn_attention) take
+  // slots of their own kind (`sdpa` set), filled the same way.
   struct GraphSlot {
     ConvGeometry cg;
     bool with_z = false;
-    std::string key;                      // the choice key of the serialized plan
-    std::shared_ptr<GraphConvPlan> plan;  // set once, before the first run
-    std::vector<std::size_t> steps;       // plan.steps indices named after the engine
+    std::optional<SdpaGeometry> sdpa;
+    std::string key;                  // the choice key of the serialized plan
+    std::shared_ptr<GraphPlan> plan;  // set once, before the first run
+    std::vector<std::size_t> steps;   // plan.steps indices named after the engine
   };
   std::map<std::string, std::shared_ptr<GraphSlot>> graph_plans;
 
@@ -2292,9 +2371,11 @@ struct Lowering {
         GraphSlot& s = *todo[i];
         bool cached = false;
         if (auto bytes = eng.find_choice(s.key, &cached))
-          s.plan = graph_conv_from_bytes(h, s.with_z, kMaxConvWorkspaceBytes, *bytes);
+          s.plan = s.sdpa ? graph_sdpa_from_bytes(h, s.sdpa->causal, kMaxConvWorkspaceBytes, *bytes)
+                          : graph_conv_from_bytes(h, s.with_z, kMaxConvWorkspaceBytes, *bytes);
         if (s.plan) continue;
-        auto made = graph_conv_prepare(h, s.cg, s.with_z, kMaxConvWorkspaceBytes);
+        auto made = s.sdpa ? graph_sdpa_prepare(h, *s.sdpa, kMaxConvWorkspaceBytes)
+                           : graph_conv_prepare(h, s.cg, s.with_z, kMaxConvWorkspaceBytes);
         if (!made) {
           status[i] = made.error();
           continue;
@@ -2309,7 +2390,7 @@ struct Lowering {
     work(dnn);  // this thread: the lowering's handle, on the plan's device already
     for (auto& t : pool) t.join();
     for (auto& st : status)
-      if (!st) return make_error(st.error().code(), "batch norm folding (cuDNN graph): " + st.error().message());
+      if (!st) return make_error(st.error().code(), "cuDNN graph plan: " + st.error().message());
     for (auto& [key, slot] : graph_plans) {
       if (!slot || !slot->plan) continue;
       plan.workspace_bytes = std::max(plan.workspace_bytes, graph_conv_workspace_bytes(*slot->plan));
@@ -2398,7 +2479,7 @@ struct Lowering {
     if (gp) gp->steps.push_back(plan.steps.size());  // named after its engine by prepare_graph_plans
     add_step(name, [pl, cp, gp, graph, x, w, sc, bf, z, y, mode, count, inner, channels, bf16](cudaStream_t s) {
       if (!cp) return static_cast<int>(cudaErrorNotReady);  // a dry plan's step (never run)
-      const GraphConvPlan* gc = gp ? gp->plan.get() : nullptr;
+      const GraphPlan* gc = gp ? gp->plan.get() : nullptr;
       const void* xp = pl->ptr(x);
       const void* wp = pl->ptr(w);
       void* yp = pl->ptr(y);

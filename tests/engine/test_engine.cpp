@@ -897,8 +897,8 @@ TEST_CASE("engine: a GEMM with a misaligned N splits into an aligned GEMM, a tai
     CHECK(d->step_kinds[2] == "copy");
     CHECK(d->step_shapes[2].rfind("[1024,1025]", 0) == 0);
     // EngineOptions::split_misaligned_gemm off: one GEMM into the dense rows.
-    auto one = dry_plan(l.program, {{1024, 128}}, fuse, 90,
-                        options_with([](auto& o) { o.split_misaligned_gemm = false; }));
+    auto one =
+        dry_plan(l.program, {{1024, 128}}, fuse, 90, options_with([](auto& o) { o.split_misaligned_gemm = false; }));
     REQUIRE_MESSAGE(one.has_value(), (one ? "" : one.error().to_string()));
     REQUIRE(one->steps.size() == 1);
     CHECK(one->steps[0] == head);
@@ -1112,9 +1112,9 @@ TEST_CASE("engine: batch norm folds into the convolution before it (no device), 
       for (auto layout : {engine::ConvLayout::kAuto, engine::ConvLayout::kNchw}) {
         auto folded = dry_plan(l.program, shapes, true, 90, options_with([&](auto& o) { o.conv_layout = layout; }));
         auto kept = dry_plan(l.program, shapes, true, 90, options_with([&](auto& o) {
-                                o.conv_layout = layout;
-                                o.fold_batch_norm = false;
-                              }));
+                               o.conv_layout = layout;
+                               o.fold_batch_norm = false;
+                             }));
         auto eager = dry_plan(l.program, shapes, false, 90, options_with([&](auto& o) { o.conv_layout = layout; }));
         REQUIRE_MESSAGE(folded.has_value(), (folded ? "" : folded.error().to_string()));
         REQUIRE_MESSAGE(kept.has_value(), (kept ? "" : kept.error().to_string()));
@@ -1399,12 +1399,13 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
         const bool fuse = variant % 2 == 0, ptr_arrays = variant < 2;
         CAPTURE(fuse);
         CAPTURE(ptr_arrays);
-        auto flash = dry_plan(l.program, shapes, fuse, 90, options_with([](auto& o) { o.attention_workspace_bytes = 0; }));
+        auto flash =
+            dry_plan(l.program, shapes, fuse, 90, options_with([](auto& o) { o.attention_workspace_bytes = 0; }));
         REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
         auto mat = dry_plan(l.program, shapes, fuse, 90, options_with([&](auto& o) {
-                               o.attention_workspace_bytes = ~0ull;
-                               o.attention_pointer_arrays = ptr_arrays;
-                             }));
+                              o.attention_workspace_bytes = ~0ull;
+                              o.attention_pointer_arrays = ptr_arrays;
+                            }));
         REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
         auto count = [](const std::vector<std::string>& kinds, const std::string& k) {
           return static_cast<int>(std::count(kinds.begin(), kinds.end(), k));
@@ -1907,7 +1908,8 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     // workspace bound; without it (or on sm_75) the two other paths.
     for (int sm : {90, 75}) {
       for (std::uint64_t ws : {std::uint64_t{0}, ~std::uint64_t{0}}) {
-        auto tc = dry_plan(sp.program, shapes, true, sm, options_with([&](auto& o) { o.attention_workspace_bytes = ws; }));
+        auto tc =
+            dry_plan(sp.program, shapes, true, sm, options_with([&](auto& o) { o.attention_workspace_bytes = ws; }));
         REQUIRE_MESSAGE(tc.has_value(), (tc ? "" : tc.error().to_string()));
         const bool want_tc = c.bf16 && sm >= 80;
         const auto it = std::find(tc->step_kinds.begin(), tc->step_kinds.end(), "attention");
@@ -1917,10 +1919,23 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
         if (want_tc) CHECK(std::count(tc->step_kinds.begin(), tc->step_kinds.end(), "attention_softmax") == 0);
       }
     }
+    // EngineOptions::cudnn_attention: bfloat16 without a mask other than the
+    // causal one, head dims multiples of 8, 16-byte rows (every case here
+    // whose heads are views of [B, L, H, D] or compact) plans cuDNN's fused
+    // attention first; never without the option, a mask, or for float32.
+    for (bool on : {true, false}) {
+      auto d = dry_plan(sp.program, shapes, true, 90, options_with([&](auto& o) { o.cudnn_attention = on; }));
+      REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+      const bool want = on && c.bf16 && c.mask == 0 && c.D % 8 == 0 && c.Dv % 8 == 0;
+      const auto it = std::find(d->step_kinds.begin(), d->step_kinds.end(), "attention");  // float32: materialized
+      const std::string shape =
+          it == d->step_kinds.end() ? "" : d->step_shapes[static_cast<std::size_t>(it - d->step_kinds.begin())];
+      CHECK_MESSAGE((shape.find("cuDNN fused attention") != std::string::npos) == want, shape);
+    }
     auto flash = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
-                           o.attention_workspace_bytes = 0;
-                           o.attention_tensor_cores = false;
-                         }));
+                            o.attention_workspace_bytes = 0;
+                            o.attention_tensor_cores = false;
+                          }));
     REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
     CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == 1);
     // Transposed views of [B, L, H, D] cannot share one batch stride: one
@@ -1928,19 +1943,19 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     // the GEMMs take pointer arrays (the default): then one group.
     const bool split = c.transposed && c.L > 1 && c.B > 1 && c.H > 1;
     auto strided = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
-                             o.attention_workspace_bytes = ~0ull;
-                             o.attention_tensor_cores = false;
-                             o.attention_pointer_arrays = false;
-                           }));
+                              o.attention_workspace_bytes = ~0ull;
+                              o.attention_tensor_cores = false;
+                              o.attention_pointer_arrays = false;
+                            }));
     REQUIRE_MESSAGE(strided.has_value(), (strided ? "" : strided.error().to_string()));
     CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "attention_softmax") ==
           (split && c.B < 4 ? c.B : 1));
     CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "copy") == (split && c.B >= 4 ? 3 : 0));
     CHECK(std::count(strided->step_kinds.begin(), strided->step_kinds.end(), "attention_pointers") == 0);
     auto mat = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
-                         o.attention_workspace_bytes = ~0ull;
-                         o.attention_tensor_cores = false;
-                       }));
+                          o.attention_workspace_bytes = ~0ull;
+                          o.attention_tensor_cores = false;
+                        }));
     REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
     CHECK(std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention") == 0);
     const auto groups = std::count(mat->step_kinds.begin(), mat->step_kinds.end(), "attention_softmax");
@@ -2001,20 +2016,23 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
 TEST_CASE("engine: synthetic SDPA programs match the CPU reference through every attention path") {
   if (!have_device()) return;
   // CUDA-core flash, materialized (pointer-array GEMMs where heads are split,
-  // the default), (bfloat16) the tensor-core flash kernel, and materialized
-  // with strided GEMMs only (copies / one group per batch element).
-  for (int path = 0; path < 4; ++path) {
+  // the default), (bfloat16) the tensor-core flash kernel, materialized
+  // with strided GEMMs only (copies / one group per batch element), and
+  // (bfloat16) cuDNN's fused attention where it applies (the kernel elsewhere).
+  for (int path = 0; path < 5; ++path) {
     engine::EngineOptions o = no_cache();
     o.attention_workspace_bytes = path == 1 || path == 3 ? ~std::uint64_t{0} : 0;
-    o.attention_tensor_cores = path == 2;
+    o.attention_tensor_cores = path == 2 || path == 4;
     o.attention_pointer_arrays = path != 3;
+    o.cudnn_attention = path == 4;
     auto eng = make_engine(o);
     for (const auto& c : sdpa_cases()) {
-      if (path == 2 && !c.bf16) continue;  // float32 never takes it
+      if ((path == 2 || path == 4) && !c.bf16) continue;  // float32 never takes them
       std::string what = c.name + (path == 0   ? " flash"
                                    : path == 1 ? " materialized"
                                    : path == 2 ? " flash on tensor cores"
-                                               : " materialized, strided GEMMs");
+                                   : path == 3 ? " materialized, strided GEMMs"
+                                               : " cuDNN fused attention");
       CAPTURE(what);
       SdpaProgram sp = make_sdpa_program(c);
       auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
