@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
 }
 
 // --------------------------------------- attention, materialized scores
-// One block per score row (scale already applied by the Q K^T GEMM): mask,
+// Rows of more than 1024 keys (attention_softmax_warp_kernel below takes the
+// others): one block per score row (scale already applied by the Q K^T GEMM): mask,
 // max, sum of exp, probabilities. Each thread touches the same columns in
 // every pass, so the in-place float32 case needs no extra barrier. A causal
 // row reads its scores up to the diagonal only (the masked ones are never
@@ -260,6 +261,99 @@ __global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
       static_cast<__nv_bfloat16*>(a.probs)[r * a.S + s] = __float2bfloat16_rn(p);
     else
       static_cast<float*>(a.probs)[r * a.S + s] = p;
+  }
+}
+
+// Rows of up to kChunks * 128 keys: one warp per row, the row in registers
+// (lane l holds keys c * 128 + 4 l .. + 3 of chunk c), so it is read once
+// and written once (the block kernel above reads it three times); the same
+// semantics. `vec`: S a multiple of 4 and both buffers 16-byte aligned
+// (float4 reads, float4 / 8-byte bfloat16 writes), else element by element.
+constexpr int kSoftmaxWarpRows = 8;  // rows (warps) per block
+template <int kChunks>
+__global__ void __launch_bounds__(32 * kSoftmaxWarpRows) attention_softmax_warp_kernel(AttnSoftmaxArgs a, int vec) {
+  const long long r = static_cast<long long>(blockIdx.x) * kSoftmaxWarpRows + threadIdx.x / 32;
+  if (r >= a.rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const long long l = r % a.L, bh = r / a.L;
+  const long long b = a.b0 + bh / a.H, h = bh % a.H;
+  const float* row = a.scores + r * a.S;
+  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;
+  long long kn = a.S;
+  if (a.causal) {
+    const long long br = a.block_rows > 0 ? a.block_rows : a.L;
+    long long r1 = (l / br + 1) * br;
+    if (r1 > a.L) r1 = a.L;
+    if (r1 < kn) kn = r1;
+  }
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
+  float x[kChunks][4];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const long long s0 = static_cast<long long>(c * 32 + lane) * 4;
+    if (vec && s0 <= last) {  // s0 + 3 < S: S is a multiple of 4
+      const float4 v = *reinterpret_cast<const float4*>(row + s0);
+      x[c][0] = v.x, x[c][1] = v.y, x[c][2] = v.z, x[c][3] = v.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[c][e] = s0 + e <= last ? row[s0 + e] : -INFINITY;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const long long s = s0 + e;
+      if (s > last) {
+        x[c][e] = -INFINITY;
+      } else if (a.mask_kind == 1) {
+        if (!mb[mrow + s * a.m_s[3]]) x[c][e] = -INFINITY;
+      } else if (a.mask_kind == 2) {
+        x[c][e] += ld(a.mask, mrow + s * a.m_s[3], a.mask_bf16);
+      }
+      mx = fmaxf(mx, x[c][e]);
+    }
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[c][e] = (mx == -INFINITY || x[c][e] == -INFINITY) ? 0.f : expf(x[c][e] - mx);
+      sum += x[c][e];
+    }
+  sum = warp_sum(sum);
+  const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
+  auto* pf = static_cast<float*>(a.probs) + r * a.S;
+  auto* pb = static_cast<__nv_bfloat16*>(a.probs) + r * a.S;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const long long s0 = static_cast<long long>(c * 32 + lane) * 4;
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = x[c][e] * inv;  // masked and past `last`: 0
+    if (vec && s0 + 3 < kn) {
+      if (a.probs_bf16) {
+        uint2 u;
+        u.x = static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(p[0]))) |
+              static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(p[1]))) << 16;
+        u.y = static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(p[2]))) |
+              static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(p[3]))) << 16;
+        *reinterpret_cast<uint2*>(pb + s0) = u;
+      } else {
+        *reinterpret_cast<float4*>(pf + s0) = make_float4(p[0], p[1], p[2], p[3]);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const long long s = s0 + e;
+      if (s >= kn) break;
+      if (a.probs_bf16)
+        pb[s] = __float2bfloat16_rn(p[e]);
+      else
+        pf[s] = p[e];
+    }
   }
 }
 
@@ -527,7 +621,18 @@ template <class Launch>
 int dispatch_attention_softmax(Launch&& launch, const AttnSoftmaxArgs& a) {
   if (a.rows <= 0 || a.S <= 0) return 0;
   if (a.rows > 0x7fffffffLL) return kLaunchInvalidValue;
-  const unsigned threads = a.S >= 2048 ? 512 : (a.S >= 512 ? 256 : 128);
+  if (a.S <= 1024) {  // a warp per row, the row in registers
+    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    const int vec = a.S % 4 == 0 && aligned(a.scores) && aligned(a.probs) ? 1 : 0;
+    const dim3 grid(static_cast<unsigned>((a.rows + kSoftmaxWarpRows - 1) / kSoftmaxWarpRows));
+    const dim3 block(32 * kSoftmaxWarpRows);
+    const long long chunks = (a.S + 127) / 128;
+    if (chunks <= 1) return launch(grid, block, 0, attention_softmax_warp_kernel<1>, a, vec);
+    if (chunks <= 2) return launch(grid, block, 0, attention_softmax_warp_kernel<2>, a, vec);
+    if (chunks <= 4) return launch(grid, block, 0, attention_softmax_warp_kernel<4>, a, vec);
+    return launch(grid, block, 0, attention_softmax_warp_kernel<8>, a, vec);
+  }
+  const unsigned threads = a.S >= 2048 ? 512 : 256;
   return launch(dim3(static_cast<unsigned>(a.rows)), dim3(threads), 0, attention_softmax_kernel, a);
 }
 

@@ -229,12 +229,18 @@ TEST_CASE("materialized attention softmax kernel on the host emulator: causal, m
     bool probs_bf16;
     long long block_rows = 0;  // causal row blocks of the P V GEMMs
   };
-  const Case cases[] = {
-      {1, 2, 5, 7, 0, true, 0, false},  // L < S: keys past L never read by P V
-      {2, 2, 4, 600, 1, false, 1, true},    {2, 1, 6, 6, 0, true, 2, false}, {1, 3, 3, 2100, 0, false, 2, true},
-      {1, 1, 9, 5, 0, true, 1, false},       // L > S: causal rows past the last key keep every key
-      {1, 2, 11, 11, 0, true, 0, false, 4},  // row blocks [0,4) [4,8) [8,11), in place
-      {2, 1, 10, 7, 1, true, 1, true, 3}};   // blocks past the keys, bf16 probabilities
+  const Case cases[] = {{1, 2, 5, 7, 0, true, 0, false},  // L < S: keys past L never read by P V
+                        {2, 2, 4, 600, 1, false, 1, true},
+                        {2, 1, 6, 6, 0, true, 2, false},
+                        {1, 3, 3, 2100, 0, false, 2, true},
+                        {1, 1, 9, 5, 0, true, 1, false},       // L > S: causal rows past the last key keep every key
+                        {1, 2, 11, 11, 0, true, 0, false, 4},  // row blocks [0,4) [4,8) [8,11), in place
+                        {2, 1, 10, 7, 1, true, 1, true, 3},    // blocks past the keys, bf16 probabilities
+                        // The warp-per-row kernel's float4 path (S a multiple of 4, <= 1024):
+                        {2, 2, 6, 128, 0, true, 2, false, 4},    // BERT-like rows, in place, row blocks
+                        {1, 2, 40, 1024, 0, true, 0, true, 16},  // GPT-2-like: causal rows past kn untouched
+                        {1, 1, 5, 1000, 0, false, 1, false},     // 8 chunks, the last one partly past S
+                        {1, 1, 3, 1028, 0, true, 0, false}};     // just past 1024: the block kernel
   for (const Case& c : cases) {
     CAPTURE(c.S);
     CAPTURE(c.mask_kind);
