@@ -37,7 +37,8 @@
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
-// split_misaligned_gemm; --cudnn-attention sets cudnn_attention.
+// split_misaligned_gemm; --cudnn-attention and --attention-3xtf32 set
+// cudnn_attention and attention_3xtf32.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -80,6 +81,7 @@ struct BenchEngineArgs {
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
   bool cudnn_attention = false;
+  bool attention_3xtf32 = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -289,6 +291,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
   eo.cudnn_attention = a.cudnn_attention;
+  eo.attention_3xtf32 = a.attention_3xtf32;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -517,6 +520,8 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--cudnn-attention", args->cudnn_attention,
                 "bfloat16 attention through cuDNN's fused flash-attention engines where they apply "
                 "(EngineOptions::cudnn_attention on)");
+  sub->add_flag("--attention-3xtf32", args->attention_3xtf32,
+                "float32 attention on the tensor cores in 3xTF32 (EngineOptions::attention_3xtf32 on)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

@@ -305,6 +305,15 @@ struct EngineOptions {
   // ms a layer, cuDNN's 0.172 in torch.compile's plan); `bench-engine
   // --cudnn-attention` turns it on.
   bool cudnn_attention = false;
+  // float32 attention on the tensor cores in 3xTF32 (each operand split
+  // into two TF32 parts, three products: float32 accuracy within a few ulps,
+  // as PyTorch's memory-efficient attention computes float32 on sm_80+,
+  // aten/src/ATen/native/transformers/cuda/mem_eff_attention/
+  // gemm_kernel_utils.h) through a flash-style kernel, instead of the
+  // materialized path or the CUDA-core kernel (sm_80 and later; with
+  // attention_tensor_cores). Off by default until measured on a GPU;
+  // `bench-engine --attention-3xtf32` turns it on.
+  bool attention_3xtf32 = false;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
   // Its directory. Empty: enginecache::CompileCache::default_dir()

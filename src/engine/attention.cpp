@@ -13,7 +13,7 @@ namespace safeckpt::engine::detail {
 
 AttnChoice choose_attention(const AttnShape& s, std::uint64_t max_workspace_bytes) {
   AttnChoice c;
-  if (s.bf16 && s.tensor_cores && s.D > 0 && s.Dv > 0 && s.D <= 128 && s.Dv <= 128) {
+  if ((s.bf16 || s.fp32_tensor_cores) && s.tensor_cores && s.D > 0 && s.Dv > 0 && s.D <= 128 && s.Dv <= 128) {
     c.tensor_core_flash = true;
     return c;
   }

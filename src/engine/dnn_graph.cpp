@@ -431,7 +431,7 @@ bool sdpa_graph_applies(const SdpaGeometry& g) {
 }
 
 std::string sdpa_choice_key(const SdpaGeometry& g, std::uint64_t max_workspace) {
-  std::string k = "graph plan sdpa cudnn " + std::to_string(cudnnGetVersion()) + ":";
+  std::string k = "graph plan sdpa v1 cudnn " + std::to_string(cudnnGetVersion()) + ":";  // v: the graph as built
   for (long long v : {g.b, g.h, g.l, g.s, g.d, g.dv}) k += std::to_string(v) + ",";
   for (const auto* st : {&g.q_s, &g.k_s, &g.v_s, &g.o_s})
     for (std::int64_t v : *st) k += std::to_string(v) + ",";

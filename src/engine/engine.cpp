@@ -467,8 +467,16 @@ Status ProgramImpl::execute(Plan& plan) {
     }
     return {};
   };
+  // cuDNN graph steps whose first call cuDNN refused (Plan::dnn_refusals).
+  auto warn_dnn_refusals = [&] {
+    if (const int n = plan.dnn_refusals.exchange(0); n > 0)
+      eng->warn(std::to_string(n) + " cuDNN graph step(s) refused by cuDNN on their first call; they run " +
+                    "their fallback (the attention kernel, or the unfused convolution)",
+                nullptr);
+  };
   if (!plan.compiled) {
     SAFECKPT_CHECK(launch_steps(true));
+    warn_dnn_refusals();
     SAFECKPT_CHECK(all_weights());  // no output unless every weight landed
     ++stats.eager_runs;
   } else {
@@ -484,6 +492,7 @@ Status ProgramImpl::execute(Plan& plan) {
       if (plan.warmup_before_capture) {
         SAFECKPT_CHECK(launch_steps(true));
         ENG_CUDA(cudaStreamSynchronize(stream), "warm-up run before capture");
+        warn_dnn_refusals();
       }
       ENG_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       Status st = launch_steps(false);  // captured, not run: addresses only

@@ -175,6 +175,9 @@ int launch_attention(const AttnArgs& a, void* stream);
 // The tensor-core flash kernel (attention_tc_device.cuh): bfloat16 only, sm_80 and
 // later, D and Dv <= 128.
 int launch_attention_tc(const AttnArgs& a, void* stream);
+// The 3xTF32 tensor-core flash kernel (attention_tf32_device.cuh): float32
+// only, sm_80 and later, D and Dv <= 128.
+int launch_attention_tf32x3(const AttnArgs& a, void* stream);
 // Which attention lowering a shape gets (safeckpt/engine.hpp, "Attention"):
 // host logic, tested without a device.
 struct AttnShape {
@@ -184,11 +187,12 @@ struct AttnShape {
   // stride (B == 1, H == 1 or stride(b) == H * stride(h) for each): a group
   // may hold several batch elements.
   bool batch_collapsible = false;
-  bool tensor_cores = false;  // the device has bf16 tensor cores (sm_80 and later)
+  bool tensor_cores = false;       // the device has bf16 tensor cores (sm_80 and later)
+  bool fp32_tensor_cores = false;  // float32 may take the 3xTF32 kernel (EngineOptions::attention_3xtf32)
 };
 struct AttnChoice {
   bool materialized = false;       // else a flash-style kernel
-  bool tensor_core_flash = false;  // the flash kernel on the tensor cores (bfloat16 on sm_80+)
+  bool tensor_core_flash = false;  // the flash kernel on the tensor cores (bf16, or fp32 in 3xTF32, on sm_80+)
   long long group_batches = 0;     // batch elements per group (a divisor of B)
   long long groups = 0;            // B / group_batches: GEMM, softmax, GEMM per group
   std::uint64_t score_bytes = 0;   // float32 scores of one group

@@ -1467,8 +1467,16 @@ struct Lowering {
       return fail(ErrorCode::kInternal, "attention output shape disagrees with tensor_meta");
     // The materialized path's GEMMs need row strides >= the head dim and
     // non-zero batch strides (expanded operands are copied first).
-    AttnShape ash{
-        aa.B, aa.H, aa.L, aa.S, aa.D, aa.Dv, aa.bf16 != 0, false, eng.sm >= 80 && eng.opt.attention_tensor_cores};
+    AttnShape ash{aa.B,
+                  aa.H,
+                  aa.L,
+                  aa.S,
+                  aa.D,
+                  aa.Dv,
+                  aa.bf16 != 0,
+                  false,
+                  eng.sm >= 80 && eng.opt.attention_tensor_cores,
+                  eng.opt.attention_3xtf32};
     AttnChoice choice = choose_attention(ash, eng.opt.attention_workspace_bytes);
     if (choice.materialized) {
       for (DevTensor* t : {&q, &k, &v}) {
@@ -1533,12 +1541,14 @@ struct Lowering {
     // whose first cuDNN call fails, runs the kernel (the same values).
     std::shared_ptr<GraphSlot> sdpa_slot;
     const bool cudnn_sdpa = tc && eng.opt.cudnn_attention && sdpa_candidate(aa, q, k, v, y);
-    if (cudnn_sdpa && eng.lt != nullptr) {  // a device plan
-      if (!dnn) {
-        auto h = dnn_create();
-        if (!h) return fail(h.error().code(), h.error().message());
+    if (cudnn_sdpa && eng.lt != nullptr && !dnn) {  // a device plan: cuDNN missing is no error here
+      auto h = dnn_create();
+      if (h)
         dnn = *h;
-      }
+      else
+        eng.warn("cuDNN fused attention off: " + h.error().message(), nullptr);
+    }
+    if (cudnn_sdpa && eng.lt != nullptr && dnn) {
       const SdpaGeometry sg = sdpa_geometry(aa, q, k, v, y);
       const std::string key = sdpa_choice_key(sg, kMaxConvWorkspaceBytes);
       auto& slot = graph_plans[key];
@@ -1574,13 +1584,17 @@ struct Lowering {
               return r;
             }
             mode->store(2);
+            pl->dnn_refusals.fetch_add(1);
+            (void)cudaGetLastError();  // cuDNN's, if any: not the kernel's launch error
           }
-          return tc ? launch_attention_tc(a, s) : launch_attention(a, s);
+          if (!tc) return launch_attention(a, s);
+          return a.bf16 ? launch_attention_tc(a, s) : launch_attention_tf32x3(a, s);
         },
         "attention",
-        attn_shapes(aa, cudnn_sdpa ? "cuDNN fused attention, else flash, tensor cores"
-                        : tc       ? "flash, tensor cores"
-                                   : "flash"));
+        attn_shapes(aa, cudnn_sdpa       ? "cuDNN fused attention, else flash, tensor cores"
+                        : tc && !aa.bf16 ? "flash, tensor cores (3xTF32)"
+                        : tc             ? "flash, tensor cores"
+                                         : "flash"));
     set_out(0, y);
     return {};
   }
@@ -2352,6 +2366,7 @@ struct Lowering {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     const std::size_t threads = std::min<std::size_t>({todo.size(), hw, 8});
     std::vector<Status> status(todo.size());
+    std::vector<std::string> sdpa_notes(todo.size());
     std::atomic<std::size_t> next{0};
     auto work = [&](std::shared_ptr<DnnHandle> h) {
       if (!h) {
@@ -2376,6 +2391,10 @@ struct Lowering {
         if (s.plan) continue;
         auto made = s.sdpa ? graph_sdpa_prepare(h, *s.sdpa, kMaxConvWorkspaceBytes)
                            : graph_conv_prepare(h, s.cg, s.with_z, kMaxConvWorkspaceBytes);
+        if (!made && s.sdpa) {  // attention has its kernel: a warning, not an error
+          sdpa_notes[i] = "cuDNN fused attention not planned (" + made.error().message() + "); the kernel runs it";
+          continue;
+        }
         if (!made) {
           status[i] = made.error();
           continue;
@@ -2391,6 +2410,8 @@ struct Lowering {
     for (auto& t : pool) t.join();
     for (auto& st : status)
       if (!st) return make_error(st.error().code(), "cuDNN graph plan: " + st.error().message());
+    for (auto& n : sdpa_notes)
+      if (!n.empty()) eng.warn(std::move(n), nullptr);
     for (auto& [key, slot] : graph_plans) {
       if (!slot || !slot->plan) continue;
       plan.workspace_bytes = std::max(plan.workspace_bytes, graph_conv_workspace_bytes(*slot->plan));
@@ -2496,6 +2517,8 @@ struct Lowering {
           return r;
         }
         mode->store(2);
+        pl->dnn_refusals.fetch_add(1);
+        (void)cudaGetLastError();  // cuDNN's, if any: not the fallback's
       }
       int r = conv_forward(*cp, xp, wp, yp, pl->workspace, pl->workspace_bytes, s);
       if (r != 0) return r;

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -167,7 +168,11 @@ struct Plan {
   void* workspace = nullptr;
   std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
   bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
-  std::vector<ConvGeometry> convs;                  // each convolution step's geometry, in order
+  // cuDNN graph steps (folded convolutions, fused attention) whose first
+  // call cuDNN refused, so that they run their fallback; the engine turns
+  // the count into a warning after the run that saw it.
+  std::atomic<int> dnn_refusals{0};
+  std::vector<ConvGeometry> convs;  // each convolution step's geometry, in order
   int* error_flag = nullptr;
   std::vector<std::string> checked_nodes;  // embedding / gather / index nodes whose indices the flag reports
   std::vector<std::pair<std::int32_t, DevTensor>> inputs;  // user input value id -> fixed buffer

@@ -490,6 +490,44 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::u
   }
 }
 
+// cvt.rna.tf32.f32: the nearest value with 10 explicit mantissa bits, ties
+// away from zero (the low 13 bits cleared); NaN and infinities unchanged.
+inline float cvt_rna_tf32(float x) {
+  std::uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u = (u + 0x1000u) & 0xffffe000u;
+  return __uint_as_float(u);
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, warp-collective (PTX
+// ISA "Matrix Fragments for mma.m16n8k8", .tf32): A 16 x 8 with a0 = (g, t),
+// a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4); B 8 x 8 with b0 =
+// (t, g), b1 = (t + 4, g); d as mma_m16n8k16_bf16's. The tensor core reads
+// the upper 19 bits of each operand (the low 13 are ignored: modelled by
+// clearing them); products exact in fp32, summed in k order.
+inline void mma_m16n8k8_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  struct Frag {
+    std::uint32_t a[4], b[2];
+  };
+  Frag mine{}, all[32];
+  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
+  mine.b[0] = b0;
+  mine.b[1] = b1;
+  warp_exchange(mine, all);
+  auto tf32 = [](std::uint32_t w) { return __uint_as_float(w & 0xffffe000u); };
+  auto A = [&](unsigned row, unsigned k) {
+    return tf32(all[(row % 8) * 4 + k % 4].a[(row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
+  };
+  auto B = [&](unsigned k, unsigned col) { return tf32(all[col * 4 + k % 4].b[k >= 4 ? 1 : 0]); };
+  const unsigned l = lane_id(), g = l / 4, t = l % 4;
+  for (unsigned e = 0; e < 4; ++e) {
+    const unsigned row = g + (e >= 2 ? 8 : 0), col = 2 * t + e % 2;
+    float acc = 0.f;
+    for (unsigned k = 0; k < 8; ++k) acc += A(row, k) * B(k, col);
+    d[e] += acc;
+  }
+}
+
 // cp.async.cg.shared.global 16 bytes (zero-filled when !valid), commit_group
 // and wait_group N. The PTX lets a copy land any time between its issue and
 // the wait_group that leaves fewer groups in flight; the emulator takes one

@@ -1828,6 +1828,13 @@ std::vector<SdpaCase> sdpa_cases() {
   c = SdpaCase{"bf16 D=Dv=128 L=S=96", 1, 2, 96, 96, 128, 128};
   c.bf16 = true;
   v.push_back(c);
+  // No mask, but a head dim cuDNN's fused attention does not take (not a
+  // multiple of 8): the tensor-core kernel with cudnn_attention on too.
+  c = SdpaCase{"bf16 causal L=S=45 D=Dv=20 compact", 1, 2, 45, 45, 20, 20};
+  c.bf16 = true;
+  c.causal = true;
+  c.transposed = false;
+  v.push_back(c);
   // Long causal rows: the materialized path's row blocks (keys up to the
   // block's last row only), L > S (later blocks keep every key), bfloat16
   // probabilities in blocks, a bool mask with the causal one.
@@ -1932,6 +1939,19 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
           it == d->step_kinds.end() ? "" : d->step_shapes[static_cast<std::size_t>(it - d->step_kinds.begin())];
       CHECK_MESSAGE((shape.find("cuDNN fused attention") != std::string::npos) == want, shape);
     }
+    // EngineOptions::attention_3xtf32: float32 on the tensor-core flash
+    // kernel (sm_80+, head dims <= 128), whatever the workspace bound.
+    for (int sm : {90, 75}) {
+      auto d = dry_plan(sp.program, shapes, true, sm, options_with([](auto& o) {
+                          o.attention_3xtf32 = true;
+                          o.attention_workspace_bytes = ~0ull;
+                        }));
+      REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+      const auto it = std::find(d->step_kinds.begin(), d->step_kinds.end(), "attention");
+      const std::string shape =
+          it == d->step_kinds.end() ? "" : d->step_shapes[static_cast<std::size_t>(it - d->step_kinds.begin())];
+      CHECK_MESSAGE((shape.find("3xTF32") != std::string::npos) == (!c.bf16 && sm >= 80), shape);
+    }
     auto flash = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
                             o.attention_workspace_bytes = 0;
                             o.attention_tensor_cores = false;
@@ -2017,28 +2037,39 @@ TEST_CASE("engine: synthetic SDPA programs match the CPU reference through every
   if (!have_device()) return;
   // CUDA-core flash, materialized (pointer-array GEMMs where heads are split,
   // the default), (bfloat16) the tensor-core flash kernel, materialized
-  // with strided GEMMs only (copies / one group per batch element), and
-  // (bfloat16) cuDNN's fused attention where it applies (the kernel elsewhere).
-  for (int path = 0; path < 5; ++path) {
+  // with strided GEMMs only (copies / one group per batch element),
+  // (bfloat16) cuDNN's fused attention where it applies (the kernel
+  // elsewhere), and (float32) the 3xTF32 tensor-core kernel.
+  for (int path = 0; path < 6; ++path) {
     engine::EngineOptions o = no_cache();
     o.attention_workspace_bytes = path == 1 || path == 3 ? ~std::uint64_t{0} : 0;
-    o.attention_tensor_cores = path == 2 || path == 4;
+    o.attention_tensor_cores = path == 2 || path == 4 || path == 5;
     o.attention_pointer_arrays = path != 3;
     o.cudnn_attention = path == 4;
+    o.attention_3xtf32 = path == 5;
     auto eng = make_engine(o);
     for (const auto& c : sdpa_cases()) {
       if ((path == 2 || path == 4) && !c.bf16) continue;  // float32 never takes them
+      if (path == 5 && c.bf16) continue;                  // bfloat16 never takes it
       std::string what = c.name + (path == 0   ? " flash"
                                    : path == 1 ? " materialized"
                                    : path == 2 ? " flash on tensor cores"
                                    : path == 3 ? " materialized, strided GEMMs"
-                                               : " cuDNN fused attention");
+                                   : path == 4 ? " cuDNN fused attention"
+                                               : " 3xTF32 flash on tensor cores");
       CAPTURE(what);
       SdpaProgram sp = make_sdpa_program(c);
       auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
       REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
       auto cp = eng.compile(sp.program, WeightMap{});
       REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
+      if (path == 4) {  // cuDNN ran the eligible cases (a step named after its engine), not the kernel
+        auto prof = cp->profile_host(sp.inputs);
+        REQUIRE_MESSAGE(prof.has_value(), (prof ? "" : prof.error().to_string()));
+        bool cudnn = false;
+        for (const auto& st : prof->steps) cudnn = cudnn || st.name.find("cuDNN graph engine") != std::string::npos;
+        CHECK_MESSAGE(cudnn == (c.mask == 0 && c.D % 8 == 0 && c.Dv % 8 == 0), what);
+      }
       for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
         engine::RunOptions ro;
         ro.stance = s;

@@ -23,6 +23,7 @@
 #pragma GCC diagnostic ignored "-Wshadow"
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "engine/attention_tc_device.cuh"
+#include "engine/attention_tf32_device.cuh"
 #include "engine/kernels_device.cuh"
 #include "engine/pool_device.cuh"
 #pragma GCC diagnostic pop
@@ -275,7 +276,18 @@ TEST_CASE("materialized attention softmax kernel on the host emulator: causal, m
     for (int i = 0; i < 4; ++i) a.m_s[i] = m_s[i];
     a.causal = c.causal ? 1 : 0;
     a.block_rows = c.block_rows;
-    REQUIRE(dispatch_attention_softmax(SimLaunch{}, a) == 0);
+    std::vector<LaunchRecord> log;
+    REQUIRE(dispatch_attention_softmax(SimLaunch{&log}, a) == 0);
+    REQUIRE(log.size() == 1);
+    {  // rows of up to 1024 keys: a warp per row, the instance with enough 128-key chunks
+      const long long chunks = (c.S + 127) / 128;
+      const void* want_kernel = c.S > 1024    ? reinterpret_cast<const void*>(attention_softmax_kernel)
+                                : chunks <= 1 ? reinterpret_cast<const void*>(attention_softmax_warp_kernel<1>)
+                                : chunks <= 2 ? reinterpret_cast<const void*>(attention_softmax_warp_kernel<2>)
+                                : chunks <= 4 ? reinterpret_cast<const void*>(attention_softmax_warp_kernel<4>)
+                                              : reinterpret_cast<const void*>(attention_softmax_warp_kernel<8>);
+      CHECK(log[0].kernel == want_kernel);
+    }
     if (!c.probs_bf16) probs.f = scores;
     std::vector<double> want =
         masked_softmax_ref(sd, c.nb, c.H, c.L, c.S, c.b0, c.causal, c.mask_kind, mask, &amask, m_s);
@@ -542,6 +554,45 @@ TEST_CASE("tensor-core flash attention kernel on the host emulator: mma.sync, ld
       check_close(pr.out, want, 1e-3, 8e-3);
     }
   }
+}
+
+TEST_CASE("3xTF32 flash attention kernel on the host emulator: float32 accuracy from tf32 mma.sync (no device)") {
+  std::mt19937 rng(19);
+  struct Case {
+    long long B, H, L, S, D, Dv;
+    bool causal;
+    int mask_kind;
+    int head_cap;
+    bool reverse;
+  };
+  const Case cases[] = {
+      {1, 1, 130, 130, 64, 64, true, 0, 64, false},  // GPT-2's head, three row blocks, partial key tile
+      {1, 2, 70, 75, 40, 24, false, 1, 64, true},    // D, Dv not multiples of 8 past 16; bool mask; reversed
+      {2, 1, 65, 33, 80, 72, false, 2, 128, false},  // head cap 128, additive mask, L > S
+      {1, 1, 40, 90, 18, 10, true, 0, 64, false}};   // rows not 16-byte aligned: scalar loads
+  for (const Case& c : cases) {
+    CAPTURE(c.L);
+    CAPTURE(c.S);
+    CAPTURE(c.D);
+    CAPTURE(c.Dv);
+    CAPTURE(c.mask_kind);
+    AttnProblem pr(c.B, c.H, c.L, c.S, c.D, c.Dv, c.causal, c.mask_kind, false, false, true, rng);
+    const std::vector<double> want = pr.reference();
+    for (std::size_t i = 0; i < pr.out.size(); ++i) pr.out.set(i, NAN);  // every element written
+    std::vector<LaunchRecord> log;
+    REQUIRE(dispatch_attention_tf32x3(SimLaunch{&log, c.reverse}, pr.a) == 0);
+    REQUIRE(log.size() == 1);
+    CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(tf32x3::attention_tf32x3_kernel<64>)
+                                             : reinterpret_cast<const void*>(tf32x3::attention_tf32x3_kernel<128>)));
+    // float32 accuracy (the CUDA-core kernel's bound above); one TF32
+    // product alone (2^-11 relative) would miss it.
+    check_close(pr.out, want, 1e-4, 1e-5);
+  }
+  AttnArgs bf{};
+  bf.bf16 = 1;
+  bf.B = bf.H = bf.L = bf.S = 1;
+  bf.D = bf.Dv = 64;
+  CHECK(dispatch_attention_tf32x3(SimLaunch{}, bf) == kLaunchInvalidValue);  // float32 only
 }
 
 TEST_CASE("pooling kernels on the host emulator: adaptive average, max with padding and NaN (no device)") {

@@ -1,0 +1,298 @@
+// src/engine/attention_tf32_device.cuh — flash-style attention for float32
+// on the tensor cores with 3xTF32 (sm_80 and later; safeckpt/engine.hpp
+// "Attention", EngineOptions::attention_3xtf32): the kernel and its
+// dispatcher, over a launch policy as in kernels_device.cuh.
+// attention_tc.cu launches it on the device; tests/engine/test_kernels_host.cpp
+// runs it under the host emulator (cuda_host_sim.hpp models mma.sync
+// m16n8k8 tf32 and cvt.rna.tf32).
+//
+// 3xTF32 (CUTLASS's OpMultiplyAddFastF32, which PyTorch's memory-efficient
+// attention uses for float32 on sm_80+: aten/src/ATen/native/transformers/
+// cuda/mem_eff_attention/gemm_kernel_utils.h DefaultGemmType): each float x
+// is split into big = tf32(x) (cvt.rna: 10 mantissa bits) and small =
+// tf32(x - big), and a * b is a_small b_big + a_big b_small + a_big b_big
+// on the tensor cores (a_small b_small, about 2^-22 relative, dropped):
+// float32 accuracy within a few ulps, unlike one TF32 product (2^-11).
+//
+// Grid (B * H, ceil(L / 64)), 128 threads = 4 warps; a block owns 64 query
+// rows (the last row blocks first: under a causal mask they have the most
+// keys), warp w the rows 16w .. 16w+15. Per tile of 32 keys, staged in
+// shared memory as float32 (zeros beyond S and beyond D / Dv):
+//  1. S = Q K^T, 16 x 32 per warp: PTX mma.m16n8k8 tf32 fragments (PTX ISA
+//     "Matrix Fragments for mma.m16n8k8"): A a0 = (g, t), a1 = (g + 8, t),
+//     a2 = (g, t + 4), a3 = (g + 8, t + 4); B b0 = (t, g), b1 = (t + 4, g);
+//     C c0, c1 = (g, 2t), (g, 2t + 1), c2, c3 = the same in row g + 8
+//     (g = lane / 4, t = lane % 4), Q's and K's fragments read from shared
+//     memory and split per use;
+//  2. online softmax in fp32 as the bfloat16 kernel (scale, causal / bool /
+//     additive mask and the bounds applied here; probabilities kept in fp32);
+//  3. O += P V: P's A fragments gathered from the accumulators of step 1
+//     with warp shuffles (C's layout is not A's for k8), V's B fragments
+//     from shared memory.
+// Shared memory rows are padded (Q and K: kD + 4 floats, V: kD + 8) so that
+// each fragment load's 32 addresses fall in 32 different banks: 34 KiB for
+// kD = 64, 67 KiB for 128.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/device_io.cuh"
+#include "engine/internal.hpp"
+
+namespace safeckpt::engine::detail {
+namespace {
+namespace tf32x3 {
+
+constexpr int kRows = 64;  // query rows per block
+constexpr int kKeys = 32;  // keys per tile
+constexpr int kThreads = (kRows / 16) * 32;
+
+template <int kD>
+struct Layout {
+  static constexpr int kLdQK = kD + 4;  // = 4 mod 32: (g * ld + t) distinct banks
+  static constexpr int kLdV = kD + 8;   // = 8 mod 32: (t * ld + g) distinct banks
+  static constexpr int kQ = kRows * kLdQK, kK = kKeys * kLdQK, kV = kKeys * kLdV;
+  static constexpr int kBytes = (kQ + kK + kV) * 4;
+};
+
+// rows x kD floats from `src` (row r at src + r * row_stride, n_rows valid
+// rows, n_cols valid columns) into `dst` rows of `ld`, zeros elsewhere.
+// 16-byte loads when `vec` (pointer, stride and n_cols multiples of 4).
+template <int kD>
+__device__ __forceinline__ void load_rows(float* dst, int ld, int rows, const float* src, long long row_stride,
+                                          long long n_rows, long long n_cols, bool vec) {
+  if (vec) {
+    constexpr int kChunks = kD / 4;
+    for (int i = static_cast<int>(threadIdx.x); i < rows * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = (i % kChunks) * 4;
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < n_rows && c < n_cols) x = *reinterpret_cast<const float4*>(src + r * row_stride + c);
+      *reinterpret_cast<float4*>(dst + r * ld + c) = x;
+    }
+    return;
+  }
+  for (int i = static_cast<int>(threadIdx.x); i < rows * kD; i += kThreads) {
+    const int r = i / kD, c = i % kD;
+    dst[r * ld + c] = (r < n_rows && c < n_cols) ? src[r * row_stride + c] : 0.f;
+  }
+}
+
+#if defined(SAFECKPT_HOST_SIM)
+#define SAFECKPT_TF32_BODY 1
+__device__ __forceinline__ std::uint32_t to_tf32(float x) {
+  return __float_as_uint(cuda_host_sim::cvt_rna_tf32(x));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  cuda_host_sim::mma_m16n8k8_tf32(d, a, b0, b1);
+}
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define SAFECKPT_TF32_BODY 1
+// cvt.rna.tf32.f32: the nearest TF32 value, ties away from zero (low 13 bits 0).
+__device__ __forceinline__ std::uint32_t to_tf32(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+// d += a b: a 16x8 (row), b 8x8 (col), tf32 inputs, d 16x8 fp32.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+#ifdef SAFECKPT_TF32_BODY
+// x as big + small TF32 parts.
+__device__ __forceinline__ void split(float x, std::uint32_t& big, std::uint32_t& small) {
+  big = to_tf32(x);
+  small = to_tf32(x - __uint_as_float(big));
+}
+// d += a b in 3xTF32 (the small products first).
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const float (&a)[4], float b0, float b1) {
+  std::uint32_t ab[4], as[4], bb0, bs0, bb1, bs1;
+  for (int i = 0; i < 4; ++i) split(a[i], ab[i], as[i]);
+  split(b0, bb0, bs0);
+  split(b1, bb1, bs1);
+  mma_tf32(d, as, bb0, bb1);
+  mma_tf32(d, ab, bs0, bs1);
+  mma_tf32(d, ab, bb0, bb1);
+}
+#endif
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) {
+#ifdef SAFECKPT_TF32_BODY
+  using L = Layout<kD>;
+  constexpr int kDT = kD / 8;     // 8-wide k-steps of Q K^T, 8-column tiles of O
+  constexpr int kNT = kKeys / 8;  // 8-key tiles of a score row block
+  constexpr float kLog2e = 1.4426950408889634f;
+  SAFECKPT_DYNAMIC_SHARED(float4, smem4);
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ks = qs + L::kQ;
+  float* vs = ks + L::kK;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  const long long bh = blockIdx.x;
+  const long long b = bh / a.H, h = bh % a.H;
+  const long long row0 = static_cast<long long>(gridDim.y - 1 - blockIdx.y) * kRows;
+  const auto* q = static_cast<const float*>(a.q);
+  const auto* k = static_cast<const float*>(a.k);
+  const auto* v = static_cast<const float*>(a.v);
+  const float* qb = q + b * a.q_s[0] + h * a.q_s[1] + row0 * a.q_s[2];
+  const float* kb = k + b * a.k_s[0] + h * a.k_s[1];
+  const float* vb = v + b * a.v_s[0] + h * a.v_s[1];
+  auto aligned = [](const void* p, long long s0, long long s1, long long s2, long long n) {
+    return (reinterpret_cast<std::uintptr_t>(p) % 16 == 0) && s0 % 4 == 0 && s1 % 4 == 0 && s2 % 4 == 0 && n % 4 == 0;
+  };
+  const bool vq = aligned(q, a.q_s[0], a.q_s[1], a.q_s[2], a.D);
+  const bool vk = aligned(k, a.k_s[0], a.k_s[1], a.k_s[2], a.D);
+  const bool vv = aligned(v, a.v_s[0], a.v_s[1], a.v_s[2], a.Dv);
+
+  long long s_end = a.S;
+  if (a.causal) {  // PyTorch's tril (diagonal 0, top-left aligned): key j <= query row i
+    const long long last_row = (row0 + kRows < a.L ? row0 + kRows : a.L) - 1;
+    if (last_row + 1 < s_end) s_end = last_row + 1;
+  }
+  load_rows<kD>(qs, L::kLdQK, kRows, qb, a.q_s[2], a.L - row0, a.D, vq);
+  const int d_steps = static_cast<int>((a.D + 7) / 8), dv_tiles = static_cast<int>((a.Dv + 7) / 8);
+  const float* qw = qs + warp * 16 * L::kLdQK;  // this warp's 16 rows
+
+  const long long row_g = row0 + warp * 16 + g;  // this lane's rows: row_g and row_g + 8
+  float o[kDT][4];
+  for (int n = 0; n < kDT; ++n)
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const auto* mb = static_cast<const unsigned char*>(a.mask);
+  const auto* madd = static_cast<const float*>(a.mask);
+  const float scale2 = a.scale * kLog2e;
+  for (long long t0 = 0; t0 < s_end; t0 += kKeys) {
+    __syncthreads();  // every warp is done with the previous tile (and, first, Q is stored)
+    load_rows<kD>(ks, L::kLdQK, kKeys, kb + t0 * a.k_s[2], a.k_s[2], a.S - t0, a.D, vk);
+    load_rows<kD>(vs, L::kLdV, kKeys, vb + t0 * a.v_s[2], a.v_s[2], a.S - t0, a.Dv, vv);
+    __syncthreads();
+    // 1. S = Q K^T.
+    float sc[kNT][4];
+    for (int n = 0; n < kNT; ++n)
+      for (int e = 0; e < 4; ++e) sc[n][e] = 0.f;
+    for (int kk = 0; kk < kDT; ++kk) {
+      if (kk >= d_steps) break;
+      const float af[4] = {qw[g * L::kLdQK + kk * 8 + t], qw[(g + 8) * L::kLdQK + kk * 8 + t],
+                           qw[g * L::kLdQK + kk * 8 + t + 4], qw[(g + 8) * L::kLdQK + kk * 8 + t + 4]};
+      for (int n = 0; n < kNT; ++n) {
+        const float* kr = ks + (n * 8 + g) * L::kLdQK + kk * 8;
+        mma_3xtf32(sc[n], af, kr[t], kr[t + 4]);
+      }
+    }
+    // 2. online softmax, in log2 units (exp2 of scale * log2(e) * s).
+    long long lim[2];  // keys t0 + c with c < lim are in range (causal: not above the row)
+    for (int i = 0; i < 2; ++i) {
+      const long long row = row_g + 8 * i;
+      lim[i] = row >= a.L ? 0 : ((a.causal && row + 1 < a.S) ? row + 1 : a.S) - t0;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < kNT; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int c = n * 8 + 2 * t + (e % 2);
+        float x = sc[n][e] * scale2;
+        if (c >= lim[i]) {
+          x = -INFINITY;
+        } else if (a.mask_kind != 0) {
+          const long long key = t0 + c, row = row_g + 8 * i;
+          const long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
+          if (a.mask_kind == 1) {
+            if (!mb[mi]) x = -INFINITY;
+          } else {
+            x += madd[mi] * kLog2e;
+          }
+        }
+        sc[n][e] = x;
+        mx[i] = fmaxf(mx[i], x);
+      }
+    float corr[2];
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float mnew = fmaxf(m[i], mx[i]);
+      corr[i] = m[i] == -INFINITY ? 0.f : exp2f(m[i] - mnew);
+      m[i] = mnew;
+    }
+    float rs[2] = {0.f, 0.f};
+    for (int n = 0; n < kNT; ++n)
+      for (int e = 0; e < 4; ++e) {
+        sc[n][e] = sc[n][e] == -INFINITY ? 0.f : exp2f(sc[n][e] - m[e / 2]);  // now P
+        rs[e / 2] += sc[n][e];
+      }
+    for (int i = 0; i < 2; ++i) {
+      rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 1);
+      rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 2);
+      l[i] = l[i] * corr[i] + rs[i];
+    }
+    for (int n = 0; n < kDT; ++n)
+      for (int e = 0; e < 4; ++e) o[n][e] *= corr[e / 2];
+    // 3. O += P V, 8 keys per k-step. P's A fragment for keys 8j..8j+7:
+    //    (row, key t) is element t % 2 of lane (g, t / 2)'s tile j, key t + 4
+    //    of lane (g, 2 + t / 2) (rows g + 8: elements 2 and 3).
+    const int src_lo = g * 4 + t / 2, src_hi = src_lo + 2;
+    const bool odd = (t % 2) != 0;
+    for (int j = 0; j < kNT; ++j) {
+      float pa[4];
+      for (int r = 0; r < 2; ++r) {  // r = 0: row g (a0, a2); 1: row g + 8 (a1, a3)
+        const float lo0 = __shfl_sync(0xffffffffu, sc[j][2 * r], src_lo);
+        const float lo1 = __shfl_sync(0xffffffffu, sc[j][2 * r + 1], src_lo);
+        const float hi0 = __shfl_sync(0xffffffffu, sc[j][2 * r], src_hi);
+        const float hi1 = __shfl_sync(0xffffffffu, sc[j][2 * r + 1], src_hi);
+        pa[r] = odd ? lo1 : lo0;
+        pa[r + 2] = odd ? hi1 : hi0;
+      }
+      const float* v0 = vs + (j * 8 + t) * L::kLdV;
+      const float* v1 = vs + (j * 8 + t + 4) * L::kLdV;
+      for (int n = 0; n < kDT; ++n) {
+        if (n >= dv_tiles) break;
+        mma_3xtf32(o[n], pa, v0[n * 8 + g], v1[n * 8 + g]);
+      }
+    }
+  }
+  // Each row divided by l (a row whose keys are all masked: l = 0, zeros, as
+  // the CPU reference and math SDPA's _safe_softmax), to the output.
+  auto* out = static_cast<float*>(a.out);
+  for (int i = 0; i < 2; ++i) {
+    const long long row = row_g + 8 * i;
+    if (row >= a.L) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    float* orow = out + b * a.o_s[0] + h * a.o_s[1] + row * a.o_s[2];
+    for (int n = 0; n < kDT; ++n)
+      for (int e = 0; e < 2; ++e) {
+        const long long d = n * 8 + 2 * t + e;
+        if (d < a.Dv) orow[d] = o[n][i * 2 + e] * inv;
+      }
+  }
+#else
+  (void)a;
+  __trap();  // never launched below sm_80 (the engine uses it on sm_80+ only)
+#endif
+}
+
+}  // namespace tf32x3
+
+template <class Launch>
+int dispatch_attention_tf32x3(Launch&& launch, const AttnArgs& a) {
+  using tf32x3::kRows;
+  if (a.bf16 || a.D > 128 || a.Dv > 128 || a.D <= 0 || a.Dv <= 0 || a.L <= 0 || a.B * a.H <= 0)
+    return kLaunchInvalidValue;
+  if (a.B * a.H > 0x7fffffffLL || (a.L + kRows - 1) / kRows > 65535) return kLaunchInvalidValue;  // grid
+  const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.L + kRows - 1) / kRows));
+  const dim3 block(tf32x3::kThreads);
+  if (a.D <= 64 && a.Dv <= 64)
+    return launch(grid, block, tf32x3::Layout<64>::kBytes, tf32x3::attention_tf32x3_kernel<64>, a);
+  return launch(grid, block, tf32x3::Layout<128>::kBytes, tf32x3::attention_tf32x3_kernel<128>, a);
+}
+
+}  // namespace
+}  // namespace safeckpt::engine::detail
