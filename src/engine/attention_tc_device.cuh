@@ -42,6 +42,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/attention_flash_common.cuh"
 #include "engine/device_io.cuh"
 #include "engine/internal.hpp"
 
@@ -237,7 +238,6 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) attention_tc_kerne
   for (int n = 0; n < kDT * 2; ++n)
     for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const auto* mb = static_cast<const unsigned char*>(a.mask);
   const auto* madd = static_cast<const __nv_bfloat16*>(a.mask);
   const float scale2 = a.scale * kLog2e;
   int cur = 0;
@@ -274,55 +274,14 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) attention_tc_kerne
         mma_bf16(sc[2 * np + 1], qf[kk], bf[2], bf[3]);
       }
     }
-    // 2. online softmax, in log2 units (exp2 of scale * log2(e) * s).
-    long long lim[2];  // keys t0 + c with c < lim are in range (causal: not above the row)
-    for (int i = 0; i < 2; ++i) {
-      const long long row = row_g + 8 * i;
-      lim[i] = row >= a.L ? 0 : ((a.causal && row + 1 < a.S) ? row + 1 : a.S) - t0;
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < kNT; ++n)
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        const int c = n * 8 + 2 * t + (e % 2);
-        float x = sc[n][e] * scale2;
-        if (c >= lim[i]) {
-          x = -INFINITY;
-        } else if (a.mask_kind != 0) {
-          const long long key = t0 + c, row = row_g + 8 * i;
-          const long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
-          if (a.mask_kind == 1) {
-            if (!mb[mi]) x = -INFINITY;
-          } else {
-            x += __bfloat162float(madd[mi]) * kLog2e;
-          }
-        }
-        sc[n][e] = x;
-        mx[i] = fmaxf(mx[i], x);
-      }
+    // 2. online softmax (sc becomes P in fp32; l sums it before rounding),
+    //    P rounded to bfloat16 as the A fragments of P V, 16 keys per k-step.
     float corr[2];
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float mnew = fmaxf(m[i], mx[i]);
-      corr[i] = m[i] == -INFINITY ? 0.f : exp2f(m[i] - mnew);
-      m[i] = mnew;
-    }
-    float rs[2] = {0.f, 0.f};
-    std::uint32_t pa[kNT / 2][4];  // P as the A fragments of P V, 16 keys per k-step
+    flash_softmax_tile<kNT>(sc, a, madd, b, h, t0, row_g, t, scale2, m, l, corr);
+    std::uint32_t pa[kNT / 2][4];
     for (int n = 0; n < kNT; ++n) {
-      float p[4];
-      for (int e = 0; e < 4; ++e) {
-        p[e] = sc[n][e] == -INFINITY ? 0.f : exp2f(sc[n][e] - m[e / 2]);
-        rs[e / 2] += p[e];
-      }
-      pa[n / 2][(n % 2) * 2 + 0] = pack_bf16(p[0], p[1]);  // row g
-      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16(p[2], p[3]);  // row g + 8
-    }
-    for (int i = 0; i < 2; ++i) {
-      rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 1);
-      rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 2);
-      l[i] = l[i] * corr[i] + rs[i];
+      pa[n / 2][(n % 2) * 2 + 0] = pack_bf16(sc[n][0], sc[n][1]);  // row g
+      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16(sc[n][2], sc[n][3]);  // row g + 8
     }
     for (int n = 0; n < kDT * 2; ++n)
       for (int e = 0; e < 4; ++e) o[n][e] *= corr[e / 2];

@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/attention_flash_common.cuh"
 #include "engine/device_io.cuh"
 #include "engine/internal.hpp"
 
@@ -168,7 +169,6 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
   for (int n = 0; n < kDT; ++n)
     for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const auto* mb = static_cast<const unsigned char*>(a.mask);
   const auto* madd = static_cast<const float*>(a.mask);
   const float scale2 = a.scale * kLog2e;
   for (long long t0 = 0; t0 < s_end; t0 += kKeys) {
@@ -189,51 +189,9 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
         mma_3xtf32(sc[n], af, kr[t], kr[t + 4]);
       }
     }
-    // 2. online softmax, in log2 units (exp2 of scale * log2(e) * s).
-    long long lim[2];  // keys t0 + c with c < lim are in range (causal: not above the row)
-    for (int i = 0; i < 2; ++i) {
-      const long long row = row_g + 8 * i;
-      lim[i] = row >= a.L ? 0 : ((a.causal && row + 1 < a.S) ? row + 1 : a.S) - t0;
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < kNT; ++n)
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        const int c = n * 8 + 2 * t + (e % 2);
-        float x = sc[n][e] * scale2;
-        if (c >= lim[i]) {
-          x = -INFINITY;
-        } else if (a.mask_kind != 0) {
-          const long long key = t0 + c, row = row_g + 8 * i;
-          const long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
-          if (a.mask_kind == 1) {
-            if (!mb[mi]) x = -INFINITY;
-          } else {
-            x += madd[mi] * kLog2e;
-          }
-        }
-        sc[n][e] = x;
-        mx[i] = fmaxf(mx[i], x);
-      }
+    // 2. online softmax (sc becomes P, in fp32).
     float corr[2];
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float mnew = fmaxf(m[i], mx[i]);
-      corr[i] = m[i] == -INFINITY ? 0.f : exp2f(m[i] - mnew);
-      m[i] = mnew;
-    }
-    float rs[2] = {0.f, 0.f};
-    for (int n = 0; n < kNT; ++n)
-      for (int e = 0; e < 4; ++e) {
-        sc[n][e] = sc[n][e] == -INFINITY ? 0.f : exp2f(sc[n][e] - m[e / 2]);  // now P
-        rs[e / 2] += sc[n][e];
-      }
-    for (int i = 0; i < 2; ++i) {
-      rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 1);
-      rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 2);
-      l[i] = l[i] * corr[i] + rs[i];
-    }
+    flash_softmax_tile<kNT>(sc, a, madd, b, h, t0, row_g, t, scale2, m, l, corr);
     for (int n = 0; n < kDT; ++n)
       for (int e = 0; e < 4; ++e) o[n][e] *= corr[e / 2];
     // 3. O += P V, 8 keys per k-step. P's A fragment for keys 8j..8j+7:

@@ -203,6 +203,27 @@ Result<std::shared_ptr<GraphPlan>> choose_graph_plan(const std::shared_ptr<DnnHa
 
 }  // namespace
 
+namespace {
+
+// Enqueues `c` on its handle's stream with the variant pack (uids[i] ->
+// ptrs[i], i < n; by-value scalars are host pointers, read now). Returns 0 or
+// kDnnStatusBase + status.
+int execute_plan(const GraphPlan& c, std::int64_t n, std::int64_t* uids, void** ptrs, void* workspace) {
+  Bd vp;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp.d);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(vp.d);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(c.handle->h, c.plan.d, vp.d);
+  return st == CUDNN_STATUS_SUCCESS ? 0 : kDnnStatusBase + static_cast<int>(st);
+}
+
+}  // namespace
+
 Result<std::shared_ptr<GraphPlan>> graph_conv_prepare(std::shared_ptr<DnnHandle> handle, const ConvGeometry& g,
                                                       bool with_z, std::uint64_t max_workspace) {
   if (g.groups != 1) return std::shared_ptr<GraphPlan>();
@@ -334,23 +355,13 @@ std::uint64_t graph_conv_workspace_bytes(const GraphPlan& c) {
 int graph_conv_forward(const GraphPlan& c, const void* x, const void* w, const void* scale, const void* bias,
                        const void* z, void* y, void* workspace, std::uint64_t workspace_bytes, void* stream) {
   (void)workspace_bytes;  // at least c.workspace: the plan's workspace is the largest of its steps'
-  cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
+  const cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
   if (st != CUDNN_STATUS_SUCCESS) return kDnnStatusBase + static_cast<int>(st);
   std::int64_t uids[6] = {kUidX, kUidW, kUidY, kUidScale, kUidBias, kUidZ};
   void* ptrs[6] = {const_cast<void*>(x),     const_cast<void*>(w),    y,
                    const_cast<void*>(scale), const_cast<void*>(bias), const_cast<void*>(z)};
   const std::int64_t n = c.with_z ? 6 : 5;
-  Bd vp;
-  st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp.d);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(vp.d);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(c.handle->h, c.plan.d, vp.d);
-  return st == CUDNN_STATUS_SUCCESS ? 0 : kDnnStatusBase + static_cast<int>(st);
+  return execute_plan(c, n, uids, ptrs, workspace);
 }
 
 std::string graph_conv_name(const GraphPlan& c) {
@@ -518,7 +529,7 @@ std::shared_ptr<GraphPlan> graph_sdpa_from_bytes(std::shared_ptr<DnnHandle> hand
 
 int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const void* v, void* o, float scale,
                        void* workspace, void* stream) {
-  cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
+  const cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
   if (st != CUDNN_STATUS_SUCCESS) return kDnnStatusBase + static_cast<int>(st);
   // By-value scalars: read from these host addresses when the call is
   // enqueued (and baked into a captured CUDA graph's launch).
@@ -526,17 +537,7 @@ int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const v
   std::int64_t uids[6] = {kUidQ, kUidK, kUidV, kUidO, kUidAttnScale, kUidNegInf};
   void* ptrs[6] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale_v, &neg_inf};
   const std::int64_t n = c.sdpa_causal ? 6 : 5;
-  Bd vp;
-  st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp.d);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(vp.d, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(vp.d);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(c.handle->h, c.plan.d, vp.d);
-  return st == CUDNN_STATUS_SUCCESS ? 0 : kDnnStatusBase + static_cast<int>(st);
+  return execute_plan(c, n, uids, ptrs, workspace);
 }
 
 }  // namespace safeckpt::engine::detail

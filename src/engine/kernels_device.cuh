@@ -214,6 +214,20 @@ __global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
 }
 
 // --------------------------------------- attention, materialized scores
+// A score row's limits (AttnSoftmaxArgs): keys after `last` are masked
+// (causal) and never read; P V reads keys [0, kn) of row l: its causal row
+// block's keys.
+__device__ __forceinline__ long long softmax_last_key(const AttnSoftmaxArgs& a, long long l) {
+  return a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;
+}
+__device__ __forceinline__ long long softmax_keys_written(const AttnSoftmaxArgs& a, long long l) {
+  if (!a.causal) return a.S;
+  const long long br = a.block_rows > 0 ? a.block_rows : a.L;
+  long long r1 = (l / br + 1) * br;
+  if (r1 > a.L) r1 = a.L;
+  return r1 < a.S ? r1 : a.S;
+}
+
 // Rows of more than 1024 keys (attention_softmax_warp_kernel below takes the
 // others): one block per score row (scale already applied by the Q K^T GEMM): mask,
 // max, sum of exp, probabilities. Each thread touches the same columns in
@@ -227,16 +241,7 @@ __global__ void attention_softmax_kernel(AttnSoftmaxArgs a) {
   const long long l = r % a.L, bh = r / a.L;
   const long long b = a.b0 + bh / a.H, h = bh % a.H;
   float* row = a.scores + r * a.S;
-  // Keys after `last` are masked (causal) and never read; P V reads keys
-  // [0, kn) of this row: its causal row block's keys (AttnSoftmaxArgs).
-  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;
-  long long kn = a.S;
-  if (a.causal) {
-    const long long br = a.block_rows > 0 ? a.block_rows : a.L;
-    long long r1 = (l / br + 1) * br;
-    if (r1 > a.L) r1 = a.L;
-    if (r1 < kn) kn = r1;
-  }
+  const long long last = softmax_last_key(a, l), kn = softmax_keys_written(a, l);
   const auto* mb = static_cast<const unsigned char*>(a.mask);
   const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
   float mx = -INFINITY;
@@ -278,14 +283,7 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarpRows) attention_softmax_warp_
   const long long l = r % a.L, bh = r / a.L;
   const long long b = a.b0 + bh / a.H, h = bh % a.H;
   const float* row = a.scores + r * a.S;
-  const long long last = a.causal ? (l < a.S - 1 ? l : a.S - 1) : a.S - 1;
-  long long kn = a.S;
-  if (a.causal) {
-    const long long br = a.block_rows > 0 ? a.block_rows : a.L;
-    long long r1 = (l / br + 1) * br;
-    if (r1 > a.L) r1 = a.L;
-    if (r1 < kn) kn = r1;
-  }
+  const long long last = softmax_last_key(a, l), kn = softmax_keys_written(a, l);
   const auto* mb = static_cast<const unsigned char*>(a.mask);
   const long long mrow = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
   float x[kChunks][4];

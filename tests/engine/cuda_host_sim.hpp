@@ -457,6 +457,18 @@ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* p, bool trans) {
   }
 }
 
+// Every lane's A and B registers of one mma.sync, gathered (lane order).
+struct MmaFrag {
+  std::uint32_t a[4], b[2];
+};
+inline void exchange_mma_frags(const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1, MmaFrag (&all)[32]) {
+  MmaFrag mine{};
+  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
+  mine.b[0] = b0;
+  mine.b[1] = b1;
+  warp_exchange(mine, all);
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += A B over the
 // warp (g = lane / 4, t = lane % 4): A 16 x 16 with a[0] = (g, 2t..2t+1),
 // a[1] = (g + 8, 2t..), a[2] = (g, 2t + 8..), a[3] = (g + 8, 2t + 8..); B
@@ -464,14 +476,8 @@ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* p, bool trans) {
 // d[2..3] = (g + 8, 2t..). Products exact in fp32, summed in k order (the
 // tensor core's order and rounding may differ in the last bits).
 inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  struct Frag {
-    std::uint32_t a[4], b[2];
-  };
-  Frag mine{}, all[32];
-  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
-  mine.b[0] = b0;
-  mine.b[1] = b1;
-  warp_exchange(mine, all);
+  MmaFrag all[32];
+  exchange_mma_frags(a, b0, b1, all);
   auto half = [](std::uint32_t w, unsigned hi) { return __uint_as_float((hi ? w >> 16 : w & 0xffffu) << 16); };
   auto A = [&](unsigned row, unsigned k) {
     const unsigned g = row % 8, t = (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
@@ -506,14 +512,8 @@ inline float cvt_rna_tf32(float x) {
 // the upper 19 bits of each operand (the low 13 are ignored: modelled by
 // clearing them); products exact in fp32, summed in k order.
 inline void mma_m16n8k8_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  struct Frag {
-    std::uint32_t a[4], b[2];
-  };
-  Frag mine{}, all[32];
-  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
-  mine.b[0] = b0;
-  mine.b[1] = b1;
-  warp_exchange(mine, all);
+  MmaFrag all[32];
+  exchange_mma_frags(a, b0, b1, all);
   auto tf32 = [](std::uint32_t w) { return __uint_as_float(w & 0xffffe000u); };
   auto A = [&](unsigned row, unsigned k) {
     return tf32(all[(row % 8) * 4 + k % 4].a[(row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
