@@ -74,7 +74,12 @@
 // registers, two warp groups per block on alternate key tiles, the online
 // softmax in fp32,
 // the probabilities rounded to bfloat16 for P V (as the materialized path
-// and PyTorch's flash kernels); no workspace.
+// and PyTorch's flash kernels); no workspace. Two alternatives, off by
+// default until measured on a GPU: EngineOptions::cudnn_attention (bfloat16
+// without a mask other than is_causal through cuDNN's fused flash-attention
+// engines, the kernel PyTorch picks on sm_90) and EngineOptions::
+// attention_3xtf32 (float32 on a tensor-core flash kernel in 3xTF32,
+// src/engine/attention_tf32_device.cuh, float32 accuracy).
 // Both give a row of zeros where every key is masked (the CPU reference's
 // and PyTorch's math SDPA rule since _safe_softmax), never NaN.
 //  3. A static activation arena: buffers reused by liveness (first fit);
