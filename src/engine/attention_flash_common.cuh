@@ -12,6 +12,8 @@
 namespace safeckpt::engine::detail {
 namespace {
 
+constexpr float kLog2e = 1.4426950408889634f;  // the kernels' softmax runs in log2 units
+
 __device__ __forceinline__ float mask_value(const __nv_bfloat16* m, long long i) {
   return __bfloat162float(m[i]);
 }
@@ -31,7 +33,6 @@ template <int kNT, class M>
 __device__ __forceinline__ void flash_softmax_tile(float (&sc)[kNT][4], const AttnArgs& a, const M* madd, long long b,
                                                    long long h, long long t0, long long row_g, int t, float scale2,
                                                    float (&m)[2], float (&l)[2], float (&corr)[2]) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const auto* mb = static_cast<const unsigned char*>(a.mask);
   long long lim[2];  // keys t0 + c with c < lim are in range (causal: not above the row)
   for (int i = 0; i < 2; ++i) {

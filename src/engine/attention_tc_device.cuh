@@ -184,9 +184,8 @@ template <int kD>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) attention_tc_kernel(AttnArgs a) {
 #ifdef SAFECKPT_TC_BODY
   using L = Layout<kD>;
-  constexpr int kDT = kD / 16;    // 16-wide k-steps of Q K^T, 16-wide column pairs of P V
-  constexpr int kNT = kKeys / 8;  // 8-key tiles of a score row block
-  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kDT = kD / 16;                                // 16-wide k-steps of Q K^T, 16-wide column pairs of P V
+  constexpr int kNT = kKeys / 8;                              // 8-key tiles of a score row block
   SAFECKPT_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);  // uint4, ldmatrix and cp.async need 16
   const int grp = static_cast<int>(threadIdx.x) / kGroupThreads, tid = static_cast<int>(threadIdx.x) % kGroupThreads;
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);

@@ -131,7 +131,6 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
   using L = Layout<kD>;
   constexpr int kDT = kD / 8;     // 8-wide k-steps of Q K^T, 8-column tiles of O
   constexpr int kNT = kKeys / 8;  // 8-key tiles of a score row block
-  constexpr float kLog2e = 1.4426950408889634f;
   SAFECKPT_DYNAMIC_SHARED(float4, smem4);
   float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + L::kQ;
