@@ -37,8 +37,8 @@
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
-// split_misaligned_gemm; --cudnn-attention and --attention-3xtf32 set
-// cudnn_attention and attention_3xtf32.
+// split_misaligned_gemm, --no-cudnn-attention cudnn_attention and
+// --no-attention-3xtf32 attention_3xtf32.
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
@@ -80,8 +80,8 @@ struct BenchEngineArgs {
   bool no_gemm_epilogue = false;
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
-  bool cudnn_attention = false;
-  bool attention_3xtf32 = false;
+  bool no_cudnn_attention = false;
+  bool no_attention_3xtf32 = false;
 };
 
 #ifdef SAFECKPT_HAVE_ENGINE
@@ -290,8 +290,8 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.fuse_gemm_epilogue = !a.no_gemm_epilogue;
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
-  eo.cudnn_attention = a.cudnn_attention;
-  eo.attention_3xtf32 = a.attention_3xtf32;
+  eo.cudnn_attention = !a.no_cudnn_attention;
+  eo.attention_3xtf32 = !a.no_attention_3xtf32;
   std::optional<TempCacheDir> temp_cache;
   if (a.no_cache) {
     eo.cache = engine::CacheMode::kOff;
@@ -382,6 +382,9 @@ int bench_engine(const BenchEngineArgs& a) {
         what, 1e3 * s.weight_upload_seconds, 1e3 * s.last_lowering_seconds, 1e3 * s.last_heuristic_seconds,
         s.gemm_heuristics, s.gemm_heuristics_reused, 1e3 * s.last_alloc_seconds, 1e3 * s.last_module_seconds,
         1e3 * s.last_tune_seconds, s.gemms_tuned, 1e3 * s.last_capture_seconds, 1e3 * s.last_compile_seconds);
+    if (s.dnn_graphs_built + s.dnn_graphs_restored > 0)
+      std::printf("  %-22s cuDNN graph plans %.1f ms of lowering: %zu built, %zu restored, %zu threads\n", "",
+                  1e3 * s.last_dnn_graph_seconds, s.dnn_graphs_built, s.dnn_graphs_restored, s.dnn_graph_threads);
   };
   phases("phases, cold (ms):", s1);
   if (warm_cache_ms) phases("phases, warm cache:", s3);
@@ -517,11 +520,11 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-gemm-split", args->no_gemm_split,
                 "GEMMs with a misaligned N in one piece, no aligned part + tail + copy "
                 "(EngineOptions::split_misaligned_gemm off)");
-  sub->add_flag("--cudnn-attention", args->cudnn_attention,
-                "bfloat16 attention through cuDNN's fused flash-attention engines where they apply "
-                "(EngineOptions::cudnn_attention on)");
-  sub->add_flag("--attention-3xtf32", args->attention_3xtf32,
-                "float32 attention on the tensor cores in 3xTF32 (EngineOptions::attention_3xtf32 on)");
+  sub->add_flag("--no-cudnn-attention", args->no_cudnn_attention,
+                "bfloat16 attention on the tensor-core kernel, not cuDNN's fused flash-attention engines "
+                "(EngineOptions::cudnn_attention off)");
+  sub->add_flag("--no-attention-3xtf32", args->no_attention_3xtf32,
+                "float32 attention not on the tensor cores in 3xTF32 (EngineOptions::attention_3xtf32 off)");
   sub->callback([args, &exit_code] {
 #ifdef SAFECKPT_HAVE_ENGINE
     exit_code = bench_engine(*args);

@@ -74,12 +74,13 @@
 // registers, two warp groups per block on alternate key tiles, the online
 // softmax in fp32,
 // the probabilities rounded to bfloat16 for P V (as the materialized path
-// and PyTorch's flash kernels); no workspace. Two alternatives, off by
-// default until measured on a GPU: EngineOptions::cudnn_attention (bfloat16
-// without a mask other than is_causal through cuDNN's fused flash-attention
-// engines, the kernel PyTorch picks on sm_90) and EngineOptions::
-// attention_3xtf32 (float32 on a tensor-core flash kernel in 3xTF32,
-// src/engine/attention_tf32_device.cuh, float32 accuracy).
+// and PyTorch's flash kernels); no workspace. Taken first where they apply
+// (both on by default, bench/RESULTS.md 2026-12-05 "cuDNN attention and
+// 3xTF32"): EngineOptions::cudnn_attention (bfloat16 without a mask other
+// than is_causal through cuDNN's fused flash-attention engines, the kernel
+// PyTorch picks on sm_90) and EngineOptions::attention_3xtf32 (float32 on a
+// tensor-core flash kernel in 3xTF32, src/engine/attention_tf32_device.cuh,
+// float32 accuracy).
 // Both give a row of zeros where every key is masked (the CPU reference's
 // and PyTorch's math SDPA rule since _safe_softmax), never NaN.
 //  3. A static activation arena: buffers reused by liveness (first fit);
@@ -274,11 +275,12 @@ struct EngineOptions {
   // only).
   bool fold_batch_norm = true;
   // ... for bfloat16 convolutions too, through cuDNN's operation graphs. The
-  // engines cuDNN 9 offers for them compile their kernels at plan time (about
-  // 1 s for ResNet-50's 20 geometries on an H200, in every process: cuDNN's
-  // kernels are not in this engine's persistent cache), so a warm-cache start
-  // of such a program takes that long; false keeps those batch norms as
-  // generated kernels (slower runs, warm-cache starts in tens of ms).
+  // engines cuDNN 9 offers for them compile their kernels at plan time (1.9 s
+  // of lowering for ResNet-50 on an H200, 2.8 s on an H100, on up to 16
+  // threads: ProgramStats::last_dnn_graph_seconds); the persistent cache
+  // keeps each compiled plan (cuDNN's own serialization), so a warm-cache
+  // start restores them without compiling. false keeps those batch norms as
+  // generated kernels (slower runs, no cuDNN compilation).
   bool cudnn_graph_fusion = true;
   // Attention's materialized-score path (see "Attention" above): the most
   // arena bytes one attention step may take for scores (and bfloat16
@@ -305,20 +307,20 @@ struct EngineOptions {
   // dims multiples of 8 up to 128, 16-byte aligned rows). cuDNN compiles its
   // kernel at plan time (kept in the persistent compile cache); a plan it
   // has no engine for, or whose first call it refuses, uses the kernel.
-  // Off by default until measured against the kernel on a GPU (bench/
-  // RESULTS.md 2026-12-05: the kernel ran GPT-2 32x1024's attention at 0.655
-  // ms a layer, cuDNN's 0.172 in torch.compile's plan); `bench-engine
-  // --cudnn-attention` turns it on.
-  bool cudnn_attention = false;
+  // On an H100 (bench/RESULTS.md 2026-12-05) GPT-2 32x1024's attention took
+  // 2.20 ms with it, 8.10 ms on the kernel; `bench-engine
+  // --no-cudnn-attention` turns it off.
+  bool cudnn_attention = true;
   // float32 attention on the tensor cores in 3xTF32 (each operand split
   // into two TF32 parts, three products: float32 accuracy within a few ulps,
   // as PyTorch's memory-efficient attention computes float32 on sm_80+,
   // aten/src/ATen/native/transformers/cuda/mem_eff_attention/
   // gemm_kernel_utils.h) through a flash-style kernel, instead of the
   // materialized path or the CUDA-core kernel (sm_80 and later; with
-  // attention_tensor_cores). Off by default until measured on a GPU;
-  // `bench-engine --attention-3xtf32` turns it on.
-  bool attention_3xtf32 = false;
+  // attention_tensor_cores). On an H100 (bench/RESULTS.md 2026-12-05)
+  // GPT-2 32x1024's float32 attention took 23.7 ms with it, 45.0 ms
+  // materialized (GEMMs, softmax, pointer fills); `bench-engine --no-attention-3xtf32` turns it off.
+  bool attention_3xtf32 = true;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
   // Its directory. Empty: enginecache::CompileCache::default_dir()
@@ -379,6 +381,14 @@ struct ProgramStats {
   double last_capture_seconds = 0;    // CUDA-graph capture + instantiate (compiled plans, at the first run)
   double last_tune_seconds = 0;       // GEMM autotuning (compiled plans, at the first run; 0 from the cache)
   std::size_t gemms_tuned = 0;        // distinct GEMMs whose candidates were timed (most recent plan)
+  // cuDNN operation-graph plans of the most recent plan (bfloat16 folded
+  // convolutions, EngineOptions::cudnn_attention): wall time (part of
+  // last_lowering_seconds), plans cuDNN built (runtime compilation, cold),
+  // plans restored from the persistent cache, and the threads used.
+  double last_dnn_graph_seconds = 0;
+  std::size_t dnn_graphs_built = 0;
+  std::size_t dnn_graphs_restored = 0;
+  std::size_t dnn_graph_threads = 0;
   // cuBLASLt heuristic queries of this program's plans. A GEMM of the same
   // shape, layout, dtype and epilogue as one the engine planned before (the
   // next layer's) or one in the persistent cache (EngineStats::

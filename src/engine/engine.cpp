@@ -938,6 +938,10 @@ ProgramStats CompiledProgram::stats() const {
     s.last_capture_seconds = p.capture_seconds;
     s.last_tune_seconds = p.tune_seconds;
     s.gemms_tuned = p.gemms_tuned;
+    s.last_dnn_graph_seconds = p.dnn_graph_seconds;
+    s.dnn_graphs_built = p.dnn_graphs_built;
+    s.dnn_graphs_restored = p.dnn_graphs_restored;
+    s.dnn_graph_threads = p.dnn_graph_threads;
   }
   return s;
 }

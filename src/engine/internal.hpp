@@ -242,6 +242,17 @@ struct PtrArraysArgs {
   void** out;  // arrays * array_stride pointers
 };
 int launch_ptr_arrays(const PtrArraysArgs& a, void* stream);
+// dst[r, c] = src[r * ld + c] for r < rows, c < n, elements of `esize` bytes
+// (2 or 4): rows padded to 16 bytes (src 16-byte aligned, ld * esize a
+// multiple of 16) made dense (dst any esize-aligned address).
+// cudaErrorInvalidValue otherwise.
+struct UnpadArgs {
+  const void* src;
+  void* dst;
+  long long rows, n, ld;
+  int esize;
+};
+int launch_unpad_rows(const UnpadArgs& a, void* stream);
 int launch_layer_norm(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,
                       long long n, float eps, int bf16, int stats_bf16, void* stream);
 int launch_softmax(const void* x, void* y, long long rows, long long n, int in_bf16, int out_bf16, void* stream);

@@ -22,6 +22,10 @@ int launch_ptr_arrays(const PtrArraysArgs& a, void* stream) {
   return dispatch_ptr_arrays(CudaLaunch{static_cast<cudaStream_t>(stream)}, a);
 }
 
+int launch_unpad_rows(const UnpadArgs& a, void* stream) {
+  return dispatch_unpad_rows(CudaLaunch{static_cast<cudaStream_t>(stream)}, a);
+}
+
 int launch_layer_norm(const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, long long rows,
                       long long n, float eps, int bf16, int stats_bf16, void* stream) {
   return dispatch_layer_norm(CudaLaunch{static_cast<cudaStream_t>(stream)}, x, w, b, y, mean, rstd, rows, n, eps, bf16,

@@ -367,6 +367,63 @@ __global__ void ptr_arrays_kernel(PtrArraysArgs a) {
   }
 }
 
+// ------------------------------------------------------------ unpad rows
+// dst[r, c] = src[r * ld + c] (r < rows, c < n; 2- or 4-byte elements): a
+// GEMM's output written into rows padded to 16 bytes, made dense (plan.cpp,
+// the split misaligned GEMM). A block a row (grid-stride over rows). The
+// 16-byte chunks of a destination row between its first and last 16-byte
+// boundary are stored whole, each assembled from the two aligned source
+// chunks it straddles: a source row starts on a 16-byte boundary, so one
+// byte offset (`mis`) holds for the whole row. The bytes before the first
+// boundary and after the last are copied an element at a time (the
+// neighbouring row's block writes the other bytes of those chunks).
+__device__ __forceinline__ unsigned funnel_right(unsigned lo, unsigned hi, int bits) {
+  return static_cast<unsigned>((static_cast<unsigned long long>(hi) << 32 | lo) >> bits);
+}
+template <int Q>
+__device__ __forceinline__ uint4 shifted_chunk(const unsigned (&w)[8], int bits) {
+  return make_uint4(funnel_right(w[Q], w[Q + 1], bits), funnel_right(w[Q + 1], w[Q + 2], bits),
+                    funnel_right(w[Q + 2], w[Q + 3], bits), funnel_right(w[Q + 3], w[Q + 4], bits));
+}
+__device__ __forceinline__ void copy_element(const char* s, char* d, int esize) {
+  if (esize == 2)
+    *reinterpret_cast<unsigned short*>(d) = *reinterpret_cast<const unsigned short*>(s);
+  else
+    *reinterpret_cast<unsigned*>(d) = *reinterpret_cast<const unsigned*>(s);
+}
+__global__ void __launch_bounds__(256) unpad_rows_kernel(UnpadArgs a) {
+  const long long es = a.esize, row_bytes = a.n * es;
+  for (long long r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const char* s = static_cast<const char*>(a.src) + r * a.ld * es;
+    char* d = static_cast<char*>(a.dst) + r * row_bytes;
+    long long head = static_cast<long long>((16 - (reinterpret_cast<unsigned long long>(d) & 15)) & 15);
+    if (head > row_bytes) head = row_bytes;
+    const long long chunks = (row_bytes - head) / 16, tail = head + chunks * 16;
+    for (long long b = threadIdx.x * es; b < head; b += blockDim.x * es) copy_element(s + b, d + b, a.esize);
+    for (long long b = tail + threadIdx.x * es; b < row_bytes; b += blockDim.x * es)
+      copy_element(s + b, d + b, a.esize);
+    const int mis = static_cast<int>(head), q = mis >> 2, bits = (mis & 3) * 8;
+    const uint4* sv = reinterpret_cast<const uint4*>(s);  // sv[j], sv[j + 1] hold source bytes 16j + mis ...
+    uint4* dv = reinterpret_cast<uint4*>(d + head);
+    for (long long j = threadIdx.x; j < chunks; j += blockDim.x) {
+      const uint4 lo = sv[j];
+      if (mis == 0) {
+        dv[j] = lo;
+        continue;
+      }
+      // 16j + mis + 16 <= tail <= row_bytes <= ld * es, a multiple of 16: sv[j + 1] lies in the row
+      const uint4 hi = sv[j + 1];
+      const unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      switch (q) {
+        case 0: dv[j] = shifted_chunk<0>(w, bits); break;
+        case 1: dv[j] = shifted_chunk<1>(w, bits); break;
+        case 2: dv[j] = shifted_chunk<2>(w, bits); break;
+        default: dv[j] = shifted_chunk<3>(w, bits); break;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------ layer norm
 __global__ void layer_norm_kernel(const void* x, const void* w, const void* bias, void* y, void* mean_out,
                                   void* rstd_out, long long n, float eps, int bf16, int stats_bf16) {
@@ -688,6 +745,17 @@ int dispatch_ptr_arrays(Launch&& launch, const PtrArraysArgs& a) {
   if (total == 0) return 0;
   const long long blocks = (total + 255) / 256 < 1024 ? (total + 255) / 256 : 1024;
   return launch(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, ptr_arrays_kernel, a);
+}
+
+template <class Launch>
+int dispatch_unpad_rows(Launch&& launch, const UnpadArgs& a) {
+  if ((a.esize != 2 && a.esize != 4) || a.rows < 0 || a.n < 0 || a.ld < a.n || (a.ld * a.esize) % 16 != 0 ||
+      reinterpret_cast<unsigned long long>(a.src) % 16 != 0 ||
+      reinterpret_cast<unsigned long long>(a.dst) % static_cast<unsigned long long>(a.esize) != 0)
+    return kLaunchInvalidValue;
+  if (a.rows == 0 || a.n == 0) return 0;
+  const long long blocks = a.rows < 65536 ? a.rows : 65536;
+  return launch(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, unpad_rows_kernel, a);
 }
 
 template <class Launch>

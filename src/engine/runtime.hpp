@@ -187,6 +187,11 @@ struct Plan {
   std::size_t gemms_tuned = 0;
   double tune_seconds = 0;
   std::size_t gemm_heuristics = 0, gemm_heuristics_reused = 0;
+  // cuDNN graph plans (prepare_graph_plans, part of lowering_seconds): wall
+  // time, plans built by cuDNN's heuristics (runtime compilation) and plans
+  // restored from the persistent cache, and the threads that did it.
+  double dnn_graph_seconds = 0;
+  std::size_t dnn_graphs_built = 0, dnn_graphs_restored = 0, dnn_graph_threads = 0;
 
   void* ptr(const DevTensor& t) const {
     char* base = static_cast<char*>(t.buf >= 0 ? bufs[static_cast<std::size_t>(t.buf)].ptr : t.direct);

@@ -1295,8 +1295,11 @@ TEST_CASE("engine: the blocks of a transformer launch the same generated kernels
         const bool fuse = variant != 1, ptr_arrays = variant != 2;
         CAPTURE(fuse);
         CAPTURE(ptr_arrays);
-        auto plan = dry_plan(l.program, shapes, fuse, 90,
-                             options_with([&](auto& o) { o.attention_pointer_arrays = ptr_arrays; }));
+        // (the materialized path at this size: the 3xTF32 kernel off)
+        auto plan = dry_plan(l.program, shapes, fuse, 90, options_with([&](auto& o) {
+                               o.attention_pointer_arrays = ptr_arrays;
+                               o.attention_3xtf32 = false;
+                             }));
         REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.error().to_string()));
         MESSAGE(what << (fuse ? " fused: " : " eager: ") << plan->fused_launches << " generated launches, "
                      << plan->fused_kernels << " distinct kernels");
@@ -1399,12 +1402,17 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
         const bool fuse = variant % 2 == 0, ptr_arrays = variant < 2;
         CAPTURE(fuse);
         CAPTURE(ptr_arrays);
-        auto flash =
-            dry_plan(l.program, shapes, fuse, 90, options_with([](auto& o) { o.attention_workspace_bytes = 0; }));
+        // float32's two CUDA-core paths (the 3xTF32 kernel off: it takes
+        // float32 on sm_90 whatever the workspace bound).
+        auto flash = dry_plan(l.program, shapes, fuse, 90, options_with([](auto& o) {
+                                o.attention_workspace_bytes = 0;
+                                o.attention_3xtf32 = false;
+                              }));
         REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
         auto mat = dry_plan(l.program, shapes, fuse, 90, options_with([&](auto& o) {
                               o.attention_workspace_bytes = ~0ull;
                               o.attention_pointer_arrays = ptr_arrays;
+                              o.attention_3xtf32 = false;
                             }));
         REQUIRE_MESSAGE(mat.has_value(), (mat ? "" : mat.error().to_string()));
         auto count = [](const std::vector<std::string>& kinds, const std::string& k) {
@@ -1911,18 +1919,21 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
       CHECK(zero_rows < o.size() / static_cast<std::size_t>(c.Dv));
     }
     auto shapes = user_shapes(sp.program, sp.inputs);
-    // bfloat16 on sm_90 takes the tensor-core flash kernel whatever the
-    // workspace bound; without it (or on sm_75) the two other paths.
+    // With the default options, sm_90 takes a tensor-core flash kernel
+    // whatever the workspace bound (bfloat16: mma.sync bf16 or cuDNN's;
+    // float32: 3xTF32, head dims <= 128 here); sm_75 the two other paths.
     for (int sm : {90, 75}) {
       for (std::uint64_t ws : {std::uint64_t{0}, ~std::uint64_t{0}}) {
         auto tc =
             dry_plan(sp.program, shapes, true, sm, options_with([&](auto& o) { o.attention_workspace_bytes = ws; }));
         REQUIRE_MESSAGE(tc.has_value(), (tc ? "" : tc.error().to_string()));
-        const bool want_tc = c.bf16 && sm >= 80;
+        const bool want_tc = sm >= 80;
         const auto it = std::find(tc->step_kinds.begin(), tc->step_kinds.end(), "attention");
-        CHECK((it != tc->step_kinds.end() &&
-               tc->step_shapes[static_cast<std::size_t>(it - tc->step_kinds.begin())].find("tensor cores") !=
-                   std::string::npos) == want_tc);
+        const std::string shape =
+            it == tc->step_kinds.end() ? "" : tc->step_shapes[static_cast<std::size_t>(it - tc->step_kinds.begin())];
+        CHECK_MESSAGE((shape.find("tensor cores") != std::string::npos ||
+                       shape.find("cuDNN fused attention") != std::string::npos) == want_tc,
+                      shape);
         if (want_tc) CHECK(std::count(tc->step_kinds.begin(), tc->step_kinds.end(), "attention_softmax") == 0);
       }
     }
@@ -1942,15 +1953,17 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     // EngineOptions::attention_3xtf32: float32 on the tensor-core flash
     // kernel (sm_80+, head dims <= 128), whatever the workspace bound.
     for (int sm : {90, 75}) {
-      auto d = dry_plan(sp.program, shapes, true, sm, options_with([](auto& o) {
-                          o.attention_3xtf32 = true;
-                          o.attention_workspace_bytes = ~0ull;
-                        }));
-      REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
-      const auto it = std::find(d->step_kinds.begin(), d->step_kinds.end(), "attention");
-      const std::string shape =
-          it == d->step_kinds.end() ? "" : d->step_shapes[static_cast<std::size_t>(it - d->step_kinds.begin())];
-      CHECK_MESSAGE((shape.find("3xTF32") != std::string::npos) == (!c.bf16 && sm >= 80), shape);
+      for (bool on : {true, false}) {
+        auto d = dry_plan(sp.program, shapes, true, sm, options_with([&](auto& o) {
+                            o.attention_3xtf32 = on;
+                            o.attention_workspace_bytes = ~0ull;
+                          }));
+        REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+        const auto it = std::find(d->step_kinds.begin(), d->step_kinds.end(), "attention");
+        const std::string shape =
+            it == d->step_kinds.end() ? "" : d->step_shapes[static_cast<std::size_t>(it - d->step_kinds.begin())];
+        CHECK_MESSAGE((shape.find("3xTF32") != std::string::npos) == (on && !c.bf16 && sm >= 80), shape);
+      }
     }
     auto flash = dry_plan(sp.program, shapes, true, 90, options_with([](auto& o) {
                             o.attention_workspace_bytes = 0;

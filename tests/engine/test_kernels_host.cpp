@@ -796,3 +796,46 @@ TEST_CASE("pointer-array kernel on the host emulator: cuBLASLt batch entries ove
   CHECK(dispatch_ptr_arrays(SimLaunch{&log}, args) == kLaunchInvalidValue);
   CHECK(log.size() == 1);
 }
+
+TEST_CASE("unpad-rows kernel on the host emulator: padded GEMM rows made dense at every alignment (no device)") {
+  // The split misaligned GEMM's copy (plan.cpp): rows of ld elements (16-byte
+  // aligned) into rows of n, for each destination offset within 16 bytes, so
+  // that every byte shift of the 16-byte path and the element-wise head and
+  // tail run. Bytes around the destination must stay as they were.
+  for (const int es : {2, 4}) {
+    for (const long long n : {1LL, 7LL, 8LL, 9LL, 37LL, 301LL}) {
+      const long long per16 = 16 / es, ld = (n + per16 - 1) / per16 * per16 + (n % 3 == 0 ? per16 : 0), rows = 5;
+      std::vector<std::uint8_t> src_mem(static_cast<std::size_t>(rows * ld * es) + 16);
+      std::uint8_t* src = src_mem.data() + (16 - reinterpret_cast<std::uintptr_t>(src_mem.data()) % 16) % 16;
+      for (long long i = 0; i < rows * ld * es; ++i) src[i] = static_cast<std::uint8_t>(i * 131 + i / 256 + 1);
+      for (long long off = 0; off < 16; off += es) {
+        CAPTURE(es);
+        CAPTURE(n);
+        CAPTURE(off);
+        const std::size_t dst_bytes = static_cast<std::size_t>(rows * n * es);
+        std::vector<std::uint8_t> dst_mem(dst_bytes + 64, 0xAB);
+        std::uint8_t* base = dst_mem.data() + (16 - reinterpret_cast<std::uintptr_t>(dst_mem.data()) % 16) % 16;
+        std::uint8_t* dst = base + 16 + off;
+        std::vector<LaunchRecord> log;
+        REQUIRE(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{src, dst, rows, n, ld, es}) == 0);
+        CHECK(log.size() == 1);
+        bool same = true, guards = true;
+        for (long long r = 0; r < rows; ++r)
+          for (long long b = 0; b < n * es; ++b) same = same && dst[r * n * es + b] == src[r * ld * es + b];
+        for (std::uint8_t* p = dst_mem.data(); p < dst; ++p) guards = guards && *p == 0xAB;
+        for (std::uint8_t* p = dst + dst_bytes; p < dst_mem.data() + dst_mem.size(); ++p) guards = guards && *p == 0xAB;
+        CHECK(same);
+        CHECK(guards);
+      }
+    }
+  }
+  std::vector<std::uint8_t> mem(4096);
+  std::uint8_t* aligned = mem.data() + (16 - reinterpret_cast<std::uintptr_t>(mem.data()) % 16) % 16;
+  std::vector<LaunchRecord> log;
+  CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned + 2, aligned, 2, 9, 16, 2}) == kLaunchInvalidValue);
+  CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned, 2, 9, 12, 2}) == kLaunchInvalidValue);
+  CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned, 2, 17, 16, 2}) == kLaunchInvalidValue);
+  CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned + 1, 2, 9, 16, 2}) == kLaunchInvalidValue);
+  CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned, 2, 9, 16, 3}) == kLaunchInvalidValue);
+  CHECK(log.empty());
+}
