@@ -266,20 +266,21 @@ struct EngineOptions {
   // tail into rows padded to that multiple, then one copy makes the output
   // dense (compiled and eager plans; see plan.cpp lower_gemm for the rule
   // and its measurements). false: one GEMM straight into the misaligned
-  // rows, as PyTorch's mm does. Which is faster depends on the shape and
-  // the card (bench/RESULTS.md, 2026-12-05: at 32 x 1024 rows the copy
-  // costs more than the GEMM); `bench-engine --no-gemm-split` measures it.
+  // rows, as PyTorch's mm does; through cuBLASLt that was slower on an H100
+  // at GPT-2's 1 x 1024 and 32 x 1024 rows (bench/RESULTS.md, 2026-12-05:
+  // GEMMs 33.4 ms whole, against 12.8 + a 2.4 ms copy split);
+  // `bench-engine --no-gemm-split` measures it.
   bool split_misaligned_gemm = true;
   // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans
   // only).
   bool fold_batch_norm = true;
   // ... for bfloat16 convolutions too, through cuDNN's operation graphs. The
-  // engines cuDNN 9 offers for them compile their kernels at plan time (1.9 s
-  // of lowering for ResNet-50 on an H200, 2.8 s on an H100, on up to 16
-  // threads: ProgramStats::last_dnn_graph_seconds); the persistent cache
-  // keeps each compiled plan (cuDNN's own serialization), so a warm-cache
-  // start restores them without compiling. false keeps those batch norms as
+  // engines cuDNN 9 offers for them compile their kernels at plan time
+  // (ResNet-50's 23 graphs: 2.06 s on 16 threads of an H100, bench/
+  // RESULTS.md 2026-12-05; ProgramStats::last_dnn_graph_seconds); the
+  // persistent cache keeps each compiled plan (cuDNN's own serialization),
+  // so a warm-cache start restores them without compiling. false keeps those batch norms as
   // generated kernels (slower runs, no cuDNN compilation).
   bool cudnn_graph_fusion = true;
   // Attention's materialized-score path (see "Attention" above): the most

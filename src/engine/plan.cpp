@@ -1048,8 +1048,9 @@ struct Lowering {
     // into an output whose rows are padded to the multiple, made dense by one
     // copy (inductor pads such strides too: torch/_inductor/config.py
     // comprehensive_padding). EngineOptions::split_misaligned_gemm off: never
-    // (on the H100 at M = 32768 the copy cost 4.25 ms against the GEMM's
-    // 3.57, where PyTorch's one misaligned GEMM took 3.78: RESULTS.md).
+    // (on the H100 at M = 32768: aligned GEMM 3.64 ms + copy 2.41, where
+    // PyTorch's one misaligned cuBLAS GEMM took 3.78 and cuBLASLt's far
+    // longer: RESULTS.md 2026-12-05).
     const auto per16 = static_cast<std::int64_t>(16 / esize(od));
     const bool tensor_cores = od == DType::kBFloat16 || eng.opt.allow_tf32;
     const std::int64_t gn = g_out.shape.size() == 2 ? g_out.shape[1] : 0;  // 0: batched, never split
