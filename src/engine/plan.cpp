@@ -2422,9 +2422,9 @@ struct Lowering {
           continue;
         }
         s.plan = *made;
-        if (s.plan) ++built;
-        if (s.plan)
-          if (auto bytes = graph_conv_plan_bytes(*s.plan); !bytes.empty()) eng.store_choice(s.key, std::move(bytes));
+        if (!s.plan) continue;
+        ++built;
+        if (auto bytes = graph_conv_plan_bytes(*s.plan); !bytes.empty()) eng.store_choice(s.key, std::move(bytes));
       }
     };
     std::vector<std::thread> pool;
