@@ -23,12 +23,13 @@
 //     a2 = (g, t + 4), a3 = (g + 8, t + 4); B b0 = (t, g), b1 = (t + 4, g);
 //     C c0, c1 = (g, 2t), (g, 2t + 1), c2, c3 = the same in row g + 8
 //     (g = lane / 4, t = lane % 4), Q's and K's fragments read from shared
-//     memory and split per use;
+//     memory; a Q fragment is split once for the 4 key tiles it meets, a
+//     K fragment per use;
 //  2. online softmax in fp32 as the bfloat16 kernel (scale, causal / bool /
 //     additive mask and the bounds applied here; probabilities kept in fp32);
 //  3. O += P V: P's A fragments gathered from the accumulators of step 1
-//     with warp shuffles (C's layout is not A's for k8), V's B fragments
-//     from shared memory.
+//     with warp shuffles (C's layout is not A's for k8) and split once for
+//     every 8-column tile of V, V's B fragments from shared memory.
 // Shared memory rows are padded (Q and K: kD + 4 floats, V: kD + 8) so that
 // each fragment load's 32 addresses fall in 32 different banks: 34 KiB for
 // kD = 64, 67 KiB for 128.
@@ -113,15 +114,24 @@ __device__ __forceinline__ void split(float x, std::uint32_t& big, std::uint32_t
   big = to_tf32(x);
   small = to_tf32(x - __uint_as_float(big));
 }
+// An A fragment as big and small TF32 parts: split once, used for every
+// 8-column tile of B (the split is most of the work of a 3xTF32 product).
+struct SplitA {
+  std::uint32_t big[4], small[4];
+};
+__device__ __forceinline__ SplitA split_a(const float (&a)[4]) {
+  SplitA s;
+  for (int i = 0; i < 4; ++i) split(a[i], s.big[i], s.small[i]);
+  return s;
+}
 // d += a b in 3xTF32 (the small products first).
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const float (&a)[4], float b0, float b1) {
-  std::uint32_t ab[4], as[4], bb0, bs0, bb1, bs1;
-  for (int i = 0; i < 4; ++i) split(a[i], ab[i], as[i]);
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const SplitA& a, float b0, float b1) {
+  std::uint32_t bb0, bs0, bb1, bs1;
   split(b0, bb0, bs0);
   split(b1, bb1, bs1);
-  mma_tf32(d, as, bb0, bb1);
-  mma_tf32(d, ab, bs0, bs1);
-  mma_tf32(d, ab, bb0, bb1);
+  mma_tf32(d, a.small, bb0, bb1);
+  mma_tf32(d, a.big, bs0, bs1);
+  mma_tf32(d, a.big, bb0, bb1);
 }
 #endif
 
@@ -183,9 +193,10 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
       if (kk >= d_steps) break;
       const float af[4] = {qw[g * L::kLdQK + kk * 8 + t], qw[(g + 8) * L::kLdQK + kk * 8 + t],
                            qw[g * L::kLdQK + kk * 8 + t + 4], qw[(g + 8) * L::kLdQK + kk * 8 + t + 4]};
+      const SplitA as = split_a(af);
       for (int n = 0; n < kNT; ++n) {
         const float* kr = ks + (n * 8 + g) * L::kLdQK + kk * 8;
-        mma_3xtf32(sc[n], af, kr[t], kr[t + 4]);
+        mma_3xtf32(sc[n], as, kr[t], kr[t + 4]);
       }
     }
     // 2. online softmax (sc becomes P, in fp32).
@@ -208,11 +219,12 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
         pa[r] = odd ? lo1 : lo0;
         pa[r + 2] = odd ? hi1 : hi0;
       }
+      const SplitA ps = split_a(pa);
       const float* v0 = vs + (j * 8 + t) * L::kLdV;
       const float* v1 = vs + (j * 8 + t + 4) * L::kLdV;
       for (int n = 0; n < kDT; ++n) {
         if (n >= dv_tiles) break;
-        mma_3xtf32(o[n], pa, v0[n * 8 + g], v1[n * 8 + g]);
+        mma_3xtf32(o[n], ps, v0[n * 8 + g], v1[n * 8 + g]);
       }
     }
   }
