@@ -280,8 +280,9 @@ struct EngineOptions {
   // (ResNet-50's 23 graphs: 2.06 s on 16 threads of an H100, bench/
   // RESULTS.md 2026-12-05; ProgramStats::last_dnn_graph_seconds); the
   // persistent cache keeps each compiled plan (cuDNN's own serialization),
-  // so a warm-cache start restores them without compiling. false keeps those batch norms as
-  // generated kernels (slower runs, no cuDNN compilation).
+  // so a warm-cache start restores them without compiling. false keeps
+  // those batch norms as generated kernels (slower runs, no cuDNN
+  // compilation).
   bool cudnn_graph_fusion = true;
   // Attention's materialized-score path (see "Attention" above): the most
   // arena bytes one attention step may take for scores (and bfloat16
@@ -320,7 +321,8 @@ struct EngineOptions {
   // materialized path or the CUDA-core kernel (sm_80 and later; with
   // attention_tensor_cores). On an H100 (bench/RESULTS.md 2026-12-05)
   // GPT-2 32x1024's float32 attention took 23.7 ms with it, 45.0 ms
-  // materialized (GEMMs, softmax, pointer fills); `bench-engine --no-attention-3xtf32` turns it off.
+  // materialized (GEMMs, softmax, pointer fills); `bench-engine
+  // --no-attention-3xtf32` turns it off.
   bool attention_3xtf32 = true;
   // Persistent compile cache of generated modules (see the top of this file).
   CacheMode cache = CacheMode::kReadWrite;
