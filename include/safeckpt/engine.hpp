@@ -85,7 +85,9 @@
 // and PyTorch's math SDPA rule since _safe_softmax), never NaN.
 //  3. A static activation arena: buffers reused by liveness (first fit);
 //     inputs and outputs live in fixed buffers outside it.
-//  4. Compiled plans are captured as one CUDA graph and replayed.
+//  4. Compiled plans are captured as one CUDA graph and replayed — once
+//     their cuDNN graph plans are in (EngineOptions::background_graph_plans:
+//     until then their runs go step by step).
 //
 // The persistent compile cache (safeckpt/compile_cache.hpp; EngineOptions::
 // cache, on by default as PyTorch's inductor cache is): what is cached is the
@@ -176,7 +178,11 @@
 // a mutex; different CompiledPrograms may run concurrently). Each
 // CompiledProgram owns one non-blocking CUDA stream. The engine's module map,
 // its compile cache use and its counters are guarded by one mutex (two
-// programs needing new modules at once get them one after the other). run()
+// programs needing new modules at once get them one after the other).
+// EngineOptions::background_graph_plans adds up to 15 threads per plan that
+// is building cuDNN graph plans; they only build plans and write the
+// compile cache, and a CompiledProgram's destructor (or a plan's LRU
+// eviction) waits for the build under way on each. run()
 // returns after its outputs are complete on the device (it synchronizes that
 // stream); inputs must be complete before run() is called (e.g.
 // torch.cuda.synchronize()).
@@ -284,6 +290,27 @@ struct EngineOptions {
   // those batch norms as generated kernels (slower runs, no cuDNN
   // compilation).
   bool cudnn_graph_fusion = true;
+  // Build the cuDNN graph plans of a compiled plan that the compile cache
+  // does not hold (the cudnn_graph_fusion and cudnn_attention ones: runtime
+  // compilation, 0.3-1.5 s of CPU each) on background threads (up to 15,
+  // one core left to the caller) instead of before the first run. Until
+  // they are all built, the plan's runs go step by step without a CUDA
+  // graph (ProgramStats::background_runs) and their steps take the fallback
+  // they take when cuDNN has no engine: the plain convolution and one
+  // bias + batch norm (+ add) + relu kernel over its output, the attention
+  // kernel — the same math; a bfloat16 convolution's output is then rounded
+  // to bfloat16 before its epilogue instead of after, so those first outputs
+  // may differ from later ones in the last bits. The first run after the
+  // build finished installs the plans and captures the CUDA graph;
+  // CompiledProgram::wait_compiled() waits for that point without running
+  // anything. Plans the cache holds are restored before the first run
+  // either way; eager plans (force_eager) build theirs before it. A graph
+  // cuDNN fails to build in the background is a warning (its steps keep the
+  // fallback), not an error. What it buys (bench/RESULTS.md 2026-12-05,
+  // H100): ResNet-50 bfloat16 batch 1's cold first call took 997 ms instead
+  // of 2869 (its 23 graphs were in 2.5 s after the start). false: the first
+  // call builds them all, and every run uses them.
+  bool background_graph_plans = true;
   // Attention's materialized-score path (see "Attention" above): the most
   // arena bytes one attention step may take for scores (and bfloat16
   // probabilities). 0 = always the flash-style kernel; UINT64_MAX = always
@@ -392,6 +419,15 @@ struct ProgramStats {
   std::size_t dnn_graphs_built = 0;
   std::size_t dnn_graphs_restored = 0;
   std::size_t dnn_graph_threads = 0;
+  // EngineOptions::background_graph_plans, most recent plan: graph plans
+  // handed to the background, whether they are still being built, the
+  // seconds from the start of the plan to their install (0 until then;
+  // last_dnn_graph_seconds then includes their build), and the compiled runs
+  // served step by step meanwhile (over all plans).
+  std::size_t dnn_graphs_background = 0;
+  bool dnn_graphs_pending = false;
+  double last_dnn_graphs_ready_seconds = 0;
+  std::size_t background_runs = 0;
   // cuBLASLt heuristic queries of this program's plans. A GEMM of the same
   // shape, layout, dtype and epilogue as one the engine planned before (the
   // next layer's) or one in the persistent cache (EngineStats::
@@ -483,6 +519,15 @@ class CompiledProgram {
                                                   const RunOptions& options = {});
 
   ProgramStats stats() const;
+
+  // Waits until the background work of every plan this program holds
+  // (EngineOptions::background_graph_plans) has finished and installs it, so
+  // that the next run of each shape captures its final CUDA graph. Runs
+  // nothing; returns at once when there is none. A server calls it after its
+  // warm-up call to have every later call at full speed. Errors: kDevice (a
+  // larger workspace the plans need could not be allocated; the plan keeps
+  // its fallback steps).
+  Status wait_compiled();
 
   // Debug path, not for serving: plans the inputs' shape like run() (the
   // compiled plan, or the eager one with stance kForceEager; a plan already

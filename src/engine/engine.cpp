@@ -228,6 +228,21 @@ void EngineImpl::store_choice(const std::string& choice, std::vector<std::uint8_
   }
 }
 
+bool EngineImpl::claim_build(const std::string& choice) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (building.insert(choice).second) return true;
+  building_done.wait(lock, [&] { return building.count(choice) == 0; });
+  return false;
+}
+
+void EngineImpl::end_build(const std::string& choice) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    building.erase(choice);
+  }
+  building_done.notify_all();
+}
+
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm, const EngineOptions& opt) {
   EngineImpl eng;
@@ -336,6 +351,10 @@ struct ProgramImpl {
                                          const std::vector<std::vector<std::int64_t>>& shapes,
                                          const std::unordered_map<std::string, std::int64_t>& symbols);
   Status execute(Plan& plan);
+  // EngineOptions::background_graph_plans: puts the plan's finished
+  // background graph plans in (`wait`: waits for them first); nothing while
+  // they are still being built, or when there are none. mu held.
+  Status install_graphs(Plan& plan, bool wait);
   Result<Profile> profile(Plan& plan, const ProfileOptions& o);
 };
 
@@ -349,6 +368,7 @@ Result<std::shared_ptr<Plan>> ProgramImpl::get_plan(const std::string& key, bool
     }
   auto t0 = std::chrono::steady_clock::now();
   auto plan = std::make_shared<Plan>();
+  plan->started = t0;
   plan->compiled = compiled;
   plan->input_shapes = shapes;
   // Fixed input buffers.
@@ -438,7 +458,43 @@ Status step_status(const Step& s, int rc) {
   return {};
 }
 
+Status ProgramImpl::install_graphs(Plan& plan, bool wait) {
+  if (!plan.pending_graphs || (!wait && !plan.pending_graphs->ready())) return {};
+  GraphFill& f = plan.pending_graphs->wait();
+  // A plan that needs more workspace than the plan has: a larger block (no
+  // run is in flight between runs; the CUDA graph is captured after this),
+  // else those plans are dropped and their steps keep the fallback.
+  std::uint64_t need = plan.workspace_bytes;
+  for (const auto& m : f.made)
+    if (m) need = std::max(need, graph_conv_workspace_bytes(*m));
+  Status grown;
+  if (need > plan.workspace_bytes) {
+    auto block = device_alloc(eng->opt.device, need + 256);
+    if (block) {
+      plan.device_bytes += need - plan.workspace_bytes;
+      plan.scratch = *block;
+      plan.workspace = plan.scratch->p;
+      plan.error_flag = reinterpret_cast<int*>(static_cast<char*>(plan.scratch->p) + need);
+    } else {
+      grown = make_error(block.error().code(), "cuDNN graph plans not installed: " + block.error().message());
+      for (auto& m : f.made)
+        if (m && graph_conv_workspace_bytes(*m) > plan.workspace_bytes) m.reset();
+    }
+  }
+  std::vector<std::string> warnings;
+  SAFECKPT_CHECK(apply_graph_fill(plan, f, true, warnings));
+  plan.pending_graphs.reset();
+  plan.dnn_graphs_ready_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - plan.started).count();
+  {
+    std::lock_guard<std::mutex> lock(eng->mu);
+    for (auto& w : warnings) eng->warn(std::move(w), nullptr);
+  }
+  return grown;
+}
+
 Status ProgramImpl::execute(Plan& plan) {
+  SAFECKPT_CHECK(install_graphs(plan, false));
   // Streaming start: every weight landed (once true, never asked again).
   auto all_weights = [&]() -> Status {
     if (weights_landed) return {};
@@ -479,6 +535,17 @@ Status ProgramImpl::execute(Plan& plan) {
     warn_dnn_refusals();
     SAFECKPT_CHECK(all_weights());  // no output unless every weight landed
     ++stats.eager_runs;
+  } else if (plan.pending_graphs) {
+    // cuDNN graphs still being built: the compiled steps one by one, those
+    // steps on their fallback; the graph is captured once they are in.
+    if (!plan.tunes.empty()) {
+      SAFECKPT_CHECK(all_weights());
+      SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
+    }
+    SAFECKPT_CHECK(launch_steps(true));
+    warn_dnn_refusals();
+    SAFECKPT_CHECK(all_weights());
+    ++stats.background_runs;
   } else {
     if (plan.exec == nullptr) {
       if (!plan.tunes.empty()) {  // times the GEMMs on every weight, landed
@@ -545,6 +612,7 @@ double median(std::vector<double> v) {
 Result<Profile> ProgramImpl::profile(Plan& plan, const ProfileOptions& o) {
   if (o.warmup < 1 || o.warmup > 1000 || o.iters < 1 || o.iters > 100000)
     return make_error(ErrorCode::kInvalidArgument, "profile: warmup must be 1..1000 and iters 1..100000");
+  SAFECKPT_CHECK(install_graphs(plan, true));  // the plan as it will stay
   // Streaming start: profiles time compute, not the transfer.
   if (!weights_landed) {
     SAFECKPT_CHECK(pending->wait_all());
@@ -942,8 +1010,23 @@ ProgramStats CompiledProgram::stats() const {
     s.dnn_graphs_built = p.dnn_graphs_built;
     s.dnn_graphs_restored = p.dnn_graphs_restored;
     s.dnn_graph_threads = p.dnn_graph_threads;
+    s.dnn_graphs_background = p.dnn_graphs_background;
+    s.dnn_graphs_pending = p.pending_graphs != nullptr;
+    s.last_dnn_graphs_ready_seconds = p.dnn_graphs_ready_seconds;
   }
   return s;
+}
+
+Status CompiledProgram::wait_compiled() {
+  ProgramImpl& pi = *impl_;
+  std::lock_guard<std::mutex> lock(pi.mu);
+  detail::DeviceGuard g(pi.eng->opt.device);
+  Status first;
+  for (auto& [key, plan] : pi.lru) {
+    Status st = pi.install_graphs(*plan, true);
+    if (!st && first) first = st;
+  }
+  return first;
 }
 
 namespace detail {

@@ -15,7 +15,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
 #include "engine/conv.hpp"
@@ -1974,22 +1973,14 @@ struct Lowering {
   // batch_norm as micro-ops of the open pointwise group (so a relu or a
   // residual add after them joins the same kernel); pooling as fixed kernels.
   std::shared_ptr<DnnHandle> dnn;  // made on the first convolution of a device plan
-  // Batch norm folding's bfloat16 graph plans, one slot per geometry, filled
-  // by prepare_graph_plans after lowering: cuDNN's engines for these graphs
-  // compile their kernels at run time (NVRTC, hundreds of milliseconds per
-  // geometry), so the geometries are compiled together on several threads
-  // instead of one by one as the lowering meets them. A slot left empty
-  // (cuDNN has no engine) makes its step take the unfused path at run time.
-  // Fused attention's cuDNN plans (EngineOptions::cudnn_attention) take
-  // slots of their own kind (`sdpa` set), filled the same way.
-  struct GraphSlot {
-    ConvGeometry cg;
-    bool with_z = false;
-    std::optional<SdpaGeometry> sdpa;
-    std::string key;                  // the choice key of the serialized plan
-    std::shared_ptr<GraphPlan> plan;  // set once, before the first run
-    std::vector<std::size_t> steps;   // plan.steps indices named after the engine
-  };
+  // Batch norm folding's bfloat16 graph plans and fused attention's cuDNN
+  // plans (EngineOptions::cudnn_attention), one slot per geometry
+  // (graph_plans.hpp), filled by prepare_graph_plans after lowering: cuDNN's
+  // engines for these graphs compile their kernels at run time, so the
+  // geometries are compiled together on several threads (in the background
+  // with EngineOptions::background_graph_plans) instead of one by one as the
+  // lowering meets them. A slot left empty (cuDNN has no engine, or it is
+  // still being built) makes its steps take their fallback at run time.
   std::map<std::string, std::shared_ptr<GraphSlot>> graph_plans;
 
   // An operand of chain(): a program value (a register when the open group
@@ -2367,82 +2358,38 @@ struct Lowering {
                  [od](const auto& r, const Emit& emit) { return emit(micro(MicroKind::kAdd, od, r[0], r[1], 1.0)); });
   }
 
-  // Fills the graph slots of a device plan: a runtime-compiled plan the
-  // persistent cache kept (cuDNN's own serialization, conv.hpp: no kernel
-  // compilation), else cuDNN's heuristics (then kept). Up to 16 threads
-  // (runtime compilation is CPU work; the H100/H200 hosts have 16 cores), one
-  // cuDNN handle each (cuDNN allows concurrent calls on distinct handles; a
-  // plan executes on the handle it was made with). Errors: what
-  // graph_conv_prepare returns (the first, by geometry order).
+  // Fills the graph slots of a device plan (graph_plans.hpp): those the
+  // engine or the persistent cache keeps are restored now (up to 16 threads:
+  // the H100/H200 hosts have 16 cores); those cuDNN must build are built now
+  // too, or with EngineOptions::background_graph_plans (compiled plans) on a
+  // PendingGraphs whose result the engine installs between runs. Errors:
+  // what graph_conv_prepare returns (the first, by geometry order) for a
+  // graph built now.
   Status prepare_graph_plans() {
-    std::vector<GraphSlot*> todo;
-    for (auto& [key, slot] : graph_plans)
-      if (slot && !slot->plan) todo.push_back(slot.get());
-    if (todo.empty() || eng.lt == nullptr) return {};
-    const auto t0 = std::chrono::steady_clock::now();
+    if (eng.lt == nullptr) return {};
+    std::vector<std::shared_ptr<GraphSlot>> now, later;
+    const bool background = fuse && eng.opt.background_graph_plans;
+    for (auto& [key, slot] : graph_plans) {
+      if (!slot || slot->plan) continue;
+      bool cached = false;
+      (background && !eng.find_choice(slot->key, &cached) ? later : now).push_back(slot);
+    }
+    if (now.empty() && later.empty()) return {};
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return make_error(ErrorCode::kDevice, "cudaGetDevice failed");
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    const std::size_t threads = std::min<std::size_t>({todo.size(), hw, 16});
-    std::vector<Status> status(todo.size());
-    std::vector<std::string> sdpa_notes(todo.size());
-    std::atomic<std::size_t> next{0}, built{0}, restored{0};
-    auto work = [&](std::shared_ptr<DnnHandle> h) {
-      if (!h) {
-        if (cudaSetDevice(device) != cudaSuccess) {
-          for (std::size_t i; (i = next++) < todo.size();)
-            status[i] = make_error(ErrorCode::kDevice, "cudaSetDevice failed");
-          return;
-        }
-        auto made = dnn_create();
-        if (!made) {
-          for (std::size_t i; (i = next++) < todo.size();) status[i] = made.error();
-          return;
-        }
-        h = *made;
-      }
-      for (std::size_t i; (i = next++) < todo.size();) {
-        GraphSlot& s = *todo[i];
-        bool cached = false;
-        if (auto bytes = eng.find_choice(s.key, &cached))
-          s.plan = s.sdpa ? graph_sdpa_from_bytes(h, s.sdpa->causal, kMaxConvWorkspaceBytes, *bytes)
-                          : graph_conv_from_bytes(h, s.with_z, kMaxConvWorkspaceBytes, *bytes);
-        if (s.plan) {
-          ++restored;
-          continue;
-        }
-        auto made = s.sdpa ? graph_sdpa_prepare(h, *s.sdpa, kMaxConvWorkspaceBytes)
-                           : graph_conv_prepare(h, s.cg, s.with_z, kMaxConvWorkspaceBytes);
-        if (!made && s.sdpa) {  // attention has its kernel: a warning, not an error
-          sdpa_notes[i] = "cuDNN fused attention not planned (" + made.error().message() + "); the kernel runs it";
-          continue;
-        }
-        if (!made) {
-          status[i] = made.error();
-          continue;
-        }
-        s.plan = *made;
-        if (!s.plan) continue;
-        ++built;
-        if (auto bytes = graph_conv_plan_bytes(*s.plan); !bytes.empty()) eng.store_choice(s.key, std::move(bytes));
-      }
-    };
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work, nullptr);
-    work(dnn);  // this thread: the lowering's handle, on the plan's device already
-    for (auto& t : pool) t.join();
-    plan.dnn_graph_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    plan.dnn_graphs_built = built;
-    plan.dnn_graphs_restored = restored;
-    plan.dnn_graph_threads = threads;
-    for (auto& st : status)
-      if (!st) return make_error(st.error().code(), "cuDNN graph plan: " + st.error().message());
-    for (auto& n : sdpa_notes)
-      if (!n.empty()) eng.warn(std::move(n), nullptr);
-    for (auto& [key, slot] : graph_plans) {
-      if (!slot || !slot->plan) continue;
-      plan.workspace_bytes = std::max(plan.workspace_bytes, graph_conv_workspace_bytes(*slot->plan));
-      for (auto i : slot->steps) plan.steps[i].name += " (" + graph_conv_name(*slot->plan) + ")";
+    GraphFill f;
+    f.slots = std::move(now);
+    fill_graph_plans(eng, device, dnn, 16, nullptr, f);
+    std::vector<std::string> warnings;
+    Status st = apply_graph_fill(plan, f, false, warnings);
+    {
+      std::lock_guard<std::mutex> lock(eng.mu);
+      for (auto& w : warnings) eng.warn(std::move(w), nullptr);
+    }
+    SAFECKPT_CHECK(st);
+    if (!later.empty()) {
+      plan.dnn_graphs_background = later.size();
+      plan.pending_graphs = std::make_shared<PendingGraphs>(eng, device, std::move(later));
     }
     return {};
   }

@@ -5,16 +5,20 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/conv.hpp"
+#include "engine/graph_plans.hpp"
 #include "engine/internal.hpp"
 #include "engine/module_cache.hpp"
 #include "safeckpt/compile_cache.hpp"
@@ -79,6 +83,14 @@ struct EngineImpl {
   std::optional<std::vector<std::uint8_t>> find_choice(const std::string& choice, bool* from_cache);
   // Remembers (and stores) `bytes` for `choice`.
   void store_choice(const std::string& choice, std::vector<std::uint8_t> bytes);
+  // Choices being built (cuDNN graph plans, graph_plans.cpp), so that two
+  // fills needing one build it once: true when the caller now owns `choice`
+  // (end_build after, built or not); false after waiting until another
+  // thread's claim on it ended (the caller then looks the choice up again).
+  bool claim_build(const std::string& choice);
+  void end_build(const std::string& choice);
+  std::set<std::string> building;         // under mu
+  std::condition_variable building_done;  // end_build
   EngineStats stats;
   // The module for `source`: the in-process map, else the persistent cache
   // (a cubin the driver loads), else NVRTC (then stored). Cache trouble is a
@@ -192,6 +204,14 @@ struct Plan {
   // restored from the persistent cache, and the threads that did it.
   double dnn_graph_seconds = 0;
   std::size_t dnn_graphs_built = 0, dnn_graphs_restored = 0, dnn_graph_threads = 0;
+  // The graph plans cuDNN is still building (EngineOptions::
+  // background_graph_plans): until the engine installs them (between runs,
+  // ProgramImpl::install_graphs), a compiled plan runs its steps one by one
+  // without capturing a CUDA graph; null once installed (or none).
+  std::shared_ptr<PendingGraphs> pending_graphs;
+  std::size_t dnn_graphs_background = 0;          // slots handed to pending_graphs
+  double dnn_graphs_ready_seconds = 0;            // from the plan's start to their install
+  std::chrono::steady_clock::time_point started;  // when get_plan began the plan
 
   void* ptr(const DevTensor& t) const {
     char* base = static_cast<char*>(t.buf >= 0 ? bufs[static_cast<std::size_t>(t.buf)].ptr : t.direct);

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "engine/runtime.hpp"
 #include "graph/view_strides.hpp"
@@ -761,16 +764,18 @@ void check_stances_vs_cuda(engine::CompiledProgram& cp, const Inputs& in, const 
 
 // bfloat16 batch norms folded into cuDNN operation graphs (plan.cpp
 // prepare_graph_plans): an engine with an empty persistent cache compiles
-// the runtime-compiled graph plans and stores cuDNN's serialization of each;
-// a second engine on the same directory (as a second process would) finalizes
-// them from the cache instead (conv.hpp graph_conv_from_bytes), step for step,
-// and gives the same outputs.
+// the runtime-compiled graph plans (before its first run) and stores cuDNN's
+// serialization of each; a second engine on the same directory (as a second
+// process would; background_graph_plans on, which restores cached plans
+// before the first run all the same) finalizes them from the cache instead
+// (conv.hpp graph_conv_from_bytes), step for step, and gives the same outputs.
 void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inputs& in, const std::string& what) {
   const auto dir = std::filesystem::temp_directory_path() / ("safeckpt_graph_plans_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   engine::EngineOptions o = no_cache();
   o.cache = engine::CacheMode::kReadWrite;
   o.cache_dir = dir;
+  o.background_graph_plans = false;
   auto run_and_count = [&](engine::CompiledProgram& cp, std::vector<HostTensor>* out) {
     auto r = cp.run_host(in);
     REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
@@ -805,11 +810,14 @@ void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inp
     stored = eng.stats().choices_stored;
   }
   {
+    o.background_graph_plans = true;
     auto eng = make_engine(o);
     auto cp = eng.compile(prog, w);
     REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
     warm = run_and_count(*cp, &warm_out);
     from_cache = eng.stats().choices_from_cache;
+    CHECK(cp->stats().dnn_graphs_background == 0);
+    CHECK(cp->stats().background_runs == 0);
   }
   std::filesystem::remove_all(dir);
   MESSAGE(what << ": runtime-compiled graph convolutions " << cold.first << " compiled, then " << warm.second
@@ -868,6 +876,32 @@ TEST_CASE("engine: torchvision ResNet-50 (SAFECKPT_RESNET50_DIR) matches PyTorch
       if (std::string(dt) == "bfloat16" && std::string(ir) == "train") check_graph_plans_cached(prog, *w, in, what);
     }
   }
+}
+
+// Two fills needing one cuDNN graph plan (two programs on one engine) build
+// it once (graph_plans.cpp): the first claim owns the key, a second claimer
+// waits until it ends and is told to look the plan up instead; the key can
+// be claimed again after. A fill of no slots on a background thread
+// finishes without a device.
+TEST_CASE("engine: a cuDNN graph plan two fills need is built by one of them (no device)") {
+  using safeckpt::engine::detail::EngineImpl;
+  EngineImpl eng;
+  REQUIRE(eng.claim_build("graph plan k"));
+  CHECK(eng.claim_build("graph plan other"));  // keys are independent
+  std::atomic<int> second{-1};
+  std::thread waiter([&] { second = eng.claim_build("graph plan k") ? 1 : 0; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(second.load() == -1);  // still waiting for the owner
+  eng.end_build("graph plan k");
+  waiter.join();
+  CHECK(second.load() == 0);  // waited, did not build
+  CHECK(eng.claim_build("graph plan k"));
+  eng.end_build("graph plan k");
+  eng.end_build("graph plan other");
+  CHECK(eng.building.empty());
+  safeckpt::engine::detail::PendingGraphs none(eng, 0, {});
+  CHECK(none.wait().slots.empty());
+  CHECK(none.ready());
 }
 
 // A GEMM whose N is not a multiple of 8 bfloat16s (GPT-2's lm_head: N =
@@ -2135,11 +2169,15 @@ TEST_CASE(
 // Every program above on the GPU, every stance, against PyTorch's CUDA eager
 // outputs (output.<i>.cuda, TF32 off) and the CPU reference, within the
 // tolerance recorded in <model>.json; the captured graph's replay is
-// bit-identical to its first run.
+// bit-identical to its first run (cuDNN graph plans built before the first
+// run: with background_graph_plans the first run may take their fallback,
+// see the background test below).
 TEST_CASE("engine: every pt2-2.11-extra program matches PyTorch CUDA and the CPU reference in every stance") {
   if (!have_device()) return;
   const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
-  auto eng = make_engine();
+  engine::EngineOptions o = no_cache();
+  o.background_graph_plans = false;
+  auto eng = make_engine(o);
   for (const char* name : kExtraGpuPrograms) {
     const std::string n = name;
     const std::string model = n.substr(0, n.find('.'));
@@ -2177,6 +2215,101 @@ TEST_CASE("engine: every pt2-2.11-extra program matches PyTorch CUDA and the CPU
         }
       }
     }
+  }
+}
+
+// EngineOptions::background_graph_plans on llama_cuda_bf16 (bfloat16 causal
+// attention: a cuDNN fused-attention graph plan per geometry, runtime
+// compiled): with an empty cache the plans go to the background and the
+// first calls take the fallback (the attention kernel) within PyTorch's
+// tolerance; wait_compiled installs them (steps named after cuDNN's engine),
+// then the CUDA graph replays bit-identically. With the option off the same
+// plans are built before the first run. A second engine on a cache the
+// first filled restores them before its first run (none in the background).
+TEST_CASE("engine: cuDNN graph plans built in the background, then installed (llama_cuda_bf16)") {
+  if (!have_device()) return;
+  const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+  json meta = json::parse(read_text(dir + "llama_cuda_bf16.json"));
+  const double atol = meta["tolerance"]["eager_cuda_vs_cpu"]["atol"].get<double>();
+  const double rtol = meta["tolerance"]["eager_cuda_vs_cpu"]["rtol"].get<double>();
+  auto io = SafetensorsFile::open(dir + "llama_cuda_bf16.io.safetensors");
+  REQUIRE(io.has_value());
+  const auto cache_dir =
+      std::filesystem::temp_directory_path() / ("safeckpt_background_graphs_" + std::to_string(::getpid()));
+  for (const char* ir : {"train", "core"}) {
+    const std::string what = std::string("llama_cuda_bf16.") + ir;
+    CAPTURE(what);
+    auto l = test_support::load_program(what + ".pt2", true, "pt2-2.11-extra");
+    const Inputs in = cases_of(l.program, *io)[0].inputs;
+    const HostTensor ref = tensor_of(*io, "output.0.cuda");
+    auto cudnn_steps = [&](engine::CompiledProgram& cp) {
+      auto prof = cp.profile_host(in);
+      REQUIRE_MESSAGE(prof.has_value(), (prof ? "" : prof.error().to_string()));
+      std::size_t n = 0;
+      for (const auto& st : prof->steps) n += st.name.find("cuDNN graph engine") != std::string::npos ? 1 : 0;
+      return n;
+    };
+    auto run = [&](engine::CompiledProgram& cp, const std::string& call) {
+      auto out = cp.run_host(in);
+      REQUIRE_MESSAGE(out.has_value(), (out ? "" : out.error().to_string()));
+      double d = check_close(as_f32((*out)[0]), as_f32(ref), atol, rtol, what + " " + call + " vs PyTorch CUDA");
+      MESSAGE(what << " " << call << ": max|out - PyTorch CUDA| = " << d);
+      return std::move(out).value();
+    };
+    // Off: built before the first run.
+    engine::EngineOptions off = no_cache();
+    off.background_graph_plans = false;
+    auto eng_off = make_engine(off);
+    auto a = eng_off.compile(l.program, l.weights);
+    REQUIRE(a.has_value());
+    run(*a, "background off, call 0");
+    const auto sa = a->stats();
+    REQUIRE_MESSAGE(sa.dnn_graphs_built > 0, "cuDNN planned no fused attention for " << what);
+    CHECK(sa.dnn_graphs_background == 0);
+    CHECK_FALSE(sa.dnn_graphs_pending);
+    const std::size_t layers = cudnn_steps(*a);
+    CHECK(layers > 0);
+    // On, empty cache: the same plans in the background.
+    std::filesystem::remove_all(cache_dir);
+    engine::EngineOptions on = no_cache();
+    on.cache = engine::CacheMode::kReadWrite;
+    on.cache_dir = cache_dir;
+    {
+      auto eng = make_engine(on);
+      auto b = eng.compile(l.program, l.weights);
+      REQUIRE(b.has_value());
+      run(*b, "background on, call 0");
+      const auto s0 = b->stats();
+      CHECK(s0.dnn_graphs_background == sa.dnn_graphs_built);
+      CHECK(s0.background_runs <= 1);  // 0 when the build won the race with the first run
+      REQUIRE(b->wait_compiled().has_value());
+      const auto s1 = b->stats();
+      CHECK_FALSE(s1.dnn_graphs_pending);
+      CHECK(s1.dnn_graphs_built == sa.dnn_graphs_built);
+      CHECK(s1.last_dnn_graphs_ready_seconds > 0);
+      auto r1 = run(*b, "background on, after wait_compiled");
+      auto r2 = run(*b, "background on, replay");
+      CHECK(*r1[0].data == *r2[0].data);
+      const auto s2 = b->stats();
+      CHECK(s2.graph_replays == s0.graph_replays + 2);
+      CHECK(s2.background_runs == s0.background_runs);
+      CHECK(cudnn_steps(*b) == layers);
+      MESSAGE(what << ": " << s0.dnn_graphs_background << " graph plans in the background, " << s0.background_runs
+                   << " run(s) before them, installed " << 1e3 * s1.last_dnn_graphs_ready_seconds
+                   << " ms after the plan began");
+    }
+    {  // A second engine on that cache: restored before the first run.
+      auto eng = make_engine(on);
+      auto c = eng.compile(l.program, l.weights);
+      REQUIRE(c.has_value());
+      run(*c, "warm cache, call 0");
+      const auto s = c->stats();
+      CHECK(s.dnn_graphs_background == 0);
+      CHECK(s.dnn_graphs_restored == sa.dnn_graphs_built);
+      CHECK(s.background_runs == 0);
+      CHECK(cudnn_steps(*c) == layers);
+    }
+    std::filesystem::remove_all(cache_dir);
   }
 }
 

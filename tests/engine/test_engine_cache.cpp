@@ -179,7 +179,7 @@ TEST_CASE("engine cache: the module key follows the source, the device and the v
   CHECK(k.sm == 90);
   CHECK(k.nvrtc_version == 13000);
   CHECK(k.shapes.empty());  // one module serves every shape
-  CHECK(k.options == "--gpu-architecture=sm_90 --std=c++17 -default-device");
+  CHECK(k.options == "--gpu-architecture=sm_90 --std=c++17 -default-device --split-compile=0");
   CHECK(k.engine_version ==
         std::string("safeckpt ") + SAFECKPT_VERSION_STRING + " codegen " + std::to_string(ed::kCodegenRevision));
   CHECK(ed::nvrtc_key_version(13020) == 13000);  // the soname major, not the minor
