@@ -94,7 +94,7 @@ Status apply_graph_fill(Plan& plan, GraphFill& f, bool fallback_ok, std::vector<
     if (!f.status[i]) {
       const std::string what = "cuDNN graph plan: " + f.status[i].error().message();
       if (!fallback_ok) return make_error(f.status[i].error().code(), what);
-      warnings.push_back(what + "; its convolutions run unfused");
+      warnings.push_back(what + "; its steps keep their fallback");
     }
     if (!f.notes[i].empty()) warnings.push_back(f.notes[i]);
     GraphSlot& s = *f.slots[i];
