@@ -83,7 +83,6 @@ class PendingGraphs {
   PendingGraphs& operator=(const PendingGraphs&) = delete;
   ~PendingGraphs();
   bool ready() const { return done_.load(); }  // the fill finished (wait() does not block)
-  std::size_t size() const { return fill_.slots.size(); }
   GraphFill& wait();  // blocks until the fill finished
 
  private:
