@@ -83,7 +83,7 @@ class PendingGraphs {
   PendingGraphs& operator=(const PendingGraphs&) = delete;
   ~PendingGraphs();
   bool ready() const { return done_.load(); }  // the fill finished (wait() does not block)
-  GraphFill& wait();  // blocks until the fill finished
+  GraphFill& wait();                           // blocks until the fill finished
 
  private:
   GraphFill fill_;
