@@ -530,28 +530,22 @@ Status ProgramImpl::execute(Plan& plan) {
                     "their fallback (the attention kernel, or the unfused convolution)",
                 nullptr);
   };
-  if (!plan.compiled) {
+  // A compiled plan times its GEMMs once, before its first run, on every
+  // weight (landed).
+  if (plan.compiled && !plan.tunes.empty()) {
+    SAFECKPT_CHECK(all_weights());
+    SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
+  }
+  if (!plan.compiled || plan.pending_graphs) {
+    // Step by step: eager plans, and compiled ones whose cuDNN graphs are
+    // still being built (those steps on their fallback; the graph is
+    // captured once they are in).
     SAFECKPT_CHECK(launch_steps(true));
     warn_dnn_refusals();
     SAFECKPT_CHECK(all_weights());  // no output unless every weight landed
-    ++stats.eager_runs;
-  } else if (plan.pending_graphs) {
-    // cuDNN graphs still being built: the compiled steps one by one, those
-    // steps on their fallback; the graph is captured once they are in.
-    if (!plan.tunes.empty()) {
-      SAFECKPT_CHECK(all_weights());
-      SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
-    }
-    SAFECKPT_CHECK(launch_steps(true));
-    warn_dnn_refusals();
-    SAFECKPT_CHECK(all_weights());
-    ++stats.background_runs;
+    ++(plan.compiled ? stats.background_runs : stats.eager_runs);
   } else {
     if (plan.exec == nullptr) {
-      if (!plan.tunes.empty()) {  // times the GEMMs on every weight, landed
-        SAFECKPT_CHECK(all_weights());
-        SAFECKPT_CHECK(tune_gemms(plan, *eng, stream));
-      }
       auto t0 = std::chrono::steady_clock::now();
       // cuDNN may load or build kernels on a convolution's first run, which
       // is not allowed inside a stream capture: run the steps once first (as

@@ -18,9 +18,9 @@ std::vector<std::string> nvrtc_options(int sm) {
   // kernels on every core instead of one. The PTX is the same and ptxas
   // compiles each kernel on its own, so the generated code is the same
   // kernels (sections compared byte for byte here: the .text of 38 of 39
-  // kernels of three programs identical, one rescheduled). A cold BERT
-  // module (15 kernels) took 0.85 s without it and 0.36 s with it on the
-  // 16-core H100 host (bench/RESULTS.md 2026-12-05 "NVRTC").
+  // kernels of three programs identical, one rescheduled). The cold module
+  // of pt2-2.11-extra's bert.train (15 kernels) took 0.85 s without it and
+  // 0.36 s with it on the 16-core H100 host (bench/RESULTS.md 2026-12-05 "NVRTC").
   return {"--gpu-architecture=sm_" + std::to_string(sm), "--std=c++17", "-default-device", "--split-compile=0"};
 }
 
