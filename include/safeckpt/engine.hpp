@@ -78,7 +78,8 @@
 // (both on by default, bench/RESULTS.md 2026-12-05 "cuDNN attention and
 // 3xTF32"): EngineOptions::cudnn_attention (bfloat16 without a mask other
 // than is_causal through cuDNN's fused flash-attention engines, the kernel
-// PyTorch picks on sm_90) and EngineOptions::attention_3xtf32 (float32 on a
+// PyTorch picks on sm_90; with EngineOptions::cudnn_attention_masks masked
+// ones too) and EngineOptions::attention_3xtf32 (float32 on a
 // tensor-core flash kernel in 3xTF32, src/engine/attention_tf32_device.cuh,
 // float32 accuracy).
 // Both give a row of zeros where every key is masked (the CPU reference's
@@ -340,6 +341,18 @@ struct EngineOptions {
   // 2.20 ms with it, 8.10 ms on the kernel; `bench-engine
   // --no-cudnn-attention` turns it off.
   bool cudnn_attention = true;
+  // With cudnn_attention: bfloat16 attention with a mask (attn_mask, bool or
+  // additive bfloat16) through cuDNN's fused attention too, the mask made
+  // cuDNN's additive bias (cudnn-frontend's sdpa "bias" input; ATen's cuDNN
+  // SDPA takes attn_mask so): one kernel per mask value writes a
+  // bfloat16 [1 or B, 1 or H, L, S] bias (bool: 0 / -inf) and which rows
+  // keep no key, once for all the attentions that read that mask (the
+  // layers of a transformer); after each attention a small kernel writes
+  // zeros to those rows (cuDNN gives them NaN; the kernels, the CPU
+  // reference and math SDPA's _safe_softmax give zeros). Off by default
+  // until measured on a device (the tensor-core kernel reads the mask as it
+  // is); `bench-engine --cudnn-attention-masks` turns it on.
+  bool cudnn_attention_masks = false;
   // float32 attention on the tensor cores in 3xTF32 (each operand split
   // into two TF32 parts, three products: float32 accuracy within a few ulps,
   // as PyTorch's memory-efficient attention computes float32 on sm_80+,

@@ -88,21 +88,12 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const __nv_bfloat1
   }
 }
 
-// PTX's warp-level and asynchronous operations the kernel uses: inline PTX
-// on sm_80+, the host emulator's models under cuda_host_sim.hpp
-// (SAFECKPT_HOST_SIM; tests/engine/test_kernels_host.cpp).
+// PTX's warp-level operations the kernel uses (cp.async:
+// attention_flash_common.cuh): inline PTX on sm_80+, the host emulator's
+// models under cuda_host_sim.hpp (SAFECKPT_HOST_SIM;
+// tests/engine/test_kernels_host.cpp).
 #if defined(SAFECKPT_HOST_SIM)
 #define SAFECKPT_TC_BODY 1
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  cuda_host_sim::cp_async_16(dst, src, valid);
-}
-__device__ __forceinline__ void cp_async_commit() {
-  cuda_host_sim::cp_async_commit();
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  cuda_host_sim::cp_async_wait(kPending);
-}
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
   cuda_host_sim::ldmatrix_x4(r, p, false);
 }
@@ -118,19 +109,6 @@ __device__ __forceinline__ void named_barrier(unsigned id, unsigned count) {
 }
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define SAFECKPT_TC_BODY 1
-// 16 bytes global -> shared, zero-filled when !valid (src-size 0).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-// Waits until at most kPending cp.async groups of this thread are in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
   const auto a = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -180,7 +158,8 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
 }
 #endif
 
-template <int kD>
+// kMask: a.mask_kind (flash_softmax_tile).
+template <int kD, int kMask>
 __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) attention_tc_kernel(AttnArgs a) {
 #ifdef SAFECKPT_TC_BODY
   using L = Layout<kD>;
@@ -276,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) attention_tc_kerne
     // 2. online softmax (sc becomes P in fp32; l sums it before rounding),
     //    P rounded to bfloat16 as the A fragments of P V, 16 keys per k-step.
     float corr[2];
-    flash_softmax_tile<kNT>(sc, a, madd, b, h, t0, row_g, t, scale2, m, l, corr);
+    flash_softmax_tile<kNT, kMask>(sc, a, madd, b, h, t0, row_g, t, scale2, m, l, corr);
     std::uint32_t pa[kNT / 2][4];
     for (int n = 0; n < kNT; ++n) {
       pa[n / 2][(n % 2) * 2 + 0] = pack_bf16(sc[n][0], sc[n][1]);  // row g
@@ -350,8 +329,17 @@ int dispatch_attention_tc(Launch&& launch, const AttnArgs& a) {
   if (a.B * a.H > 0x7fffffffLL || (a.L + kRows - 1) / kRows > 65535) return kLaunchInvalidValue;  // grid
   static_assert(Layout<128>::kBytes <= 227 * 1024, "fits an sm_80+ block");
   const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.L + kRows - 1) / kRows));
-  if (a.D <= 64 && a.Dv <= 64) return launch(grid, dim3(kThreads), Layout<64>::kBytes, attention_tc_kernel<64>, a);
-  return launch(grid, dim3(kThreads), Layout<128>::kBytes, attention_tc_kernel<128>, a);
+  const bool small = a.D <= 64 && a.Dv <= 64;
+  const unsigned smem = small ? Layout<64>::kBytes : Layout<128>::kBytes;
+  switch (a.mask_kind) {
+    case 0:
+      return launch(grid, dim3(kThreads), smem, small ? attention_tc_kernel<64, 0> : attention_tc_kernel<128, 0>, a);
+    case 1:
+      return launch(grid, dim3(kThreads), smem, small ? attention_tc_kernel<64, 1> : attention_tc_kernel<128, 1>, a);
+    case 2:
+      return launch(grid, dim3(kThreads), smem, small ? attention_tc_kernel<64, 2> : attention_tc_kernel<128, 2>, a);
+    default: return kLaunchInvalidValue;
+  }
 }
 
 }  // namespace

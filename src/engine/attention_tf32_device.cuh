@@ -17,7 +17,9 @@
 // Grid (B * H, ceil(L / 64)), 128 threads = 4 warps; a block owns 64 query
 // rows (the last row blocks first: under a causal mask they have the most
 // keys), warp w the rows 16w .. 16w+15. Per tile of 32 keys, staged in
-// shared memory as float32 (zeros beyond S and beyond D / Dv):
+// shared memory as float32 (zeros beyond S and beyond D / Dv; for kD = 64
+// double-buffered with cp.async, the next tile loading while this one is
+// computed, when every row is 16-byte aligned):
 //  1. S = Q K^T, 16 x 32 per warp: PTX mma.m16n8k8 tf32 fragments (PTX ISA
 //     "Matrix Fragments for mma.m16n8k8"): A a0 = (g, t), a1 = (g + 8, t),
 //     a2 = (g, t + 4), a3 = (g + 8, t + 4); B b0 = (t, g), b1 = (t + 4, g);
@@ -31,8 +33,8 @@
 //     with warp shuffles (C's layout is not A's for k8) and split once for
 //     every 8-column tile of V, V's B fragments from shared memory.
 // Shared memory rows are padded (Q and K: kD + 4 floats, V: kD + 8) so that
-// each fragment load's 32 addresses fall in 32 different banks: 34 KiB for
-// kD = 64, 67 KiB for 128.
+// each fragment load's 32 addresses fall in 32 different banks: 52 KiB for
+// kD = 64 (two K and V buffers; four blocks fit an SM), 67 KiB for 128 (one).
 #pragma once
 
 #include <cmath>
@@ -55,7 +57,10 @@ struct Layout {
   static constexpr int kLdQK = kD + 4;  // = 4 mod 32: (g * ld + t) distinct banks
   static constexpr int kLdV = kD + 8;   // = 8 mod 32: (t * ld + g) distinct banks
   static constexpr int kQ = kRows * kLdQK, kK = kKeys * kLdQK, kV = kKeys * kLdV;
-  static constexpr int kBytes = (kQ + kK + kV) * 4;
+  static constexpr int kBufs = kD <= 64 ? 2 : 1;  // K + V buffers (2: the cp.async pipeline)
+  static constexpr int kBytes = (kQ + kBufs * (kK + kV)) * 4;
+  static_assert(kQ % 4 == 0 && kK % 4 == 0 && kV % 4 == 0 && kLdQK % 4 == 0 && kLdV % 4 == 0,
+                "16-byte aligned tiles and rows for cp.async");
 };
 
 // rows x kD floats from `src` (row r at src + r * row_stride, n_rows valid
@@ -109,6 +114,18 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)
 #endif
 
 #ifdef SAFECKPT_TF32_BODY
+// load_rows' `vec` case (kD / 4 16-byte chunks a row) as cp.async copies,
+// not committed (the caller commits K's and V's as one group).
+template <int kD>
+__device__ __forceinline__ void load_rows_async(float* dst, int ld, int rows, const float* src, long long row_stride,
+                                                long long n_rows, long long n_cols) {
+  constexpr int kChunks = kD / 4;
+  for (int i = static_cast<int>(threadIdx.x); i < rows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 4;
+    const bool valid = r < n_rows && c < n_cols;
+    cp_async_16(dst + r * ld + c, valid ? src + r * row_stride + c : src, valid);
+  }
+}
 // x as big + small TF32 parts.
 __device__ __forceinline__ void split(float x, std::uint32_t& big, std::uint32_t& small) {
   big = to_tf32(x);
@@ -135,7 +152,8 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const SplitA& a, float
 }
 #endif
 
-template <int kD>
+// kMask: a.mask_kind (flash_softmax_tile).
+template <int kD, int kMask>
 __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) {
 #ifdef SAFECKPT_TF32_BODY
   using L = Layout<kD>;
@@ -143,8 +161,7 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
   constexpr int kNT = kKeys / 8;  // 8-key tiles of a score row block
   SAFECKPT_DYNAMIC_SHARED(float4, smem4);
   float* qs = reinterpret_cast<float*>(smem4);
-  float* ks = qs + L::kQ;
-  float* vs = ks + L::kK;
+  float* kv0 = qs + L::kQ;  // buffer i: K at kv0 + i * (kK + kV), V kK after it
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
 
@@ -169,6 +186,15 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
     const long long last_row = (row0 + kRows < a.L ? row0 + kRows : a.L) - 1;
     if (last_row + 1 < s_end) s_end = last_row + 1;
   }
+  // The cp.async pipeline (two buffers, 16-byte rows): tile 0 now, tile
+  // i + 1 at the start of tile i.
+  const bool pipelined = L::kBufs == 2 && vk && vv;
+  auto issue = [&](float* kdst, long long t) {
+    load_rows_async<kD>(kdst, L::kLdQK, kKeys, kb + t * a.k_s[2], a.k_s[2], a.S - t, a.D);
+    load_rows_async<kD>(kdst + L::kK, L::kLdV, kKeys, vb + t * a.v_s[2], a.v_s[2], a.S - t, a.Dv);
+    cp_async_commit();
+  };
+  if (pipelined && s_end > 0) issue(kv0, 0);
   load_rows<kD>(qs, L::kLdQK, kRows, qb, a.q_s[2], a.L - row0, a.D, vq);
   const int d_steps = static_cast<int>((a.D + 7) / 8), dv_tiles = static_cast<int>((a.Dv + 7) / 8);
   const float* qw = qs + warp * 16 * L::kLdQK;  // this warp's 16 rows
@@ -180,11 +206,24 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const auto* madd = static_cast<const float*>(a.mask);
   const float scale2 = a.scale * kLog2e;
+  int cur = 0;
   for (long long t0 = 0; t0 < s_end; t0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous tile (and, first, Q is stored)
-    load_rows<kD>(ks, L::kLdQK, kKeys, kb + t0 * a.k_s[2], a.k_s[2], a.S - t0, a.D, vk);
-    load_rows<kD>(vs, L::kLdV, kKeys, vb + t0 * a.v_s[2], a.v_s[2], a.S - t0, a.Dv, vv);
-    __syncthreads();
+    float* ks = kv0 + cur * (L::kK + L::kV);
+    float* vs = ks + L::kK;
+    if (pipelined) {
+      if (t0 + kKeys < s_end) {  // the next tile into the other buffer (its readers passed the barrier below)
+        issue(kv0 + (cur ^ 1) * (L::kK + L::kV), t0 + kKeys);
+        cp_async_wait<1>();  // this tile's group is done, the next one may be in flight
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // every thread's copies of this tile landed (and, first, Q is stored)
+    } else {
+      __syncthreads();  // every warp is done with the previous tile (and, first, Q is stored)
+      load_rows<kD>(ks, L::kLdQK, kKeys, kb + t0 * a.k_s[2], a.k_s[2], a.S - t0, a.D, vk);
+      load_rows<kD>(vs, L::kLdV, kKeys, vb + t0 * a.v_s[2], a.v_s[2], a.S - t0, a.Dv, vv);
+      __syncthreads();
+    }
     // 1. S = Q K^T.
     float sc[kNT][4];
     for (int n = 0; n < kNT; ++n)
@@ -201,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
     }
     // 2. online softmax (sc becomes P, in fp32).
     float corr[2];
-    flash_softmax_tile<kNT>(sc, a, madd, b, h, t0, row_g, t, scale2, m, l, corr);
+    flash_softmax_tile<kNT, kMask>(sc, a, madd, b, h, t0, row_g, t, scale2, m, l, corr);
     for (int n = 0; n < kDT; ++n)
       for (int e = 0; e < 4; ++e) o[n][e] *= corr[e / 2];
     // 3. O += P V, 8 keys per k-step. P's A fragment for keys 8j..8j+7:
@@ -226,6 +265,10 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
         if (n >= dv_tiles) break;
         mma_3xtf32(o[n], ps, v0[n * 8 + g], v1[n * 8 + g]);
       }
+    }
+    if (pipelined) {
+      __syncthreads();  // every warp is done with this buffer before the tile after next loads into it
+      cur ^= 1;
     }
   }
   // Each row divided by l (a row whose keys are all masked: l = 0, zeros, as
@@ -258,9 +301,18 @@ int dispatch_attention_tf32x3(Launch&& launch, const AttnArgs& a) {
   if (a.B * a.H > 0x7fffffffLL || (a.L + kRows - 1) / kRows > 65535) return kLaunchInvalidValue;  // grid
   const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.L + kRows - 1) / kRows));
   const dim3 block(tf32x3::kThreads);
-  if (a.D <= 64 && a.Dv <= 64)
-    return launch(grid, block, tf32x3::Layout<64>::kBytes, tf32x3::attention_tf32x3_kernel<64>, a);
-  return launch(grid, block, tf32x3::Layout<128>::kBytes, tf32x3::attention_tf32x3_kernel<128>, a);
+  using tf32x3::attention_tf32x3_kernel;
+  const bool small = a.D <= 64 && a.Dv <= 64;
+  const unsigned smem = small ? tf32x3::Layout<64>::kBytes : tf32x3::Layout<128>::kBytes;
+  switch (a.mask_kind) {
+    case 0:
+      return launch(grid, block, smem, small ? attention_tf32x3_kernel<64, 0> : attention_tf32x3_kernel<128, 0>, a);
+    case 1:
+      return launch(grid, block, smem, small ? attention_tf32x3_kernel<64, 1> : attention_tf32x3_kernel<128, 1>, a);
+    case 2:
+      return launch(grid, block, smem, small ? attention_tf32x3_kernel<64, 2> : attention_tf32x3_kernel<128, 2>, a);
+    default: return kLaunchInvalidValue;
+  }
 }
 
 }  // namespace

@@ -141,19 +141,29 @@ int graph_conv_forward(const GraphPlan& c, const void* x, const void* w, const v
 // scaled_dot_product_attention at concrete sizes for cuDNN's fused
 // flash-attention engines: query [b, h, l, d], key [b, h, s, d], value
 // [b, h, s, dv], output [b, h, l, dv], each with its element strides (the
-// last 1); no mask but the causal one (PyTorch's is_causal: top-left, key j
-// kept for query row i when j <= i); scale applied to Q K^T.
+// last 1); the causal mask (PyTorch's is_causal: top-left, key j kept for
+// query row i when j <= i) and/or an additive bfloat16 bias added to the
+// scaled scores (cudnn-frontend's sdpa "bias" input, the order of its
+// graph: scale, bias, causal), [bias_b, bias_h, l, s] with bias_b 1 or b
+// and bias_h 1 or h (broadcast), rows of sdpa_bias_ld(s) elements (16-byte
+// aligned), the rest dense; scale applied to Q K^T.
 struct SdpaGeometry {
   long long b = 0, h = 0, l = 0, s = 0, d = 0, dv = 0;
   std::int64_t q_s[4] = {}, k_s[4] = {}, v_s[4] = {}, o_s[4] = {};
   bool bf16 = true;
   bool causal = false;
+  bool bias = false;
+  long long bias_b = 0, bias_h = 0;
 };
+// The row stride (elements) of an SdpaGeometry bias: s rounded up to 8.
+inline long long sdpa_bias_ld(long long s) {
+  return (s + 7) / 8 * 8;
+}
 // Whether cuDNN 9's fused attention can take `g` (its support surface,
 // cudnn-frontend sdpa_support_surface.h): bfloat16, head dims multiples of 8
 // and at most 128 (what this engine asks for), innermost strides 1, the
 // other strides multiples of 8 elements (16-byte rows; the pointers must be
-// 16-byte aligned too: the caller checks them).
+// 16-byte aligned too: the caller checks them); a bias of [1 or b, 1 or h].
 bool sdpa_graph_applies(const SdpaGeometry& g);
 // The compile cache key of `g`'s graph plan (every field, the workspace cap,
 // cuDNN's version).
@@ -167,15 +177,17 @@ std::string sdpa_choice_key(const SdpaGeometry& g, std::uint64_t max_workspace);
 // refusing a descriptor).
 Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle> handle, const SdpaGeometry& g,
                                                       std::uint64_t max_workspace);
-// graph_conv_from_bytes for an attention plan (`causal` as when prepared).
-std::shared_ptr<GraphPlan> graph_sdpa_from_bytes(std::shared_ptr<DnnHandle> handle, bool causal,
+// graph_conv_from_bytes for an attention plan (`g` as when prepared: its
+// causal and bias fields decide the variant pack).
+std::shared_ptr<GraphPlan> graph_sdpa_from_bytes(std::shared_ptr<DnnHandle> handle, const SdpaGeometry& g,
                                                  std::uint64_t max_workspace, const std::vector<std::uint8_t>& bytes);
-// Enqueues o = softmax(scale * q k^T [causal]) v on `stream` (capturable;
-// `scale` is passed by value, so a captured graph keeps it). `workspace`:
-// at least graph_conv_workspace_bytes(c). Returns 0 or kDnnStatusBase +
-// status.
-int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const void* v, void* o, float scale,
-                       void* workspace, void* stream);
+// Enqueues o = softmax(scale * q k^T [+ bias] [causal]) v on `stream`
+// (capturable; `scale` is passed by value, so a captured graph keeps it).
+// `bias`: the [bias_b, bias_h, l, s] bfloat16 tensor of a plan prepared
+// with one (16-byte aligned), else ignored. `workspace`: at least
+// graph_conv_workspace_bytes(c). Returns 0 or kDnnStatusBase + status.
+int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const void* v, const void* bias, void* o,
+                       float scale, void* workspace, void* stream);
 
 // ---------------------------------------------- pool.cu / pool_device.cuh
 // NCHW contiguous planes of `h` x `w` (`planes` = N*C); y contiguous

@@ -122,6 +122,7 @@ struct GraphPlan {
   std::string engine;  // "engine <global index>" of the chosen config
   bool runtime_compiled = false;
   bool sdpa_causal = false;  // graph_sdpa_prepare's: the variant pack has the -inf scalar
+  bool sdpa_bias = false;    // and the bias tensor
 };
 
 namespace {
@@ -372,11 +373,13 @@ std::string graph_conv_name(const GraphPlan& c) {
 // Scaled dot product attention as the operation graph cuDNN 9's fused
 // flash-attention engines match (what cudnn-frontend's sdpa node emits for
 // inference, and ATen's cuDNN attention, aten/src/ATen/native/cudnn/MHA.cpp,
-// goes through): S = Q K^T (fp32), S * scale, [causal: gen_index(row, axis
-// 2), gen_index(col, axis 3), row >= col, select(S, -inf)], the softmax as
-// max, sub, exp, sum, div (P in the input dtype), log(sum) + max (the
-// softmax statistics, virtual: the engine's pattern has them), O = P V. K^T
-// is K's descriptor with its last two dims and strides swapped (no copy).
+// goes through): S = Q K^T (fp32), S * scale, [+ bias: cudnn-frontend's
+// sdpa "bias" input, a bfloat16 tensor broadcast over b / h by dims of 1],
+// [causal: gen_index(row, axis 2), gen_index(col, axis 3), row >= col,
+// select(S, -inf)], the softmax as max, sub, exp, sum, div (P in the input
+// dtype), log(sum) + max (the softmax statistics, virtual: the engine's
+// pattern has them), O = P V. K^T is K's descriptor with its last two dims
+// and strides swapped (no copy).
 // cuDNN 9.19's single SDPA operation (CUDNN_BACKEND_OPERATION_SDPA_FWD_
 // DESCRIPTOR) has no causal mask attribute, so the composite graph serves
 // both cases.
@@ -390,6 +393,7 @@ enum : std::int64_t {
   kUidO,
   kUidAttnScale,
   kUidNegInf,
+  kUidAttnBias,
   kUidS1 = 101,
   kUidS2,
   kUidRow,
@@ -402,7 +406,8 @@ enum : std::int64_t {
   kUidSum,
   kUidLog,
   kUidStats,
-  kUidP
+  kUidP,
+  kUidAttnBiased
 };
 
 Status matmul_op(Bd& op, Bd& mm, const Bd& a, const Bd& b, const Bd& c) {
@@ -436,9 +441,10 @@ Status reduction_op(Bd& op, Bd& rd, cudnnReduceTensorOp_t mode, const Bd& x, con
 bool sdpa_graph_applies(const SdpaGeometry& g) {
   auto dense_last = [](const std::int64_t(&s)[4]) { return s[3] == 1; };
   auto aligned = [](const std::int64_t(&s)[4]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; };
+  const bool bias_ok = !g.bias || ((g.bias_b == 1 || g.bias_b == g.b) && (g.bias_h == 1 || g.bias_h == g.h));
   return g.bf16 && g.b > 0 && g.h > 0 && g.l > 0 && g.s > 0 && g.d > 0 && g.dv > 0 && g.d % 8 == 0 && g.dv % 8 == 0 &&
          g.d <= 128 && g.dv <= 128 && dense_last(g.q_s) && dense_last(g.k_s) && dense_last(g.v_s) &&
-         dense_last(g.o_s) && aligned(g.q_s) && aligned(g.k_s) && aligned(g.v_s) && aligned(g.o_s);
+         dense_last(g.o_s) && aligned(g.q_s) && aligned(g.k_s) && aligned(g.v_s) && aligned(g.o_s) && bias_ok;
 }
 
 std::string sdpa_choice_key(const SdpaGeometry& g, std::uint64_t max_workspace) {
@@ -447,6 +453,7 @@ std::string sdpa_choice_key(const SdpaGeometry& g, std::uint64_t max_workspace) 
   for (const auto* st : {&g.q_s, &g.k_s, &g.v_s, &g.o_s})
     for (std::int64_t v : *st) k += std::to_string(v) + ",";
   k += std::string(g.bf16 ? "bf16," : "fp32,") + (g.causal ? "causal," : "full,") + std::to_string(max_workspace);
+  if (g.bias) k += ",bias " + std::to_string(g.bias_b) + "," + std::to_string(g.bias_h);
   return k;
 }
 
@@ -462,7 +469,9 @@ Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle>
                      one[4] = {1, 1, 1, 1};
   const std::int64_t kts[4] = {g.k_s[0], g.k_s[1], g.k_s[3], g.k_s[2]};  // K^T: K's last two dims swapped
   const std::int64_t ss[4] = {g.h * g.l * g.s, g.l * g.s, g.s, 1}, rs[4] = {g.h * g.l, g.l, 1, 1};
-  Bd q, kt, v, o, scale, neg_inf, s1, s2, row, col, keep, masked, mx, sub, ex, sum, lg, stats, p;
+  const std::int64_t bld = sdpa_bias_ld(g.s);
+  const std::int64_t bd[4] = {g.bias_b, g.bias_h, g.l, g.s}, bs[4] = {g.bias_h * g.l * bld, g.l * bld, bld, 1};
+  Bd q, kt, v, o, scale, neg_inf, s1, s2, bias, biased, row, col, keep, masked, mx, sub, ex, sum, lg, stats, p;
   SAFECKPT_CHECK(tensor_desc(q, kUidQ, io, qd, g.q_s, false));
   SAFECKPT_CHECK(tensor_desc(kt, kUidK, io, ktd, kts, false));
   SAFECKPT_CHECK(tensor_desc(v, kUidV, io, vd, g.v_s, false));
@@ -470,6 +479,10 @@ Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle>
   SAFECKPT_CHECK(tensor_desc(scale, kUidAttnScale, f32, one, one, false, true));
   SAFECKPT_CHECK(tensor_desc(s1, kUidS1, f32, sd, ss, true));
   SAFECKPT_CHECK(tensor_desc(s2, kUidS2, f32, sd, ss, true));
+  if (g.bias) {
+    SAFECKPT_CHECK(tensor_desc(bias, kUidAttnBias, io, bd, bs, false));
+    SAFECKPT_CHECK(tensor_desc(biased, kUidAttnBiased, f32, sd, ss, true));
+  }
   if (g.causal) {
     SAFECKPT_CHECK(tensor_desc(neg_inf, kUidNegInf, f32, one, one, false, true));
     SAFECKPT_CHECK(tensor_desc(row, kUidRow, i32, sd, ss, true));
@@ -485,16 +498,21 @@ Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle>
   SAFECKPT_CHECK(tensor_desc(stats, kUidStats, f32, rd, rs, true));
   SAFECKPT_CHECK(tensor_desc(p, kUidP, io, sd, ss, true));
 
-  Bd mm1, mm1_d, mul, mul_pw, gr, gr_pw, gc, gc_pw, ge, ge_pw, sel, sel_pw, rmax, rmax_d, sb, sb_pw, e, e_pw, rsum,
-      rsum_d, l, l_pw, st, st_pw, dv, dv_pw, mm2, mm2_d;
+  Bd mm1, mm1_d, mul, mul_pw, add, add_pw, gr, gr_pw, gc, gc_pw, ge, ge_pw, sel, sel_pw, rmax, rmax_d, sb, sb_pw, e,
+      e_pw, rsum, rsum_d, l, l_pw, st, st_pw, dv, dv_pw, mm2, mm2_d;
   SAFECKPT_CHECK(matmul_op(mm1, mm1_d, q, kt, s1));
   SAFECKPT_CHECK(pointwise_op(mul, mul_pw, CUDNN_POINTWISE_MUL, s1, &scale, s2));
   const Bd* scores = &s2;
+  if (g.bias) {
+    SAFECKPT_CHECK(pointwise_op(add, add_pw, CUDNN_POINTWISE_ADD, s2, &bias, biased));
+    scores = &biased;
+  }
   if (g.causal) {
-    SAFECKPT_CHECK(pointwise_op(gr, gr_pw, CUDNN_POINTWISE_GEN_INDEX, s2, nullptr, row, {nullptr, f32, 2}));
-    SAFECKPT_CHECK(pointwise_op(gc, gc_pw, CUDNN_POINTWISE_GEN_INDEX, s2, nullptr, col, {nullptr, f32, 3}));
+    SAFECKPT_CHECK(pointwise_op(gr, gr_pw, CUDNN_POINTWISE_GEN_INDEX, *scores, nullptr, row, {nullptr, f32, 2}));
+    SAFECKPT_CHECK(pointwise_op(gc, gc_pw, CUDNN_POINTWISE_GEN_INDEX, *scores, nullptr, col, {nullptr, f32, 3}));
     SAFECKPT_CHECK(pointwise_op(ge, ge_pw, CUDNN_POINTWISE_CMP_GE, row, &col, keep, {nullptr, boolean, -1}));
-    SAFECKPT_CHECK(pointwise_op(sel, sel_pw, CUDNN_POINTWISE_BINARY_SELECT, s2, &neg_inf, masked, {&keep, f32, -1}));
+    SAFECKPT_CHECK(
+        pointwise_op(sel, sel_pw, CUDNN_POINTWISE_BINARY_SELECT, *scores, &neg_inf, masked, {&keep, f32, -1}));
     scores = &masked;
   }
   SAFECKPT_CHECK(reduction_op(rmax, rmax_d, CUDNN_REDUCE_TENSOR_MAX, *scores, mx));
@@ -509,6 +527,7 @@ Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle>
   Bd graph;
   SAFECKPT_CHECK(bd_make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph));
   std::vector<cudnnBackendDescriptor_t> ops = {mm1.d, mul.d};
+  if (g.bias) ops.push_back(add.d);
   if (g.causal) ops.insert(ops.end(), {gr.d, gc.d, ge.d, sel.d});
   ops.insert(ops.end(), {rmax.d, sb.d, e.d, rsum.d, l.d, st.d, dv.d, mm2.d});
   SAFECKPT_CHECK(bd_set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
@@ -516,27 +535,41 @@ Result<std::shared_ptr<GraphPlan>> graph_sdpa_prepare(std::shared_ptr<DnnHandle>
   SAFECKPT_CHECK(bd_set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle->h));
   if (cudnnBackendFinalize(graph.d) != CUDNN_STATUS_SUCCESS) return std::shared_ptr<GraphPlan>();
   SAFECKPT_TRY(auto c, choose_graph_plan(handle, graph, max_workspace));
-  if (c) c->sdpa_causal = g.causal;
+  if (c) {
+    c->sdpa_causal = g.causal;
+    c->sdpa_bias = g.bias;
+  }
   return c;
 }
 
-std::shared_ptr<GraphPlan> graph_sdpa_from_bytes(std::shared_ptr<DnnHandle> handle, bool causal,
+std::shared_ptr<GraphPlan> graph_sdpa_from_bytes(std::shared_ptr<DnnHandle> handle, const SdpaGeometry& g,
                                                  std::uint64_t max_workspace, const std::vector<std::uint8_t>& bytes) {
   auto c = graph_conv_from_bytes(std::move(handle), false, max_workspace, bytes);
-  if (c) c->sdpa_causal = causal;
+  if (c) {
+    c->sdpa_causal = g.causal;
+    c->sdpa_bias = g.bias;
+  }
   return c;
 }
 
-int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const void* v, void* o, float scale,
-                       void* workspace, void* stream) {
+int graph_sdpa_forward(const GraphPlan& c, const void* q, const void* k, const void* v, const void* bias, void* o,
+                       float scale, void* workspace, void* stream) {
   const cudnnStatus_t st = cudnnSetStream(c.handle->h, static_cast<cudaStream_t>(stream));
   if (st != CUDNN_STATUS_SUCCESS) return kDnnStatusBase + static_cast<int>(st);
   // By-value scalars: read from these host addresses when the call is
   // enqueued (and baked into a captured CUDA graph's launch).
   float scale_v = scale, neg_inf = -INFINITY;
-  std::int64_t uids[6] = {kUidQ, kUidK, kUidV, kUidO, kUidAttnScale, kUidNegInf};
-  void* ptrs[6] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale_v, &neg_inf};
-  const std::int64_t n = c.sdpa_causal ? 6 : 5;
+  std::int64_t uids[7] = {kUidQ, kUidK, kUidV, kUidO, kUidAttnScale};
+  void* ptrs[7] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale_v};
+  std::int64_t n = 5;
+  if (c.sdpa_causal) {
+    uids[n] = kUidNegInf;
+    ptrs[n++] = &neg_inf;
+  }
+  if (c.sdpa_bias) {
+    uids[n] = kUidAttnBias;
+    ptrs[n++] = const_cast<void*>(bias);
+  }
   return execute_plan(c, n, uids, ptrs, workspace);
 }
 

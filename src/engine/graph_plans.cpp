@@ -48,7 +48,7 @@ void fill_graph_plans(EngineImpl& eng, int device, std::shared_ptr<DnnHandle> ha
         bool cached = false;
         if (restore)
           if (auto bytes = eng.find_choice(s.key, &cached)) {
-            made = s.sdpa ? graph_sdpa_from_bytes(h, s.sdpa->causal, kMaxConvWorkspaceBytes, *bytes)
+            made = s.sdpa ? graph_sdpa_from_bytes(h, *s.sdpa, kMaxConvWorkspaceBytes, *bytes)
                           : graph_conv_from_bytes(h, s.with_z, kMaxConvWorkspaceBytes, *bytes);
             if (made) {
               ++restored;

@@ -227,6 +227,37 @@ struct AttnSoftmaxArgs {
   int causal;
 };
 int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream);
+// cuDNN's fused attention with a mask (EngineOptions::cudnn_attention_masks)
+// takes the mask as an additive bias. This kernel writes, per row r of the
+// mask's [Bb, Hb, L] (Bb = 1 or B, Hb = 1 or H: the mask's own broadcast):
+// `bias` (bfloat16 bits, [Bb, Hb, L, S] in rows of `ld` >= S elements, the
+// rest dense; the padding left as it is): 0 where a bool mask keeps
+// the key, -inf where it drops it, an additive mask's value as it is; and
+// `dead[r]` = 1 where the row keeps no key it may see (bool false or
+// additive -inf on every key; causal: of the keys <= the row), else 0.
+// cuDNN gives such a row NaN; attention_zero_rows then writes the zeros
+// the flash kernels and the CPU reference give (math SDPA's _safe_softmax).
+struct AttnBiasArgs {
+  const void* mask;
+  int mask_kind;  // 1 bool (true = keep), 2 additive bfloat16
+  long long Bb, Hb, L, S, ld;
+  long long m_s[4];  // mask element strides over (Bb, Hb, L, S); 0 = broadcast
+  int causal;
+  void* bias;           // Bb * Hb * L rows of ld bfloat16
+  unsigned char* dead;  // Bb * Hb * L
+};
+int launch_attention_bias(const AttnBiasArgs& a, void* stream);
+// Zeroes the bfloat16 rows out[b, h, l, :Dv] (strides o_s over b, h, l; the
+// last dim dense) whose dead[(Bb == 1 ? 0 : b), (Hb == 1 ? 0 : h), l] is set
+// (attention_bias's flags).
+struct AttnZeroRowsArgs {
+  void* out;
+  long long B, H, L, Dv;
+  long long o_s[3];
+  const unsigned char* dead;
+  long long Bb, Hb;
+};
+int launch_attention_zero_rows(const AttnZeroRowsArgs& a, void* stream);
 // The pointer arrays of cuBLASLt's CUBLASLT_BATCH_MODE_POINTER_ARRAY GEMMs
 // (the materialized attention over query/key/value whose heads step over b
 // and h with two strides, so no single batch stride exists): array j of

@@ -18,6 +18,14 @@ int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream) {
   return dispatch_attention_softmax(CudaLaunch{static_cast<cudaStream_t>(stream)}, a);
 }
 
+int launch_attention_bias(const AttnBiasArgs& a, void* stream) {
+  return dispatch_attention_bias(CudaLaunch{static_cast<cudaStream_t>(stream)}, a);
+}
+
+int launch_attention_zero_rows(const AttnZeroRowsArgs& a, void* stream) {
+  return dispatch_attention_zero_rows(CudaLaunch{static_cast<cudaStream_t>(stream)}, a);
+}
+
 int launch_ptr_arrays(const PtrArraysArgs& a, void* stream) {
   return dispatch_ptr_arrays(CudaLaunch{static_cast<cudaStream_t>(stream)}, a);
 }

@@ -355,6 +355,52 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarpRows) attention_softmax_warp_
   }
 }
 
+// ------------------------------------- attention mask as cuDNN's bias
+// A warp per mask row (kBiasWarpRows rows a block), lanes over the keys:
+// bias bits written as read (additive) or 0 / -inf (bool), and whether a
+// key the row may see is kept (a warp vote through warp_max).
+constexpr int kBiasWarpRows = 8;
+constexpr unsigned short kBf16NegInf = 0xff80;
+__global__ void __launch_bounds__(32 * kBiasWarpRows) attention_bias_kernel(AttnBiasArgs a) {
+  const long long rows = a.Bb * a.Hb * a.L;
+  const long long r = static_cast<long long>(blockIdx.x) * kBiasWarpRows + threadIdx.x / 32;
+  if (r >= rows) return;  // whole warps: the vote below has every lane of a live warp
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const long long l = r % a.L, h = (r / a.L) % a.Hb, b = r / (a.L * a.Hb);
+  const long long base = b * a.m_s[0] + h * a.m_s[1] + l * a.m_s[2];
+  const long long seen = a.causal && l + 1 < a.S ? l + 1 : a.S;  // keys the row may see
+  auto* out = static_cast<unsigned short*>(a.bias) + r * a.ld;
+  float kept = 0.f;
+  for (long long j = lane; j < a.S; j += 32) {
+    unsigned short bits;
+    bool keep;
+    if (a.mask_kind == 1) {
+      keep = static_cast<const unsigned char*>(a.mask)[base + j * a.m_s[3]] != 0;
+      bits = keep ? 0 : kBf16NegInf;
+    } else {
+      bits = static_cast<const unsigned short*>(a.mask)[base + j * a.m_s[3]];
+      keep = bits != kBf16NegInf;
+    }
+    out[j] = bits;
+    if (keep && j < seen) kept = 1.f;
+  }
+  kept = warp_max(kept);
+  if (lane == 0) a.dead[r] = kept == 0.f ? 1 : 0;
+}
+
+// A thread per output row; a dead row gets Dv zeros.
+__global__ void __launch_bounds__(256) attention_zero_rows_kernel(AttnZeroRowsArgs a) {
+  const long long rows = a.B * a.H * a.L;
+  for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long l = r % a.L, h = (r / a.L) % a.H, b = r / (a.L * a.H);
+    const long long fb = a.Bb == 1 ? 0 : b, fh = a.Hb == 1 ? 0 : h;
+    if (!a.dead[(fb * a.Hb + fh) * a.L + l]) continue;
+    auto* o = static_cast<unsigned short*>(a.out) + b * a.o_s[0] + h * a.o_s[1] + l * a.o_s[2];
+    for (long long d = 0; d < a.Dv; ++d) o[d] = 0;
+  }
+}
+
 // ---------------------------------------------------------- pointer arrays
 __global__ void ptr_arrays_kernel(PtrArraysArgs a) {
   const long long total = a.arrays * a.n;
@@ -689,6 +735,27 @@ int dispatch_attention_softmax(Launch&& launch, const AttnSoftmaxArgs& a) {
   }
   const unsigned threads = a.S >= 2048 ? 512 : 256;
   return launch(dim3(static_cast<unsigned>(a.rows)), dim3(threads), 0, attention_softmax_kernel, a);
+}
+
+template <class Launch>
+int dispatch_attention_bias(Launch&& launch, const AttnBiasArgs& a) {
+  if ((a.mask_kind != 1 && a.mask_kind != 2) || a.Bb < 0 || a.Hb < 0 || a.L < 0 || a.S <= 0 || a.ld < a.S)
+    return kLaunchInvalidValue;
+  const long long rows = a.Bb * a.Hb * a.L;
+  if (rows == 0) return 0;
+  const long long blocks = (rows + kBiasWarpRows - 1) / kBiasWarpRows;
+  if (blocks > 0x7fffffffLL) return kLaunchInvalidValue;
+  return launch(dim3(static_cast<unsigned>(blocks)), dim3(32 * kBiasWarpRows), 0, attention_bias_kernel, a);
+}
+
+template <class Launch>
+int dispatch_attention_zero_rows(Launch&& launch, const AttnZeroRowsArgs& a) {
+  if (a.B < 0 || a.H < 0 || a.L < 0 || a.Dv < 0 || (a.Bb != 1 && a.Bb != a.B) || (a.Hb != 1 && a.Hb != a.H))
+    return kLaunchInvalidValue;
+  const long long rows = a.B * a.H * a.L;
+  if (rows == 0 || a.Dv == 0) return 0;
+  return launch(dim3(blocks_for(rows < 65536LL * 256 ? rows : 65536LL * 256, 256)), dim3(256), 0,
+                attention_zero_rows_kernel, a);
 }
 
 // The warp-per-row kernel for rows of `chunks` chunks of 128 elements: the

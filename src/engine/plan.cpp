@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 #include "engine/conv.hpp"
@@ -69,6 +70,16 @@ struct Lowering {
   std::vector<char> absorbed;  // node folded into an earlier step
   // GEMM choice key -> its entry in plan.tunes (the steps waiting to be timed together).
   std::map<std::string, std::size_t> pending_tunes;
+  // cuDNN's bias of a masked attention (internal.hpp AttnBiasArgs): the
+  // bfloat16 [bb, hb, L, S] bias in rows of sdpa_bias_ld(S) and the [bb,
+  // hb, L] dead-row flags.
+  struct AttnBias {
+    DevTensor bias, dead;
+    long long bb = 1, hb = 1;
+  };
+  // (mask value, causal, bb, hb, L, S) -> its cuDNN bias (lower_sdpa,
+  // attention_bias).
+  std::map<std::tuple<std::int32_t, int, long long, long long, long long, long long>, AttnBias> bias_of_mask;
   const Node* node = nullptr;
   std::size_t node_index = 0;
 
@@ -1431,8 +1442,11 @@ struct Lowering {
     const std::string& op = node->schema->name;
     const bool fused_spelling = op != "aten::scaled_dot_product_attention";
     std::optional<DevTensor> mask;
+    std::int32_t mask_value = -1;
     if (op != "aten::_scaled_dot_product_flash_attention") {
-      SAFECKPT_TRY(mask, opt_tensor(fused_spelling ? "attn_bias" : "attn_mask"));
+      const char* mask_arg = fused_spelling ? "attn_bias" : "attn_mask";
+      SAFECKPT_TRY(mask, opt_tensor(mask_arg));
+      if (mask) mask_value = arg(mask_arg).tensor;
     }
     if (fused_spelling && arg("dropout_p").f != 0.0) return fail(ErrorCode::kUnsupported, "attention dropout");
     SAFECKPT_TRY(DType od, out_dtype());
@@ -1564,6 +1578,12 @@ struct Lowering {
       else
         eng.warn("cuDNN fused attention off: " + h.error().message(), nullptr);
     }
+    // A mask goes to cuDNN as its bias (EngineOptions::cudnn_attention_masks):
+    // made once per mask value (and causal flag) by attention_bias, read by
+    // every attention on that mask; attention_fixup zeroes the rows that
+    // keep no key after each.
+    std::optional<AttnBias> bias;
+    if (cudnn_sdpa && mask) bias = attention_bias(aa, *mask, mask_value);
     if (cudnn_sdpa && eng.lt != nullptr && dnn) {
       const SdpaGeometry sg = sdpa_geometry(aa, q, k, v, y);
       const std::string key = sdpa_choice_key(sg, kMaxConvWorkspaceBytes);
@@ -1580,6 +1600,10 @@ struct Lowering {
     use(k);
     use(v);
     if (mask) use(*mask);
+    if (bias) {
+      use(bias->bias);
+      use(bias->dead);
+    }
     def(y);
     Plan* pl = &plan;
     auto mode = std::make_shared<std::atomic<int>>(0);             // cuDNN: 0 untried, 1 works, 2 refused
@@ -1594,7 +1618,8 @@ struct Lowering {
           a.out = pl->ptr(y);
           a.mask = mask ? pl->ptr(*mask) : nullptr;
           if (sdpa_slot && sdpa_slot->plan && mode->load() != 2) {
-            int r = graph_sdpa_forward(*sdpa_slot->plan, a.q, a.k, a.v, a.out, aa.scale, pl->workspace, s);
+            const void* bp = bias ? pl->ptr(bias->bias) : nullptr;
+            int r = graph_sdpa_forward(*sdpa_slot->plan, a.q, a.k, a.v, bp, a.out, aa.scale, pl->workspace, s);
             if (r == 0 || mode->load() == 1) {
               if (r == 0) mode->store(1);
               return r;
@@ -1611,8 +1636,64 @@ struct Lowering {
                         : tc && !aa.bf16 ? "flash, tensor cores (3xTF32)"
                         : tc             ? "flash, tensor cores"
                                          : "flash"));
+    if (bias) {
+      // The rows cuDNN gave NaN (the kernel zeroed them already).
+      use(bias->dead);
+      use(y);
+      AttnZeroRowsArgs za{};
+      za.B = aa.B, za.H = aa.H, za.L = aa.L, za.Dv = aa.Dv;
+      for (int i = 0; i < 3; ++i) za.o_s[i] = aa.o_s[i];
+      za.Bb = bias->bb, za.Hb = bias->hb;
+      add_step(
+          node->name + ".fixup",
+          [=](cudaStream_t s) {
+            if (!sdpa_slot || !sdpa_slot->plan || mode->load() == 2) return 0;
+            AttnZeroRowsArgs a = za;
+            a.out = pl->ptr(y);
+            a.dead = static_cast<const unsigned char*>(pl->ptr(bias->dead));
+            return launch_attention_zero_rows(a, s);
+          },
+          "attention_fixup", shape_text({aa.B, aa.H, aa.L, aa.Dv}) + " rows without a key");
+    }
     set_out(0, y);
     return {};
+  }
+
+  // The bias of `mask` (value `mask_value`) for `aa`'s shape and causal
+  // flag: the one an earlier attention on the same value made, else a new
+  // attention_bias step.
+  AttnBias attention_bias(const AttnArgs& aa, const DevTensor& mask, std::int32_t mask_value) {
+    AttnBias r;
+    r.bb = aa.B == 1 || aa.m_s[0] == 0 ? 1 : aa.B;
+    r.hb = aa.H == 1 || aa.m_s[1] == 0 ? 1 : aa.H;
+    const auto key = std::make_tuple(mask_value, aa.causal, r.bb, r.hb, aa.L, aa.S);
+    if (mask_value >= 0)
+      if (auto it = bias_of_mask.find(key); it != bias_of_mask.end()) return it->second;
+    r.bias = new_tensor(DType::kBFloat16, {r.bb, r.hb, aa.L, sdpa_bias_ld(aa.S)});  // SdpaGeometry's rows
+    r.dead = new_tensor(DType::kBool, {r.bb, r.hb, aa.L});
+    AttnBiasArgs ba{};
+    ba.mask_kind = aa.mask_kind;
+    ba.Bb = r.bb, ba.Hb = r.hb, ba.L = aa.L, ba.S = aa.S, ba.ld = sdpa_bias_ld(aa.S);
+    for (int i = 0; i < 4; ++i) ba.m_s[i] = aa.m_s[i];
+    ba.causal = aa.causal;
+    use(mask);
+    def(r.bias);
+    def(r.dead);
+    Plan* pl = &plan;
+    add_step(
+        node->name + ".bias",
+        [=](cudaStream_t s) {
+          AttnBiasArgs a = ba;
+          a.mask = pl->ptr(mask);
+          a.bias = pl->ptr(r.bias);
+          a.dead = static_cast<unsigned char*>(pl->ptr(r.dead));
+          return launch_attention_bias(a, s);
+        },
+        "attention_bias",
+        shape_text({r.bb, r.hb, aa.L, aa.S}) + (aa.mask_kind == 1 ? " from a bool mask" : " from an additive mask") +
+            (aa.causal ? ", causal" : ""));
+    if (mask_value >= 0) bias_of_mask.emplace(key, r);
+    return r;
   }
 
   // cuDNN's fused attention geometry of a flash-path attention (conv.hpp
@@ -1623,6 +1704,11 @@ struct Lowering {
     g.b = aa.B, g.h = aa.H, g.l = aa.L, g.s = aa.S, g.d = aa.D, g.dv = aa.Dv;
     g.bf16 = aa.bf16 != 0;
     g.causal = aa.causal != 0;
+    if (aa.mask_kind != 0) {  // attention_bias's [bb, hb, L, S]
+      g.bias = true;
+      g.bias_b = aa.B == 1 || aa.m_s[0] == 0 ? 1 : aa.B;
+      g.bias_h = aa.H == 1 || aa.m_s[1] == 0 ? 1 : aa.H;
+    }
     auto strides = [](const DevTensor& t, std::int64_t(&out)[4]) {
       for (std::size_t i = 0; i < 4; ++i)
         if (t.shape[i] != 1) out[i] = t.strides[i];
@@ -1642,11 +1728,12 @@ struct Lowering {
     return g;
   }
   // Whether cuDNN's fused attention can run this step: no mask but the
-  // causal one, sdpa_graph_applies, q/k/v/y of rank 4 with no zero
-  // (broadcast) strides and 16-byte aligned base addresses.
+  // causal one (any with EngineOptions::cudnn_attention_masks),
+  // sdpa_graph_applies, q/k/v/y of rank 4 with no zero (broadcast) strides
+  // and 16-byte aligned base addresses.
   bool sdpa_candidate(const AttnArgs& aa, const DevTensor& q, const DevTensor& k, const DevTensor& v,
                       const DevTensor& y) const {
-    if (aa.mask_kind != 0) return false;
+    if (aa.mask_kind != 0 && !eng.opt.cudnn_attention_masks) return false;
     for (const DevTensor* t : {&q, &k, &v, &y}) {
       if (t->shape.size() != 4 || base_bytes(*t) % 16 != 0) return false;
       for (std::size_t i = 0; i < 4; ++i)

@@ -1653,6 +1653,7 @@ struct SdpaCase {
   std::optional<double> scale;           // None: 1/sqrt(D)
   int mask = 0;                          // 0 none, 1 bool, 2 additive (q's dtype)
   std::vector<std::int64_t> mask_shape;  // broadcasts to [B, H, L, S]
+  int layers = 1;                        // > 1 (D == Dv): attention k's output is attention k+1's query
 };
 
 json tensor_meta(int dtype, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
@@ -1713,31 +1714,35 @@ std::string sdpa_program_json(const SdpaCase& c) {
     bhld[n] = t;
   }
   if (c.mask != 0) add_input("mask", c.mask == 1 ? 12 : dt, c.mask_shape);
-  json node;
-  node["target"] = "torch.ops.aten.scaled_dot_product_attention.default";
-  node["inputs"] = {{{"name", "query"}, {"arg", {{"as_tensor", {{"name", bhld["q"]}}}}}, {"kind", 1}},
-                    {{"name", "key"}, {"arg", {{"as_tensor", {{"name", bhld["k"]}}}}}, {"kind", 1}},
-                    {{"name", "value"}, {"arg", {{"as_tensor", {{"name", bhld["v"]}}}}}, {"kind", 1}}};
-  node["inputs"].push_back({{"name", "attn_mask"},
-                            {"arg", c.mask != 0 ? json{{"as_tensor", {{"name", "mask"}}}} : json{{"as_none", true}}},
-                            {"kind", 1}});
-  node["inputs"].push_back({{"name", "dropout_p"}, {"arg", {{"as_float", 0.0}}}, {"kind", 1}});
-  node["inputs"].push_back({{"name", "is_causal"}, {"arg", {{"as_bool", c.causal}}}, {"kind", 1}});
-  if (c.scale) node["inputs"].push_back({{"name", "scale"}, {"arg", {{"as_float", *c.scale}}}, {"kind", 2}});
-  node["outputs"] = {{{"as_tensor", {{"name", "out"}}}}};
-  node["metadata"] = json::object();
-  node["is_hop_single_tensor_return"] = nullptr;
-  node["name"] = "sdpa";
-  g["nodes"].push_back(node);
-  g["tensor_values"]["out"] = tensor_meta(dt, {c.B, c.H, c.L, c.Dv}, row_major({c.B, c.H, c.L, c.Dv}));
-  g["outputs"] = {{{"as_tensor", {{"name", "out"}}}}};
+  std::string query = bhld["q"], out;
+  for (int layer = 0; layer < c.layers; ++layer, query = out) {
+    out = layer == 0 ? "out" : "out_" + std::to_string(layer);
+    json node;
+    node["target"] = "torch.ops.aten.scaled_dot_product_attention.default";
+    node["inputs"] = {{{"name", "query"}, {"arg", {{"as_tensor", {{"name", query}}}}}, {"kind", 1}},
+                      {{"name", "key"}, {"arg", {{"as_tensor", {{"name", bhld["k"]}}}}}, {"kind", 1}},
+                      {{"name", "value"}, {"arg", {{"as_tensor", {{"name", bhld["v"]}}}}}, {"kind", 1}}};
+    node["inputs"].push_back({{"name", "attn_mask"},
+                              {"arg", c.mask != 0 ? json{{"as_tensor", {{"name", "mask"}}}} : json{{"as_none", true}}},
+                              {"kind", 1}});
+    node["inputs"].push_back({{"name", "dropout_p"}, {"arg", {{"as_float", 0.0}}}, {"kind", 1}});
+    node["inputs"].push_back({{"name", "is_causal"}, {"arg", {{"as_bool", c.causal}}}, {"kind", 1}});
+    if (c.scale) node["inputs"].push_back({{"name", "scale"}, {"arg", {{"as_float", *c.scale}}}, {"kind", 2}});
+    node["outputs"] = {{{"as_tensor", {{"name", out}}}}};
+    node["metadata"] = json::object();
+    node["is_hop_single_tensor_return"] = nullptr;
+    node["name"] = layer == 0 ? "sdpa" : "sdpa_" + std::to_string(layer);
+    g["nodes"].push_back(node);
+    g["tensor_values"][out] = tensor_meta(dt, {c.B, c.H, c.L, c.Dv}, row_major({c.B, c.H, c.L, c.Dv}));
+  }
+  g["outputs"] = {{{"as_tensor", {{"name", out}}}}};
   for (const char* k : {"sym_int_values", "sym_bool_values", "custom_obj_values", "sym_float_values"})
     g[k] = json::object();
   g["is_single_tensor_return"] = false;
   json gm;
   gm["graph"] = g;
   gm["signature"] = {{"input_specs", specs},
-                     {"output_specs", {{{"user_output", {{"arg", {{"as_tensor", {{"name", "out"}}}}}}}}}}};
+                     {"output_specs", {{{"user_output", {{"arg", {{"as_tensor", {{"name", out}}}}}}}}}}};
   gm["module_call_graph"] = json::array();
   gm["metadata"] = json::object();
   gm["treespec_namedtuple_fields"] = json::object();
@@ -1907,6 +1912,22 @@ std::vector<SdpaCase> sdpa_cases() {
   c.mask = 1;
   c.mask_shape = {4, 1, 20, 36};
   v.push_back(c);
+  // Two attentions on one mask, as the layers of BERT read its padding
+  // mask (EngineOptions::cudnn_attention_masks: one bias for both).
+  c = SdpaCase{"bf16 bool mask [B,1,1,S] two layers on one mask, L=S=64", 3, 2, 64, 64, 64, 64};
+  c.bf16 = true;
+  c.mask = 1;
+  c.mask_shape = {3, 1, 1, 64};
+  c.layers = 2;
+  v.push_back(c);
+  c = SdpaCase{"bf16 causal additive mask [B,H,L,S] two layers, L=S=48 compact", 2, 2, 48, 48, 32, 32};
+  c.bf16 = true;
+  c.causal = true;
+  c.mask = 2;
+  c.mask_shape = {2, 2, 48, 48};
+  c.transposed = false;
+  c.layers = 2;
+  v.push_back(c);
   return v;
 }
 
@@ -1975,14 +1996,40 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     // causal one, head dims multiples of 8, 16-byte rows (every case here
     // whose heads are views of [B, L, H, D] or compact) plans cuDNN's fused
     // attention first; never without the option, a mask, or for float32.
+    const auto count = [](const std::vector<std::string>& kinds, const char* kind) {
+      return static_cast<int>(std::count(kinds.begin(), kinds.end(), kind));
+    };
     for (bool on : {true, false}) {
       auto d = dry_plan(sp.program, shapes, true, 90, options_with([&](auto& o) { o.cudnn_attention = on; }));
       REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+      CHECK(count(d->step_kinds, "attention_bias") == 0);
       const bool want = on && c.bf16 && c.mask == 0 && c.D % 8 == 0 && c.Dv % 8 == 0;
       const auto it = std::find(d->step_kinds.begin(), d->step_kinds.end(), "attention");  // float32: materialized
       const std::string shape =
           it == d->step_kinds.end() ? "" : d->step_shapes[static_cast<std::size_t>(it - d->step_kinds.begin())];
       CHECK_MESSAGE((shape.find("cuDNN fused attention") != std::string::npos) == want, shape);
+    }
+    // EngineOptions::cudnn_attention_masks: masked bfloat16 attention goes
+    // to cuDNN too, after one attention_bias step per mask value (before
+    // the first attention, shared by the layers), with an attention_fixup
+    // step after each attention; unmasked plans are as without it.
+    {
+      auto d = dry_plan(sp.program, shapes, true, 90, options_with([&](auto& o) { o.cudnn_attention_masks = true; }));
+      REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+      const bool want = c.bf16 && c.D % 8 == 0 && c.Dv % 8 == 0;
+      int cudnn_steps = 0;
+      std::size_t first_attention = d->step_kinds.size(), bias_step = d->step_kinds.size();
+      for (std::size_t i = 0; i < d->step_kinds.size(); ++i) {
+        if (d->step_kinds[i] == "attention") {
+          first_attention = std::min(first_attention, i);
+          cudnn_steps += d->step_shapes[i].find("cuDNN fused attention") != std::string::npos ? 1 : 0;
+        }
+        if (d->step_kinds[i] == "attention_bias") bias_step = i;
+      }
+      CHECK(cudnn_steps == (want ? c.layers : 0));
+      CHECK(count(d->step_kinds, "attention_bias") == (want && c.mask != 0 ? 1 : 0));
+      CHECK(count(d->step_kinds, "attention_fixup") == (want && c.mask != 0 ? c.layers : 0));
+      if (want && c.mask != 0) CHECK(bias_step < first_attention);
     }
     // EngineOptions::attention_3xtf32: float32 on the tensor-core flash
     // kernel (sm_80+, head dims <= 128), whatever the workspace bound.
@@ -2004,7 +2051,8 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
                             o.attention_tensor_cores = false;
                           }));
     REQUIRE_MESSAGE(flash.has_value(), (flash ? "" : flash.error().to_string()));
-    CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == 1);
+    CHECK(std::count(flash->step_kinds.begin(), flash->step_kinds.end(), "attention") == c.layers);
+    if (c.layers > 1) continue;  // the materialized plans of one attention below
     // Transposed views of [B, L, H, D] cannot share one batch stride: one
     // group per batch element, or (B >= 4) contiguous copies first, unless
     // the GEMMs take pointer arrays (the default): then one group.
@@ -2086,36 +2134,40 @@ TEST_CASE("engine: synthetic SDPA programs match the CPU reference through every
   // the default), (bfloat16) the tensor-core flash kernel, materialized
   // with strided GEMMs only (copies / one group per batch element),
   // (bfloat16) cuDNN's fused attention where it applies (the kernel
-  // elsewhere), and (float32) the 3xTF32 tensor-core kernel.
-  for (int path = 0; path < 6; ++path) {
+  // elsewhere), (float32) the 3xTF32 tensor-core kernel, and (bfloat16)
+  // cuDNN's fused attention with masks as its bias (cudnn_attention_masks:
+  // the cases' masks drop whole rows, which the fix-up step zeroes).
+  for (int path = 0; path < 7; ++path) {
     engine::EngineOptions o = no_cache();
     o.attention_workspace_bytes = path == 1 || path == 3 ? ~std::uint64_t{0} : 0;
-    o.attention_tensor_cores = path == 2 || path == 4 || path == 5;
+    o.attention_tensor_cores = path == 2 || path == 4 || path == 5 || path == 6;
     o.attention_pointer_arrays = path != 3;
-    o.cudnn_attention = path == 4;
+    o.cudnn_attention = path == 4 || path == 6;
+    o.cudnn_attention_masks = path == 6;
     o.attention_3xtf32 = path == 5;
     auto eng = make_engine(o);
     for (const auto& c : sdpa_cases()) {
-      if ((path == 2 || path == 4) && !c.bf16) continue;  // float32 never takes them
-      if (path == 5 && c.bf16) continue;                  // bfloat16 never takes it
+      if ((path == 2 || path == 4 || path == 6) && !c.bf16) continue;  // float32 never takes them
+      if (path == 5 && c.bf16) continue;                               // bfloat16 never takes it
       std::string what = c.name + (path == 0   ? " flash"
                                    : path == 1 ? " materialized"
                                    : path == 2 ? " flash on tensor cores"
                                    : path == 3 ? " materialized, strided GEMMs"
                                    : path == 4 ? " cuDNN fused attention"
-                                               : " 3xTF32 flash on tensor cores");
+                                   : path == 5 ? " 3xTF32 flash on tensor cores"
+                                               : " cuDNN fused attention with masks");
       CAPTURE(what);
       SdpaProgram sp = make_sdpa_program(c);
       auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
       REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
       auto cp = eng.compile(sp.program, WeightMap{});
       REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
-      if (path == 4) {  // cuDNN ran the eligible cases (a step named after its engine), not the kernel
+      if (path == 4 || path == 6) {  // cuDNN ran the eligible cases (a step named after its engine), not the kernel
         auto prof = cp->profile_host(sp.inputs);
         REQUIRE_MESSAGE(prof.has_value(), (prof ? "" : prof.error().to_string()));
         bool cudnn = false;
         for (const auto& st : prof->steps) cudnn = cudnn || st.name.find("cuDNN graph engine") != std::string::npos;
-        CHECK_MESSAGE(cudnn == (c.mask == 0 && c.D % 8 == 0 && c.Dv % 8 == 0), what);
+        CHECK_MESSAGE(cudnn == ((c.mask == 0 || path == 6) && c.D % 8 == 0 && c.Dv % 8 == 0), what);
       }
       for (Stance s : {Stance::kDefault, Stance::kForceEager}) {
         engine::RunOptions ro;

@@ -517,6 +517,29 @@ TEST_CASE("embedding and gather kernels on the host emulator: out-of-range indic
   }
 }
 
+namespace {
+// The instance of each tensor-core flash kernel a head cap and mask kind take.
+const void* tc_kernel(int head_cap, int mask_kind) {
+  const void* k64[3] = {reinterpret_cast<const void*>(attention_tc_kernel<64, 0>),
+                        reinterpret_cast<const void*>(attention_tc_kernel<64, 1>),
+                        reinterpret_cast<const void*>(attention_tc_kernel<64, 2>)};
+  const void* k128[3] = {reinterpret_cast<const void*>(attention_tc_kernel<128, 0>),
+                         reinterpret_cast<const void*>(attention_tc_kernel<128, 1>),
+                         reinterpret_cast<const void*>(attention_tc_kernel<128, 2>)};
+  return (head_cap == 64 ? k64 : k128)[mask_kind];
+}
+const void* tf32_kernel(int head_cap, int mask_kind) {
+  using tf32x3::attention_tf32x3_kernel;
+  const void* k64[3] = {reinterpret_cast<const void*>(attention_tf32x3_kernel<64, 0>),
+                        reinterpret_cast<const void*>(attention_tf32x3_kernel<64, 1>),
+                        reinterpret_cast<const void*>(attention_tf32x3_kernel<64, 2>)};
+  const void* k128[3] = {reinterpret_cast<const void*>(attention_tf32x3_kernel<128, 0>),
+                         reinterpret_cast<const void*>(attention_tf32x3_kernel<128, 1>),
+                         reinterpret_cast<const void*>(attention_tf32x3_kernel<128, 2>)};
+  return (head_cap == 64 ? k64 : k128)[mask_kind];
+}
+}  // namespace
+
 TEST_CASE("tensor-core flash attention kernel on the host emulator: mma.sync, ldmatrix, cp.async (no device)") {
   std::mt19937 rng(13);
   struct Case {
@@ -547,8 +570,7 @@ TEST_CASE("tensor-core flash attention kernel on the host emulator: mma.sync, ld
       std::vector<LaunchRecord> log;
       REQUIRE(dispatch_attention_tc(SimLaunch{&log, c.reverse, at_issue}, pr.a) == 0);
       REQUIRE(log.size() == 1);
-      CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(attention_tc_kernel<64>)
-                                               : reinterpret_cast<const void*>(attention_tc_kernel<128>)));
+      CHECK(log[0].kernel == tc_kernel(c.head_cap, c.mask_kind));
       // The kernel rounds the probabilities to bfloat16 before P V (as
       // PyTorch's flash kernels): up to 2^-9 of each, times |v| <= 2.
       check_close(pr.out, want, 1e-3, 8e-3);
@@ -567,6 +589,7 @@ TEST_CASE("3xTF32 flash attention kernel on the host emulator: float32 accuracy 
   };
   const Case cases[] = {
       {1, 1, 130, 130, 64, 64, true, 0, 64, false},  // GPT-2's head, three row blocks, partial key tile
+      {1, 1, 130, 130, 64, 64, true, 0, 64, true},   // the same with the threads reversed (pipeline hazards)
       {1, 2, 70, 75, 40, 24, false, 1, 64, true},    // D, Dv not multiples of 8 past 16; bool mask; reversed
       {2, 1, 65, 33, 80, 72, false, 2, 128, false},  // head cap 128, additive mask, L > S
       {1, 1, 40, 90, 18, 10, true, 0, 64, false}};   // rows not 16-byte aligned: scalar loads
@@ -578,15 +601,19 @@ TEST_CASE("3xTF32 flash attention kernel on the host emulator: float32 accuracy 
     CAPTURE(c.mask_kind);
     AttnProblem pr(c.B, c.H, c.L, c.S, c.D, c.Dv, c.causal, c.mask_kind, false, false, true, rng);
     const std::vector<double> want = pr.reference();
-    for (std::size_t i = 0; i < pr.out.size(); ++i) pr.out.set(i, NAN);  // every element written
-    std::vector<LaunchRecord> log;
-    REQUIRE(dispatch_attention_tf32x3(SimLaunch{&log, c.reverse}, pr.a) == 0);
-    REQUIRE(log.size() == 1);
-    CHECK(log[0].kernel == (c.head_cap == 64 ? reinterpret_cast<const void*>(tf32x3::attention_tf32x3_kernel<64>)
-                                             : reinterpret_cast<const void*>(tf32x3::attention_tf32x3_kernel<128>)));
-    // float32 accuracy (the CUDA-core kernel's bound above); one TF32
-    // product alone (2^-11 relative) would miss it.
-    check_close(pr.out, want, 1e-4, 1e-5);
+    // Head cap 64 with 16-byte rows: the cp.async pipeline, its copies
+    // landing as late, then as early as the PTX allows.
+    for (const bool at_issue : {false, true}) {
+      CAPTURE(at_issue);
+      for (std::size_t i = 0; i < pr.out.size(); ++i) pr.out.set(i, NAN);  // every element written
+      std::vector<LaunchRecord> log;
+      REQUIRE(dispatch_attention_tf32x3(SimLaunch{&log, c.reverse, at_issue}, pr.a) == 0);
+      REQUIRE(log.size() == 1);
+      CHECK(log[0].kernel == tf32_kernel(c.head_cap, c.mask_kind));
+      // float32 accuracy (the CUDA-core kernel's bound above); one TF32
+      // product alone (2^-11 relative) would miss it.
+      check_close(pr.out, want, 1e-4, 1e-5);
+    }
   }
   AttnArgs bf{};
   bf.bf16 = 1;
@@ -837,5 +864,120 @@ TEST_CASE("unpad-rows kernel on the host emulator: padded GEMM rows made dense a
   CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned, 2, 17, 16, 2}) == kLaunchInvalidValue);
   CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned + 1, 2, 9, 16, 2}) == kLaunchInvalidValue);
   CHECK(dispatch_unpad_rows(SimLaunch{&log}, UnpadArgs{aligned, aligned, 2, 9, 16, 3}) == kLaunchInvalidValue);
+  CHECK(log.empty());
+}
+
+// cuDNN's masked attention (EngineOptions::cudnn_attention_masks): the mask
+// as cuDNN's bias, rows padded to ld, plus the flags of rows that keep no
+// key (internal.hpp AttnBiasArgs), then the zeros written to those rows of
+// the output (AttnZeroRowsArgs). The expected bits and flags follow the
+// rule stated in internal.hpp, computed here element by element.
+TEST_CASE("attention bias and dead-row kernels on the host emulator: bool and additive masks, causal (no device)") {
+  std::mt19937 rng(7);
+  const std::uint16_t neg_inf = 0xff80;
+  for (const int kind : {1, 2}) {
+    for (const int causal : {0, 1}) {
+      CAPTURE(kind);
+      CAPTURE(causal);
+      // bool: [B=2, 1, L=5, S=37] (Hb = 1); additive: [1, H=3, 1, S]
+      // broadcast over L (Bb = 1), as HF's [B, 1, 1, S] padding masks are.
+      const long long B = 2, H = 3, L = 5, S = 37, ld = 40;
+      const long long Bb = kind == 1 ? B : 1, Hb = kind == 1 ? 1 : H;
+      const long long m_s[4] = {kind == 1 ? L * S : 0, kind == 1 ? 0 : S, kind == 1 ? S : 0, 1};
+      const std::size_t mask_n = static_cast<std::size_t>(kind == 1 ? B * L * S : H * S);
+      std::vector<std::uint8_t> bmask(mask_n);
+      std::vector<std::uint16_t> amask(mask_n);
+      std::bernoulli_distribution keep(0.3);
+      for (std::size_t i = 0; i < mask_n; ++i) {
+        bmask[i] = keep(rng) ? 1 : 0;
+        const float f = std::uniform_real_distribution<float>(-3.f, 3.f)(rng);
+        amask[i] = keep(rng) ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : neg_inf;
+      }
+      // Rows that keep nothing: bool batch 1 row 2; additive head 2 (every
+      // row); and, causal, a row keeping only keys after itself.
+      for (long long j = 0; j < S; ++j) bmask[static_cast<std::size_t>((1 * L + 2) * S + j)] = 0;
+      for (long long j = 0; j < S; ++j) amask[static_cast<std::size_t>(2 * S + j)] = neg_inf;
+      for (long long j = 0; j < S; ++j) bmask[static_cast<std::size_t>((0 * L + 1) * S + j)] = j >= 3 ? 1 : 0;
+      for (long long j = 0; j < S; ++j) amask[static_cast<std::size_t>(1 * S + j)] = j == 20 ? 0 : neg_inf;
+      std::vector<std::uint16_t> bias(static_cast<std::size_t>(Bb * Hb * L * ld), 0x1234);
+      std::vector<std::uint8_t> dead(static_cast<std::size_t>(Bb * Hb * L), 7);
+      AttnBiasArgs a{};
+      a.mask = kind == 1 ? static_cast<const void*>(bmask.data()) : static_cast<const void*>(amask.data());
+      a.mask_kind = kind;
+      a.Bb = Bb, a.Hb = Hb, a.L = L, a.S = S, a.ld = ld;
+      std::copy(m_s, m_s + 4, a.m_s);
+      a.causal = causal;
+      a.bias = bias.data();
+      a.dead = dead.data();
+      std::vector<LaunchRecord> log;
+      REQUIRE(dispatch_attention_bias(SimLaunch{&log}, a) == 0);
+      CHECK(log.size() == 1);
+      std::size_t bad_bits = 0, bad_pad = 0, bad_dead = 0, dead_rows = 0;
+      for (long long b = 0; b < Bb; ++b)
+        for (long long h = 0; h < Hb; ++h)
+          for (long long l = 0; l < L; ++l) {
+            const long long r = (b * Hb + h) * L + l;
+            bool any = false;
+            for (long long j = 0; j < S; ++j) {
+              const auto mi = static_cast<std::size_t>(b * m_s[0] + h * m_s[1] + l * m_s[2] + j * m_s[3]);
+              const bool kept = kind == 1 ? bmask[mi] != 0 : amask[mi] != neg_inf;
+              const std::uint16_t want = kind == 1 ? (kept ? 0 : neg_inf) : amask[mi];
+              bad_bits += bias[static_cast<std::size_t>(r * ld + j)] != want;
+              any = any || (kept && (!causal || j <= l));
+            }
+            for (long long j = S; j < ld; ++j) bad_pad += bias[static_cast<std::size_t>(r * ld + j)] != 0x1234;
+            bad_dead += dead[static_cast<std::size_t>(r)] != (any ? 0 : 1);
+            dead_rows += any ? 0 : 1;
+          }
+      CHECK(bad_bits == 0);
+      CHECK(bad_pad == 0);
+      CHECK(bad_dead == 0);
+      CHECK(dead_rows >= (kind == 1 ? 1u : static_cast<std::size_t>(L)) + (causal ? 1u : 0u));
+
+      // The output [B, H, L, Dv] with heads inside rows (the flash layout):
+      // dead rows (NaN here, as cuDNN leaves them) become zeros, the others
+      // stay as they were.
+      const long long Dv = 6;
+      const long long o_s[3] = {L * H * Dv, Dv, H * Dv};
+      std::vector<std::uint16_t> out(static_cast<std::size_t>(B * L * H * Dv));
+      for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(i % 97) + 1.f));
+      for (long long b = 0; b < B; ++b)
+        for (long long h = 0; h < H; ++h)
+          for (long long l = 0; l < L; ++l)
+            if (dead[static_cast<std::size_t>(((kind == 1 ? b : 0) * Hb + (kind == 1 ? 0 : h)) * L + l)])
+              out[static_cast<std::size_t>(b * o_s[0] + h * o_s[1] + l * o_s[2])] = 0x7fc0;  // NaN
+      const std::vector<std::uint16_t> before = out;
+      AttnZeroRowsArgs z{};
+      z.out = out.data();
+      z.B = B, z.H = H, z.L = L, z.Dv = Dv;
+      std::copy(o_s, o_s + 3, z.o_s);
+      z.dead = dead.data();
+      z.Bb = Bb, z.Hb = Hb;
+      REQUIRE(dispatch_attention_zero_rows(SimLaunch{&log}, z) == 0);
+      std::size_t bad_out = 0, zeroed = 0;
+      for (long long b = 0; b < B; ++b)
+        for (long long h = 0; h < H; ++h)
+          for (long long l = 0; l < L; ++l) {
+            const bool d = dead[static_cast<std::size_t>(((kind == 1 ? b : 0) * Hb + (kind == 1 ? 0 : h)) * L + l)];
+            for (long long e = 0; e < Dv; ++e) {
+              const auto i = static_cast<std::size_t>(b * o_s[0] + h * o_s[1] + l * o_s[2] + e);
+              bad_out += out[i] != (d ? 0 : before[i]);
+            }
+            zeroed += d ? 1 : 0;
+          }
+      CHECK(bad_out == 0);
+      CHECK(zeroed > 0);
+    }
+  }
+  AttnBiasArgs a{};
+  a.mask_kind = 1, a.Bb = 1, a.Hb = 1, a.L = 2, a.S = 9, a.ld = 8;  // rows shorter than S
+  std::vector<LaunchRecord> log;
+  CHECK(dispatch_attention_bias(SimLaunch{&log}, a) == kLaunchInvalidValue);
+  a.ld = 16, a.mask_kind = 0;  // no mask
+  CHECK(dispatch_attention_bias(SimLaunch{&log}, a) == kLaunchInvalidValue);
+  AttnZeroRowsArgs z{};
+  z.B = 2, z.H = 3, z.L = 4, z.Dv = 8, z.Bb = 2, z.Hb = 2;  // flags neither per head nor broadcast
+  CHECK(dispatch_attention_zero_rows(SimLaunch{&log}, z) == kLaunchInvalidValue);
   CHECK(log.empty());
 }
