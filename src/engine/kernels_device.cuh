@@ -137,6 +137,25 @@ __global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
       for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) sc[i][j] += qa[i] * ka[j];
     }
+    // The tile's mask values first, as one run of independent loads from
+    // indices clamped into the mask (attention_flash_common.cuh
+    // flash_softmax_tile: a load per branch waits for the one before it).
+    float mv[4][4];  // bool: 1 kept, 0 dropped; additive: the value
+    if (a.mask_kind != 0) {
+      long long mrow[4], mkey[4];
+      for (int i = 0; i < 4; ++i) {
+        const long long row = row0 + ty * 4 + i, key = t0 + tx * 4 + i;
+        mrow[i] = b * a.m_s[0] + h * a.m_s[1] + (row < a.L ? row : a.L - 1) * a.m_s[2];
+        mkey[i] = (key < a.S ? key : a.S - 1) * a.m_s[3];
+      }
+      if (a.mask_kind == 1) {
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j) mv[i][j] = mb[mrow[i] + mkey[j]] != 0 ? 1.f : 0.f;
+      } else {
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j) mv[i][j] = ld(a.mask, mrow[i] + mkey[j], a.bf16);
+      }
+    }
     float p[4][4];
     for (int i = 0; i < 4; ++i) {
       const long long row = row0 + ty * 4 + i;
@@ -144,16 +163,12 @@ __global__ void __launch_bounds__(256) attention_kernel(AttnArgs a) {
       for (int j = 0; j < 4; ++j) {
         const long long key = t0 + tx * 4 + j;
         float s = sc[i][j];
-        if (row >= a.L || key >= a.S || (a.causal && key > row)) {
-          s = -INFINITY;
-        } else if (a.mask_kind != 0) {
-          const long long mi = b * a.m_s[0] + h * a.m_s[1] + row * a.m_s[2] + key * a.m_s[3];
-          if (a.mask_kind == 1) {
-            if (!mb[mi]) s = -INFINITY;
-          } else {
-            s += ld(a.mask, mi, a.bf16);
-          }
+        if (a.mask_kind == 1) {
+          s = mv[i][j] != 0.f ? s : -INFINITY;
+        } else if (a.mask_kind == 2) {
+          s += mv[i][j];
         }
+        if (row >= a.L || key >= a.S || (a.causal && key > row)) s = -INFINITY;
         sc[i][j] = s;
         tmax = fmaxf(tmax, s);
       }
