@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(kThreads) attention_tf32x3_kernel(AttnArgs a) 
   // The cp.async pipeline (two buffers, 16-byte rows): tile 0 now, tile
   // i + 1 at the start of tile i.
   const bool pipelined = L::kBufs == 2 && vk && vv;
-  auto issue = [&](float* kdst, long long t) {
-    load_rows_async<kD>(kdst, L::kLdQK, kKeys, kb + t * a.k_s[2], a.k_s[2], a.S - t, a.D);
-    load_rows_async<kD>(kdst + L::kK, L::kLdV, kKeys, vb + t * a.v_s[2], a.v_s[2], a.S - t, a.Dv);
+  auto issue = [&](float* kdst, long long key0) {
+    load_rows_async<kD>(kdst, L::kLdQK, kKeys, kb + key0 * a.k_s[2], a.k_s[2], a.S - key0, a.D);
+    load_rows_async<kD>(kdst + L::kK, L::kLdV, kKeys, vb + key0 * a.v_s[2], a.v_s[2], a.S - key0, a.Dv);
     cp_async_commit();
   };
   if (pipelined && s_end > 0) issue(kv0, 0);
