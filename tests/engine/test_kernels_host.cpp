@@ -884,7 +884,8 @@ TEST_CASE("attention bias and dead-row kernels on the host emulator: bool and ad
       const long long B = 2, H = 3, L = 5, S = 37, ld = 40;
       const long long Bb = kind == 1 ? B : 1, Hb = kind == 1 ? 1 : H;
       const long long m_s[4] = {kind == 1 ? L * S : 0, kind == 1 ? 0 : S, kind == 1 ? S : 0, 1};
-      const std::size_t mask_n = static_cast<std::size_t>(kind == 1 ? B * L * S : H * S);
+      // Both masks' storage (the additive one reads its first H * S).
+      const std::size_t mask_n = static_cast<std::size_t>(std::max(B * L * S, H * S));
       std::vector<std::uint8_t> bmask(mask_n);
       std::vector<std::uint16_t> amask(mask_n);
       std::bernoulli_distribution keep(0.3);
