@@ -1600,10 +1600,7 @@ struct Lowering {
     use(k);
     use(v);
     if (mask) use(*mask);
-    if (bias) {
-      use(bias->bias);
-      use(bias->dead);
-    }
+    if (bias) use(bias->bias);
     def(y);
     Plan* pl = &plan;
     auto mode = std::make_shared<std::atomic<int>>(0);             // cuDNN: 0 untried, 1 works, 2 refused
@@ -1659,13 +1656,16 @@ struct Lowering {
     return {};
   }
 
+  // The batch and head extents of `aa`'s mask: 1 where it is broadcast.
+  static long long mask_batch(const AttnArgs& aa) { return aa.B == 1 || aa.m_s[0] == 0 ? 1 : aa.B; }
+  static long long mask_heads(const AttnArgs& aa) { return aa.H == 1 || aa.m_s[1] == 0 ? 1 : aa.H; }
   // The bias of `mask` (value `mask_value`) for `aa`'s shape and causal
   // flag: the one an earlier attention on the same value made, else a new
   // attention_bias step.
   AttnBias attention_bias(const AttnArgs& aa, const DevTensor& mask, std::int32_t mask_value) {
     AttnBias r;
-    r.bb = aa.B == 1 || aa.m_s[0] == 0 ? 1 : aa.B;
-    r.hb = aa.H == 1 || aa.m_s[1] == 0 ? 1 : aa.H;
+    r.bb = mask_batch(aa);
+    r.hb = mask_heads(aa);
     const auto key = std::make_tuple(mask_value, aa.causal, r.bb, r.hb, aa.L, aa.S);
     if (mask_value >= 0)
       if (auto it = bias_of_mask.find(key); it != bias_of_mask.end()) return it->second;
@@ -1706,8 +1706,8 @@ struct Lowering {
     g.causal = aa.causal != 0;
     if (aa.mask_kind != 0) {  // attention_bias's [bb, hb, L, S]
       g.bias = true;
-      g.bias_b = aa.B == 1 || aa.m_s[0] == 0 ? 1 : aa.B;
-      g.bias_h = aa.H == 1 || aa.m_s[1] == 0 ? 1 : aa.H;
+      g.bias_b = mask_batch(aa);
+      g.bias_h = mask_heads(aa);
     }
     auto strides = [](const DevTensor& t, std::int64_t(&out)[4]) {
       for (std::size_t i = 0; i < 4; ++i)
