@@ -41,7 +41,7 @@
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
 // split_misaligned_gemm, --no-cudnn-attention cudnn_attention,
-// --cudnn-attention-masks sets cudnn_attention_masks,
+// --no-cudnn-attention-masks cudnn_attention_masks,
 // --no-attention-3xtf32 attention_3xtf32 and --no-background-graphs
 // background_graph_plans. With background graph plans, the cold first call
 // is the first output (cuDNN's graphs still building); one more row says
@@ -88,7 +88,7 @@ struct BenchEngineArgs {
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
   bool no_cudnn_attention = false;
-  bool cudnn_attention_masks = false;
+  bool no_cudnn_attention_masks = false;
   bool no_attention_3xtf32 = false;
   bool no_background_graphs = false;
 };
@@ -311,7 +311,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
   eo.cudnn_attention = !a.no_cudnn_attention;
-  eo.cudnn_attention_masks = a.cudnn_attention_masks;
+  eo.cudnn_attention_masks = !a.no_cudnn_attention_masks;
   eo.attention_3xtf32 = !a.no_attention_3xtf32;
   eo.background_graph_plans = !a.no_background_graphs;
   std::optional<TempCacheDir> temp_cache;
@@ -561,9 +561,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-cudnn-attention", args->no_cudnn_attention,
                 "bfloat16 attention on the tensor-core kernel, not cuDNN's fused flash-attention engines "
                 "(EngineOptions::cudnn_attention off)");
-  sub->add_flag("--cudnn-attention-masks", args->cudnn_attention_masks,
-                "masked bfloat16 attention through cuDNN's fused attention too, the mask as its bias "
-                "(EngineOptions::cudnn_attention_masks on)");
+  sub->add_flag("--no-cudnn-attention-masks", args->no_cudnn_attention_masks,
+                "masked bfloat16 attention on the tensor-core kernel, not through cuDNN's fused attention "
+                "with the mask as its bias (EngineOptions::cudnn_attention_masks off)");
   sub->add_flag("--no-attention-3xtf32", args->no_attention_3xtf32,
                 "float32 attention not on the tensor cores in 3xTF32 (EngineOptions::attention_3xtf32 off)");
   sub->add_flag("--no-background-graphs", args->no_background_graphs,

@@ -78,8 +78,8 @@
 // (both on by default, bench/RESULTS.md 2026-12-05 "cuDNN attention and
 // 3xTF32"): EngineOptions::cudnn_attention (bfloat16 without a mask other
 // than is_causal through cuDNN's fused flash-attention engines, the kernel
-// PyTorch picks on sm_90; with EngineOptions::cudnn_attention_masks masked
-// ones too) and EngineOptions::attention_3xtf32 (float32 on a
+// PyTorch picks on sm_90; with EngineOptions::cudnn_attention_masks, also
+// on by default, masked ones too) and EngineOptions::attention_3xtf32 (float32 on a
 // tensor-core flash kernel in 3xTF32, src/engine/attention_tf32_device.cuh,
 // float32 accuracy).
 // Both give a row of zeros where every key is masked (the CPU reference's
@@ -263,10 +263,13 @@ struct EngineOptions {
   // CUDA events; the fastest is kept for the plan, the engine and the
   // persistent compile cache (re-checked with cublasLtMatmulAlgoCheck when
   // read back), so a warm-cache start times nothing. Costs the first call
-  // about 8 x (0.5 ms + 2 runs) per distinct GEMM; a streaming start waits
-  // for every weight before it. Results can differ from an untuned plan's in
-  // the last bits (another summation order). false: the heuristic's first
-  // answer, as force_eager plans always use.
+  // about 8 x (0.5 ms + 2 runs) per distinct GEMM, and no further candidate
+  // once 100 ms went into one GEMM (src/engine/runtime.hpp
+  // kGemmTuneBudgetMs: GPT-2 fp32 32x1024's lm_head spent 860 ms there for
+  // no gain); a streaming start waits for every weight before it. Results
+  // can differ from an untuned plan's in the last bits (another summation
+  // order). false: the heuristic's first answer, as force_eager plans always
+  // use.
   bool autotune_gemm = true;
   // A large tensor-core GEMM whose N is not a multiple of 16 bytes' worth
   // of elements (GPT-2's lm_head, N = 50257) runs as an aligned GEMM and a
@@ -349,10 +352,12 @@ struct EngineOptions {
   // keep no key, once for all the attentions that read that mask (the
   // layers of a transformer); after each attention a small kernel writes
   // zeros to those rows (cuDNN gives them NaN; the kernels, the CPU
-  // reference and math SDPA's _safe_softmax give zeros). Off by default
-  // until measured on a device (the tensor-core kernel reads the mask as it
-  // is); `bench-engine --cudnn-attention-masks` turns it on.
-  bool cudnn_attention_masks = false;
+  // reference and math SDPA's _safe_softmax give zeros). On an H100
+  // (bench/RESULTS.md 2026-12-06) BERT-base bf16 32x128 ran in 2.162 ms
+  // with it against 2.309 on the tensor-core kernel (its attention 12 x 20
+  // us + one bias step + 12 fix-ups of ~5 us, against 12 x ~34 us);
+  // `bench-engine --no-cudnn-attention-masks` turns it off.
+  bool cudnn_attention_masks = true;
   // float32 attention on the tensor cores in 3xTF32 (each operand split
   // into two TF32 parts, three products: float32 accuracy within a few ulps,
   // as PyTorch's memory-efficient attention computes float32 on sm_80+,
