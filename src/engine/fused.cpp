@@ -320,15 +320,29 @@ std::string vector_loads(const FusedKernel& k) {
     src += "      float L" + js + "[" + std::to_string(kFusedUnroll) + "];\n";
     src += "      {\n        const long long o_ = " + offset_expr(k, o.a, "f") + ";\n";
     src += "        if ((p.vec >> " + a + ") & 1u) {\n";
-    if (d == DType::kBFloat16) {
-      src += "          const uint2 w_ = *(const uint2*)((const unsigned short*)" + base + " + o_);\n";
-      src += "          L" + js + "[0] = bf2f((unsigned short)(w_.x & 0xffffu)); L" + js +
-             "[1] = bf2f((unsigned short)(w_.x >> 16));\n";
-      src += "          L" + js + "[2] = bf2f((unsigned short)(w_.y & 0xffffu)); L" + js +
-             "[3] = bf2f((unsigned short)(w_.y >> 16));\n";
-    } else {
-      src += "          const float4 w_ = *(const float4*)((const float*)" + base + " + o_);\n";
-      src += "          L" + js + "[0] = w_.x; L" + js + "[1] = w_.y; L" + js + "[2] = w_.z; L" + js + "[3] = w_.w;\n";
+    // 16-byte accesses: kFusedUnroll / 8 uint4 of eight bfloat16, or
+    // kFusedUnroll / 4 float4.
+    const bool bf = d == DType::kBFloat16;
+    const int per = bf ? 8 : 4;
+    for (int c = 0; c < kFusedUnroll / per; ++c) {
+      const std::string cs = std::to_string(c), at = std::to_string(c * per);
+      if (bf) {
+        src += "          const uint4 w" + cs + "_ = *(const uint4*)((const unsigned short*)" + base + " + o_ + " + at +
+               ");\n";
+        const char* lanes[] = {"x", "y", "z", "w"};
+        for (int l = 0; l < 4; ++l) {
+          const std::string e0 = std::to_string(c * per + 2 * l), e1 = std::to_string(c * per + 2 * l + 1);
+          src += "          L" + js + "[" + e0 + "] = bf2f((unsigned short)(w" + cs + "_." + lanes[l] +
+                 " & 0xffffu)); L" + js + "[" + e1 + "] = bf2f((unsigned short)(w" + cs + "_." + lanes[l] +
+                 " >> 16));\n";
+        }
+      } else {
+        src +=
+            "          const float4 w" + cs + "_ = *(const float4*)((const float*)" + base + " + o_ + " + at + ");\n";
+        const char* lanes[] = {"x", "y", "z", "w"};
+        for (int l = 0; l < 4; ++l)
+          src += "          L" + js + "[" + std::to_string(c * per + l) + "] = w" + cs + "_." + lanes[l] + ";\n";
+      }
     }
     src += "        } else {\n";
     src += "          for (int u_ = 0; u_ < " + std::to_string(kFusedUnroll) + "; ++u_) L" + js +
@@ -386,13 +400,22 @@ std::string unrolled_trip(const FusedKernel& k, int count, const std::function<s
     }
     const std::string js = "_" + std::to_string(j);
     src += "      if ((p.vec >> " + std::to_string(t) + ") & 1u) {\n";
-    if (d == DType::kBFloat16)
-      src += "        *(uint2*)((unsigned short*)" + base + " + so0" + js + ") = make_uint2((unsigned)f2bf(sv0" + js +
-             ") | ((unsigned)f2bf(sv1" + js + ") << 16), (unsigned)f2bf(sv2" + js + ") | ((unsigned)f2bf(sv3" + js +
-             ") << 16));\n";
-    else
-      src += "        *(float4*)((float*)" + base + " + so0" + js + ") = make_float4(sv0" + js + ", sv1" + js +
-             ", sv2" + js + ", sv3" + js + ");\n";
+    const bool bf = d == DType::kBFloat16;
+    const int per = bf ? 8 : 4;
+    for (int c = 0; c < kFusedUnroll / per; ++c) {
+      auto sv = [&](int u) { return "sv" + std::to_string(c * per + u) + js; };
+      const std::string at = " + so0" + js + " + " + std::to_string(c * per);
+      if (bf) {
+        auto pair = [&](int l) {
+          return "(unsigned)f2bf(" + sv(2 * l) + ") | ((unsigned)f2bf(" + sv(2 * l + 1) + ") << 16)";
+        };
+        src += "        *(uint4*)((unsigned short*)" + base + at + ") = make_uint4(" + pair(0) + ", " + pair(1) + ", " +
+               pair(2) + ", " + pair(3) + ");\n";
+      } else {
+        src += "        *(float4*)((float*)" + base + at + ") = make_float4(" + sv(0) + ", " + sv(1) + ", " + sv(2) +
+               ", " + sv(3) + ");\n";
+      }
+    }
     src += "      } else {\n        " + scalar + "\n      }\n";
   }
   return src;
@@ -414,16 +437,20 @@ unsigned fused_grid_blocks(long long n) {
 
 unsigned fused_vector_mask(const std::vector<DType>& dtypes, const std::vector<const void*>& ptrs,
                            const std::vector<std::vector<std::int64_t>>& strides, std::int64_t inner) {
-  static_assert(kFusedUnroll == 4, "the vector accesses are uint2 (bfloat16) and float4 (float32)");
+  static_assert(kFusedUnroll % 8 == 0, "the vector accesses are uint4 (8 bfloat16) and float4 (4 float32)");
   static_assert(kMaxFusedTensors <= 32, "one bit per tensor");
+  constexpr std::uint64_t kAlign = 16;  // bytes of one uint4 / float4 access
   unsigned mask = 0;
   if (inner % kFusedUnroll != 0) return 0;
   for (std::size_t t = 0; t < dtypes.size() && t < ptrs.size() && t < strides.size(); ++t) {
     if (!vectorizable(dtypes[t]) || strides[t].empty() || strides[t].back() != 1) continue;
-    const std::uint64_t bytes = static_cast<std::uint64_t>(kFusedUnroll) * (dtypes[t] == DType::kBFloat16 ? 2 : 4);
-    if (reinterpret_cast<std::uintptr_t>(ptrs[t]) % bytes != 0) continue;
+    const std::int64_t size = dtypes[t] == DType::kBFloat16 ? 2 : 4;
+    if (reinterpret_cast<std::uintptr_t>(ptrs[t]) % kAlign != 0) continue;
+    // Every trip starts at a multiple of kFusedUnroll elements of a row
+    // (16-byte aligned from an aligned row start); every row start must be.
     bool aligned = true;
-    for (std::size_t d = 0; d + 1 < strides[t].size(); ++d) aligned = aligned && strides[t][d] % kFusedUnroll == 0;
+    for (std::size_t d = 0; d + 1 < strides[t].size(); ++d)
+      aligned = aligned && static_cast<std::uint64_t>(strides[t][d] * size) % kAlign == 0;
     if (aligned) mask |= 1u << t;
   }
   return mask;
@@ -442,12 +469,15 @@ std::string fused_source(const std::vector<FusedKernel>& kernels) {
     // index arithmetic, not the memory, bounded a [32,256,56,56] channels-last
     // batch norm at 1.6 TB/s. Float32 and bfloat16 tensors whose layout
     // allows it (FusedParams::vec, fused_vector_mask) are read and written
-    // with one 16- or 8-byte access per trip instead of four 4- or 2-byte
-    // ones (a bfloat16 [4096, 3072] GELU pass ran at 1.5 TB/s with element
-    // accesses on the H200). Otherwise a plain grid-stride loop, one element
-    // per trip: rarely hot (every innermost extent of the measured models is
-    // a multiple of 4), and a quarter of the text NVRTC would compile for a
-    // strided path unrolled like the fast one.
+    // with 16-byte accesses (a bfloat16 [4096, 3072] GELU pass ran at 1.5
+    // TB/s with element accesses on the H200, and at the same 1.5 TB/s on an
+    // H100 with 8-byte ones, four elements a trip: 8 bytes a thread in flight
+    // is 16 KiB an SM at full occupancy, below what HBM3's latency needs;
+    // eight elements a trip, 16 bytes, as Triton's pointwise kernels read).
+    // Otherwise a plain grid-stride loop, one element per trip: rarely hot
+    // (every innermost extent of the measured models is a multiple of 8),
+    // and a fraction of the text NVRTC would compile for a strided path
+    // unrolled like the fast one.
     src += "  const long long S_ = (long long)gridDim.x * blockDim.x;\n";
     src += "  const long long t_ = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
     if (k.rank > 0) {

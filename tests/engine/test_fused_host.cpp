@@ -1,6 +1,6 @@
 // The engine's generated pointwise kernels (src/engine/fused.cpp) run on the
 // host: the CUDA C++ text fused_source emits is compiled as C++ by the
-// build's own compiler, behind a small shim (__global__, blockIdx, uint2,
+// build's own compiler, behind a small shim (__global__, blockIdx, uint4,
 // float4, the bit casts), and each kernel is called once per (block, thread)
 // of launch_fused's grid, in order. The generated kernels have no barriers,
 // shared memory or warp operations, so one thread after another computes what
@@ -40,9 +40,9 @@ const char* kHostShim = R"(// host shim: tests/engine/test_fused_host.cpp
 #define __global__
 struct HostDim3 { unsigned x, y, z; };
 static HostDim3 gridDim, blockDim, blockIdx, threadIdx;
-struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
-static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
@@ -79,7 +79,7 @@ class HostModule {
       std::ofstream f(src);
       f << kHostShim << fused_source(kernels) << kHostLauncher;
     }
-    // -fno-strict-aliasing: the text reads bfloat16 rows through uint2
+    // -fno-strict-aliasing: the text reads bfloat16 rows through uint4
     // pointers, as CUDA code may.
     const std::string cmd = std::string(SAFECKPT_TEST_CXX) + " -std=c++17 -O1 -fPIC -shared -fno-strict-aliasing " +
                             src + " -o " + so + " > " + log + " 2>&1";
@@ -202,22 +202,26 @@ TEST_CASE("engine: vector access of generated kernels (fused_vector_mask), no de
   const std::vector<std::int64_t> inner{16, 1};
   alignas(64) static unsigned char mem[256];
   const void* a16 = mem;     // 16-byte aligned
-  const void* a8 = mem + 8;  // 8 bytes: a bfloat16 vector of 4, not a float32 one
+  const void* a8 = mem + 8;  // 8 bytes: neither a float4 nor a uint4 of eight bfloat16
   const void* a2 = mem + 2;  // one bfloat16 element off
   const DType f = DType::kFloat32, b = DType::kBFloat16, i64 = DType::kInt64, bo = DType::kBool;
   CHECK(fused_vector_mask({f, b}, {a16, a16}, {inner, inner}, 16) == 0b11u);
-  CHECK(fused_vector_mask({f, b}, {a8, a8}, {inner, inner}, 16) == 0b10u);
+  CHECK(fused_vector_mask({f, b}, {a8, a8}, {inner, inner}, 16) == 0u);
   CHECK(fused_vector_mask({f, b}, {a2, a2}, {inner, inner}, 16) == 0u);
   // Integer and boolean tensors are read element by element.
   CHECK(fused_vector_mask({i64, bo, f}, {a16, a16, a16}, {inner, inner, inner}, 16) == 0b100u);
   // Innermost stride other than 1: a broadcast (0) or a transposed read.
   CHECK(fused_vector_mask({f, f, f}, {a16, a16, a16}, {{16, 0}, {1, 16}, inner}, 16) == 0b100u);
-  // A row stride that is not a multiple of 4 elements moves every other row off alignment.
+  // Every row start must be 16-byte aligned: a row stride of 12 elements is
+  // 48 bytes of float32 (aligned) and 24 of bfloat16 (not); 18 float32, 72.
+  CHECK(fused_vector_mask({f, b}, {a16, a16}, {{12, 1}, {12, 1}}, 8) == 0b01u);
   CHECK(fused_vector_mask({f}, {a16}, {{18, 1}}, 16) == 0u);
-  // An innermost extent that is not a multiple of 4: the kernel's general path, no vectors.
+  // An innermost extent that is not a multiple of kFusedUnroll (8): the
+  // kernel's general path, no vectors.
   CHECK(fused_vector_mask({f}, {a16}, {inner}, 18) == 0u);
+  CHECK(fused_vector_mask({f, b}, {a16, a16}, {{12, 1}, {12, 1}}, 12) == 0u);
   // Rank 1 (one collapsed contiguous dimension).
-  CHECK(fused_vector_mask({b}, {a8}, {{1}}, 1024) == 1u);
+  CHECK(fused_vector_mask({b}, {a16}, {{1}}, 1024) == 1u);
 }
 
 TEST_CASE("engine: generated kernels run on the host: vector and element paths agree bit for bit with a reference") {
@@ -255,10 +259,11 @@ TEST_CASE("engine: generated kernels run on the host: vector and element paths a
   k2.ops = {op(MicroKind::kLoad, f, 0), op(MicroKind::kCast, b, 0, -1, 0)};
   const HostModule mod({k0, k1, k2});
 
-  // Columns 64 (the fast path), 36 (fast path, rows of 36 elements: every
-  // other float32 row 16-byte aligned only with a multiple-of-4 stride) and
-  // 37 (general path); shift 0 (vector accesses) and 1 (none).
-  for (std::int64_t cols : {64, 36, 37}) {
+  // Columns 64 and 40 (the fast path: rows of 40 bfloat16 are 80 bytes, each
+  // row start 16-byte aligned), 36 (a multiple of 4, not of kFusedUnroll:
+  // the general path) and 37 (general path); shift 0 (vector accesses) and
+  // 1 (none).
+  for (std::int64_t cols : {64, 40, 36, 37}) {
     const std::int64_t rows = 37;  // a grid of several blocks, and a ragged last trip
     const std::size_t n = static_cast<std::size_t>(rows * cols);
     CAPTURE(cols);
@@ -304,8 +309,8 @@ TEST_CASE("engine: generated kernels run on the host: vector and element paths a
         const FusedParams p1 = params(shape, {&bm, &bxf, &bw}, {bo, f, f}, {dense, dense, dense}, force_scalar);
         const FusedParams p2 = params(shape, {&bxf, &bc}, {f, b}, {{1, rows}, dense}, force_scalar);
         // The mask the planner's step would pass: every float tensor of the
-        // aligned, multiple-of-4 layouts takes the vector path.
-        if (!force_scalar && shift == 0 && cols % 4 == 0) {
+        // aligned, multiple-of-8 layouts takes the vector path.
+        if (!force_scalar && shift == 0 && cols % kFusedUnroll == 0) {
           CHECK(p0.vec == 0b1111u);
           CHECK(p1.vec == 0b110u);
           CHECK(p2.vec == 0b10u);
