@@ -2917,7 +2917,8 @@ Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
     GemmDesc& d = *t.descs.front();
     std::vector<double> ms_of(t.candidates.size(), -1.0);  // -1: refused
     std::optional<std::size_t> best;
-    for (std::size_t i = 0; i < t.candidates.size(); ++i) {
+    double spent_ms = 0;  // GPU time spent timing this GEMM (kGemmTuneBudgetMs)
+    for (std::size_t i = 0; i < t.candidates.size() && spent_ms < kGemmTuneBudgetMs; ++i) {
       d.algo = t.candidates[i];
       // One run, timed roughly (also its warm-up): how many repetitions make
       // about kGemmTuneGraphMs. A refusal is no candidate; a launch error it
@@ -2930,6 +2931,7 @@ Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
         (void)cudaGetLastError();
         continue;
       }
+      spent_ms += first_ms;
       const int reps = static_cast<int>(std::clamp(kGemmTuneGraphMs / std::max(1e-3, static_cast<double>(first_ms)),
                                                    1.0, static_cast<double>(kGemmTuneMaxReps)));
       const auto ms = graph_ms(s, reps);
@@ -2937,6 +2939,7 @@ Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream) {
         (void)cudaGetLastError();
         continue;
       }
+      spent_ms += *ms * reps;
       ms_of[i] = *ms;
       if (!best || ms_of[i] < ms_of[*best]) best = i;
     }

@@ -116,6 +116,14 @@ struct GemmDesc {
 inline constexpr int kGemmTuneCandidates = 8;
 inline constexpr int kGemmTuneMaxReps = 20;
 inline constexpr double kGemmTuneGraphMs = 0.5;
+// ... and no further candidate once this much GPU time went into timing one
+// GEMM: GPT-2 fp32 32x1024's lm_head (32768 x 50257 x 768, ~50 ms a run on
+// an H100) took 860 ms of a 1413 ms first call to time 8 candidates twice
+// each, for no gain (bench/RESULTS.md 2026-12-05: 193.5 ms a forward with
+// autotuning off, 195.2 with it). A GEMM that long is compute bound and
+// cuBLASLt's first answer is its best guess; the bfloat16 lm_head of the
+// same model (3.5 ms a run) is still timed whole.
+inline constexpr double kGemmTuneBudgetMs = 100.0;
 // The GEMM steps of a compiled plan that share one choice key (a
 // transformer's layers), whose algorithm tune_gemms picks by timing the
 // first of them.
