@@ -13,7 +13,8 @@
 namespace safeckpt::engine::detail {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;  // the kernels' softmax runs in log2 units
+constexpr float kLog2e = 1.4426950408889634f;                // the kernels' softmax runs in log2 units
+constexpr float kLowestFloat = -3.40282346638528859812e38f;  // -FLT_MAX
 
 // cp.async (PTX ISA "cp.async", sm_80+): 16 bytes global -> shared without
 // passing through registers, zero-filled when !valid (src-size 0), in
@@ -111,7 +112,14 @@ __device__ __forceinline__ void flash_softmax_tile(float (&sc)[kNT][4], const At
       if constexpr (kMask == 1) {
         x = (keep >> (n * 4 + e)) & 1u ? x : -INFINITY;
       } else if constexpr (kMask == 2) {
-        x += mv[n][e] * kLog2e;
+        // A finite mask value stays finite: finfo.min (HF's additive
+        // padding masks) times log2(e) would overflow to -inf and make a
+        // row whose every key has it a row of zeros, where PyTorch (math
+        // SDPA, adding in the scores' own units; its flash and
+        // memory-efficient kernels subtract the row max first) gives every
+        // key the same weight: the mean of V. Only -inf masks a key out.
+        const float y = x + mv[n][e] * kLog2e;
+        x = y == -INFINITY && mv[n][e] != -INFINITY ? kLowestFloat : y;
       }
       x = c >= lim[i] ? -INFINITY : x;
       sc[n][e] = x;

@@ -233,7 +233,8 @@ int launch_attention_softmax(const AttnSoftmaxArgs& a, void* stream);
 // mask's [Bb, Hb, L] (Bb = 1 or B, Hb = 1 or H: the mask's own broadcast):
 // `bias` (bfloat16 bits, [Bb, Hb, L, S] in rows of `ld` >= S elements, the
 // rest dense; the padding left as it is): 0 where a bool mask keeps
-// the key, -inf where it drops it, an additive mask's value as it is; and
+// the key, -inf where it drops it, an additive mask's value as it is
+// (finite values below -2^123, finfo.min, as -2^123: kernels_device.cuh); and
 // `dead[r]` = 1 where the row keeps no key it may see (bool false or
 // additive -inf on every key; causal: of the keys <= the row), else 0.
 // cuDNN gives such a row NaN; attention_zero_rows then writes the zeros

@@ -373,9 +373,15 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarpRows) attention_softmax_warp_
 // ------------------------------------- attention mask as cuDNN's bias
 // A warp per mask row (kBiasWarpRows rows a block), lanes over the keys:
 // bias bits written as read (additive) or 0 / -inf (bool), and whether a
-// key the row may see is kept (a warp vote through warp_max).
+// key the row may see is kept (a warp vote through warp_max). Finite
+// additive values below -2^123 are written as -2^123: finfo.min (HF's
+// padding masks) plus a score, scaled into log2 units, would overflow to
+// -inf, and a row whose every key has it would lose the same-weight answer
+// PyTorch gives (the mean of V; attention_flash_common.cuh). -2^123 still
+// makes any key beside a real one weigh exp(-1e37): nothing.
 constexpr int kBiasWarpRows = 8;
 constexpr unsigned short kBf16NegInf = 0xff80;
+constexpr unsigned short kBf16BiasFloor = 0xfd00;  // -2^123
 __global__ void __launch_bounds__(32 * kBiasWarpRows) attention_bias_kernel(AttnBiasArgs a) {
   const long long rows = a.Bb * a.Hb * a.L;
   const long long r = static_cast<long long>(blockIdx.x) * kBiasWarpRows + threadIdx.x / 32;
@@ -395,6 +401,7 @@ __global__ void __launch_bounds__(32 * kBiasWarpRows) attention_bias_kernel(Attn
     } else {
       bits = static_cast<const unsigned short*>(a.mask)[base + j * a.m_s[3]];
       keep = bits != kBf16NegInf;
+      if (keep && bits > kBf16BiasFloor && bits < kBf16NegInf) bits = kBf16BiasFloor;  // finite, below -2^123
     }
     out[j] = bits;
     if (keep && j < seen) kept = 1.f;

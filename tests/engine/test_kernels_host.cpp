@@ -207,7 +207,9 @@ std::vector<double> masked_softmax_ref(const std::vector<double>& scores, long l
         const long long mi = b * m_s[0] + h * m_s[1] + l * m_s[2] + s * m_s[3];
         if (causal && s > l) x = -INFINITY;
         if (mask_kind == 1 && !mb[mi]) x = -INFINITY;
-        if (mask_kind == 2) x += add_mask->at(static_cast<std::size_t>(mi));
+        // In float32, as PyTorch adds the mask to the scores: finfo.min
+        // absorbs any score (every key of such a row weighs the same).
+        if (mask_kind == 2) x = static_cast<float>(x) + static_cast<float>(add_mask->at(static_cast<std::size_t>(mi)));
         v[s] = x;
         mx = std::max(mx, x);
       }
@@ -357,6 +359,17 @@ struct AttnProblem {
     for (auto& m : bmask) m = (rng() % 3) != 0;
     const long long dead = std::min<long long>(3, l - 1);  // a row whose every key is masked: zeros
     for (long long j = 0; j < s; ++j) bmask[static_cast<std::size_t>(dead * s + j)] = 0;
+    // Additive: that row -inf on every key (zeros too); the row after it
+    // finfo.min on every key (HF's padding value: finite, so PyTorch gives
+    // every key the same weight, the mean of V), and on every other key of
+    // the row after that (those weigh nothing beside the others).
+    const float lowest = bf16 ? -3.38953139e38f : -3.40282347e38f;
+    for (long long j = 0; j < s; ++j) {
+      const auto at = [&](long long row) { return static_cast<std::size_t>(row * s + j); };
+      amask.set(at(dead), -INFINITY);
+      if (dead + 1 < l) amask.set(at(dead + 1), lowest);
+      if (dead + 2 < l && j % 2 == 1) amask.set(at(dead + 2), lowest);
+    }
     a.q = q.t.ptr();
     a.k = k.t.ptr();
     a.v = v.t.ptr();
@@ -894,6 +907,10 @@ TEST_CASE("attention bias and dead-row kernels on the host emulator: bool and ad
         const float f = std::uniform_real_distribution<float>(-3.f, 3.f)(rng);
         amask[i] = keep(rng) ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : neg_inf;
       }
+      // finfo(bfloat16).min, HF's additive padding value: a key kept (a
+      // finite value), written as -2^123; head 0's row entirely.
+      const std::uint16_t lowest = 0xff7f, floor = 0xfd00;
+      for (long long j = 0; j < S; ++j) amask[static_cast<std::size_t>(j)] = j % 5 == 4 ? neg_inf : lowest;
       // Rows that keep nothing: bool batch 1 row 2; additive head 2 (every
       // row); and, causal, a row keeping only keys after itself.
       for (long long j = 0; j < S; ++j) bmask[static_cast<std::size_t>((1 * L + 2) * S + j)] = 0;
@@ -922,7 +939,7 @@ TEST_CASE("attention bias and dead-row kernels on the host emulator: bool and ad
             for (long long j = 0; j < S; ++j) {
               const auto mi = static_cast<std::size_t>(b * m_s[0] + h * m_s[1] + l * m_s[2] + j * m_s[3]);
               const bool kept = kind == 1 ? bmask[mi] != 0 : amask[mi] != neg_inf;
-              const std::uint16_t want = kind == 1 ? (kept ? 0 : neg_inf) : amask[mi];
+              const std::uint16_t want = kind == 1 ? (kept ? 0 : neg_inf) : (amask[mi] == lowest ? floor : amask[mi]);
               bad_bits += bias[static_cast<std::size_t>(r * ld + j)] != want;
               any = any || (kept && (!causal || j <= l));
             }
@@ -934,6 +951,7 @@ TEST_CASE("attention bias and dead-row kernels on the host emulator: bool and ad
       CHECK(bad_pad == 0);
       CHECK(bad_dead == 0);
       CHECK(dead_rows >= (kind == 1 ? 1u : static_cast<std::size_t>(L)) + (causal ? 1u : 0u));
+      if (kind == 2) CHECK(dead[0] == 0);  // finfo.min keeps its keys
 
       // The output [B, H, L, Dv] with heads inside rows (the flash layout):
       // dead rows (NaN here, as cuDNN leaves them) become zeros, the others
