@@ -83,7 +83,11 @@
 // tensor-core flash kernel in 3xTF32, src/engine/attention_tf32_device.cuh,
 // float32 accuracy).
 // Both give a row of zeros where every key is masked (the CPU reference's
-// and PyTorch's math SDPA rule since _safe_softmax), never NaN.
+// and PyTorch's math SDPA rule since _safe_softmax), never NaN. Masked means
+// a false bool or an additive -inf: a finite additive value, however
+// negative (finfo.min, HF's padding masks), keeps its key, and a row of
+// only those gives every key the same weight (the mean of V), as PyTorch
+// computes in float32 (src/engine/attention_flash_common.cuh).
 //  3. A static activation arena: buffers reused by liveness (first fit);
 //     inputs and outputs live in fixed buffers outside it.
 //  4. Compiled plans are captured as one CUDA graph and replayed — once
@@ -355,7 +359,7 @@ struct EngineOptions {
   // reference and math SDPA's _safe_softmax give zeros). On an H100
   // (bench/RESULTS.md 2026-12-06) BERT-base bf16 32x128 ran in 2.162 ms
   // with it against 2.309 on the tensor-core kernel (its attention 12 x 20
-  // us + one bias step + 12 fix-ups of ~5 us, against 12 x ~34 us);
+  // us + one bias step + 12 fix-ups of ~5 us, against 12 x 42.5 us);
   // `bench-engine --no-cudnn-attention-masks` turns it off.
   bool cudnn_attention_masks = true;
   // float32 attention on the tensor cores in 3xTF32 (each operand split

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -1654,6 +1655,7 @@ struct SdpaCase {
   int mask = 0;                          // 0 none, 1 bool, 2 additive (q's dtype)
   std::vector<std::int64_t> mask_shape;  // broadcasts to [B, H, L, S]
   int layers = 1;                        // > 1 (D == Dv): attention k's output is attention k+1's query
+  bool finfo_min = false;                // additive: the fully masked rows hold finfo.min (finite), not -inf
 };
 
 json tensor_meta(int dtype, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
@@ -1772,8 +1774,10 @@ float from_bf16(std::uint16_t h) {
 
 // Deterministic values in [-2, 2) (masks: about 1 in 4 keys masked; row 1
 // of every (b, h) fully masked when the mask has an L dim, else batch 0
-// fully masked; additive masks use -inf there and small values elsewhere).
-HostTensor sdpa_input(DType d, const std::vector<std::int64_t>& shape, std::uint32_t seed, int mask_kind) {
+// fully masked; additive masks use -inf there, or with `finfo_min` the
+// dtype's lowest finite value, HF's padding value, and small values elsewhere).
+HostTensor sdpa_input(DType d, const std::vector<std::int64_t>& shape, std::uint32_t seed, int mask_kind,
+                      bool finfo_min = false) {
   std::uint64_t n = 1;
   for (auto s : shape) n *= static_cast<std::uint64_t>(s);
   auto bytes = std::make_shared<std::vector<std::uint8_t>>(n * dtype_size(d));
@@ -1793,7 +1797,8 @@ HostTensor sdpa_input(DType d, const std::vector<std::int64_t>& shape, std::uint
         (*bytes)[i] = keep ? 1 : 0;
         continue;
       }
-      f = keep ? f * 0.5f : -INFINITY;
+      const float lowest = d == DType::kBFloat16 ? from_bf16(0xff7fu) : -std::numeric_limits<float>::max();
+      f = keep ? f * 0.5f : (dead && finfo_min ? lowest : -INFINITY);
     }
     if (d == DType::kBFloat16) {
       std::uint16_t h = std::isinf(f) ? static_cast<std::uint16_t>(0xff80u) : to_bf16(f);
@@ -1928,6 +1933,21 @@ std::vector<SdpaCase> sdpa_cases() {
   c.transposed = false;
   c.layers = 2;
   v.push_back(c);
+  // HF's additive padding masks: finfo.min, not -inf. A row of only those
+  // keeps every key at one weight (PyTorch adds in float32: the scores are
+  // absorbed), the mean of V, never zeros; the log2-unit kernels must not
+  // overflow it to -inf (attention_flash_common.cuh), nor cuDNN's bias.
+  c = SdpaCase{"fp32 additive mask [B,1,L,S] finfo.min rows", 2, 2, 6, 20, 32, 16};
+  c.mask = 2;
+  c.mask_shape = {2, 1, 6, 20};
+  c.finfo_min = true;
+  v.push_back(c);
+  c = SdpaCase{"bf16 additive mask [B,1,L,S] finfo.min rows, L=40 S=72", 2, 3, 40, 72, 64, 64};
+  c.bf16 = true;
+  c.mask = 2;
+  c.mask_shape = {2, 1, 40, 72};
+  c.finfo_min = true;
+  v.push_back(c);
   return v;
 }
 
@@ -1948,11 +1968,50 @@ SdpaProgram make_sdpa_program(const SdpaCase& c) {
                               c.transposed ? std::vector<std::int64_t>{c.B, rows, c.H, cols}
                                            : std::vector<std::int64_t>{c.B, c.H, rows, cols},
                               seed++, 0);
-  if (c.mask != 0) sp.inputs["mask"] = sdpa_input(c.mask == 1 ? DType::kBool : d, c.mask_shape, seed, c.mask);
+  if (c.mask != 0)
+    sp.inputs["mask"] = sdpa_input(c.mask == 1 ? DType::kBool : d, c.mask_shape, seed, c.mask, c.finfo_min);
   return sp;
 }
 
 }  // namespace
+
+// finfo.min absorbs the scores it is added to (observed with Debian's torch
+// 1.13: softmax(q k^T / sqrt(8) + finfo(float32).min) over a row of 5 keys
+// is 0.2 each, the output that row's mean of V within 6e-8; in the
+// reference's double too, whose ulp at 3.4e38 is 2^75): the reference gives
+// such a row the mean of V, the expected value of the GPU paths' finfo.min
+// cases (log2-unit kernels and cuDNN's bias must not turn it into -inf).
+TEST_CASE("engine: the CPU reference gives a row of finfo.min mask values the mean of V (no device)") {
+  int rows_checked = 0;
+  for (const auto& c : sdpa_cases()) {
+    if (!c.finfo_min) continue;
+    CAPTURE(c.name);
+    REQUIRE(c.transposed);  // v is [B, S, H, Dv]
+    REQUIRE(c.mask_shape.size() == 4);
+    REQUIRE(c.mask_shape[2] > 1);  // sdpa_input: row 1 of every batch element is finfo.min on every key
+    SdpaProgram sp = make_sdpa_program(c);
+    auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
+    REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
+    const std::vector<float> out = floats(as_float32((*cpu)[0]));
+    const std::vector<float> v = floats(as_float32(sp.inputs.at("v")));
+    const double tol = c.bf16 ? 1e-2 : 1e-5;  // the output's rounding (bf16: 2^-9 of |mean| <= 2)
+    bool close = true;
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.H; ++h) {
+        for (std::int64_t e = 0; e < c.Dv; ++e) {
+          double mean = 0;
+          for (std::int64_t s = 0; s < c.S; ++s)
+            mean += v[static_cast<std::size_t>(((b * c.S + s) * c.H + h) * c.Dv + e)];
+          mean /= static_cast<double>(c.S);
+          const double got = out[static_cast<std::size_t>(((b * c.H + h) * c.L + 1) * c.Dv + e)];
+          close = close && std::abs(got - mean) <= tol;
+        }
+        ++rows_checked;
+      }
+    CHECK(close);
+  }
+  CHECK(rows_checked > 0);
+}
 
 TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)") {
   using safeckpt::engine::detail::dry_plan;
@@ -1962,8 +2021,9 @@ TEST_CASE("engine: synthetic SDPA programs plan both attention paths (no device)
     // The CPU reference runs them (and defines the expected values below).
     auto cpu = run_cpu(sp.program, WeightMap{}, sp.inputs);
     REQUIRE_MESSAGE(cpu.has_value(), (cpu ? "" : cpu.error().to_string()));
-    if (c.mask != 0) {
-      // The inputs do mask whole rows: the reference has rows of zeros.
+    if (c.mask != 0 && !c.finfo_min) {
+      // The inputs do mask whole rows: the reference has rows of zeros
+      // (finfo.min rows keep their keys: the test case above).
       auto o = floats(as_float32((*cpu)[0]));
       std::size_t zero_rows = 0;
       for (std::size_t r = 0; r * static_cast<std::size_t>(c.Dv) < o.size(); ++r)

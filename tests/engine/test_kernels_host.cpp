@@ -207,9 +207,9 @@ std::vector<double> masked_softmax_ref(const std::vector<double>& scores, long l
         const long long mi = b * m_s[0] + h * m_s[1] + l * m_s[2] + s * m_s[3];
         if (causal && s > l) x = -INFINITY;
         if (mask_kind == 1 && !mb[mi]) x = -INFINITY;
-        // In float32, as PyTorch adds the mask to the scores: finfo.min
-        // absorbs any score (every key of such a row weighs the same).
-        if (mask_kind == 2) x = static_cast<float>(x) + static_cast<float>(add_mask->at(static_cast<std::size_t>(mi)));
+        // finfo.min absorbs any score, as in PyTorch's float32 (the ulp of
+        // a double at 3.4e38 is 2^75): every key of such a row weighs the same.
+        if (mask_kind == 2) x += add_mask->at(static_cast<std::size_t>(mi));
         v[s] = x;
         mx = std::max(mx, x);
       }
