@@ -324,12 +324,12 @@ std::string vector_loads(const FusedKernel& k) {
     // kFusedUnroll / 4 float4.
     const bool bf = d == DType::kBFloat16;
     const int per = bf ? 8 : 4;
+    const char* lanes[] = {"x", "y", "z", "w"};
     for (int c = 0; c < kFusedUnroll / per; ++c) {
       const std::string cs = std::to_string(c), at = std::to_string(c * per);
       if (bf) {
         src += "          const uint4 w" + cs + "_ = *(const uint4*)((const unsigned short*)" + base + " + o_ + " + at +
                ");\n";
-        const char* lanes[] = {"x", "y", "z", "w"};
         for (int l = 0; l < 4; ++l) {
           const std::string e0 = std::to_string(c * per + 2 * l), e1 = std::to_string(c * per + 2 * l + 1);
           src += "          L" + js + "[" + e0 + "] = bf2f((unsigned short)(w" + cs + "_." + lanes[l] +
@@ -339,7 +339,6 @@ std::string vector_loads(const FusedKernel& k) {
       } else {
         src +=
             "          const float4 w" + cs + "_ = *(const float4*)((const float*)" + base + " + o_ + " + at + ");\n";
-        const char* lanes[] = {"x", "y", "z", "w"};
         for (int l = 0; l < 4; ++l)
           src += "          L" + js + "[" + std::to_string(c * per + l) + "] = w" + cs + "_." + lanes[l] + ";\n";
       }
