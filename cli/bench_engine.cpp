@@ -40,7 +40,8 @@
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
-// split_misaligned_gemm, --no-cudnn-attention cudnn_attention,
+// split_misaligned_gemm, --no-gemm-siblings fuse_sibling_gemms,
+// --no-cudnn-attention cudnn_attention,
 // --no-cudnn-attention-masks cudnn_attention_masks,
 // --no-attention-3xtf32 attention_3xtf32 and --no-background-graphs
 // background_graph_plans. With background graph plans, the cold first call
@@ -87,6 +88,7 @@ struct BenchEngineArgs {
   bool no_gemm_epilogue = false;
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
+  bool no_gemm_siblings = false;
   bool no_cudnn_attention = false;
   bool no_cudnn_attention_masks = false;
   bool no_attention_3xtf32 = false;
@@ -310,6 +312,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.fuse_gemm_epilogue = !a.no_gemm_epilogue;
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
+  eo.fuse_sibling_gemms = !a.no_gemm_siblings;
   eo.cudnn_attention = !a.no_cudnn_attention;
   eo.cudnn_attention_masks = !a.no_cudnn_attention_masks;
   eo.attention_3xtf32 = !a.no_attention_3xtf32;
@@ -558,6 +561,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-gemm-split", args->no_gemm_split,
                 "GEMMs with a misaligned N in one piece, no aligned part + tail + copy "
                 "(EngineOptions::split_misaligned_gemm off)");
+  sub->add_flag("--no-gemm-siblings", args->no_gemm_siblings,
+                "linears that read one input (query / key / value) as GEMMs of their own, not one GEMM on "
+                "their concatenated weights (EngineOptions::fuse_sibling_gemms off)");
   sub->add_flag("--no-cudnn-attention", args->no_cudnn_attention,
                 "bfloat16 attention on the tensor-core kernel, not cuDNN's fused flash-attention engines "
                 "(EngineOptions::cudnn_attention off)");

@@ -24,7 +24,9 @@
 //     and views; the other operand of the same shape, dtype and dense
 //     layout, computed before the GEMM) as cuBLASLt's C input with beta 1:
 //     D = A B + residual + bias in one rounding where PyTorch rounds the
-//     GEMM's result first (results can differ in the last bit);
+//     GEMM's result first (results can differ in the last bit); when
+//     compiled, linears that read one input with checkpoint weights
+//     (query / key / value) as one GEMM (EngineOptions::fuse_sibling_gemms);
 //     layer_norm (last dims; one warp per row with the row in registers up
 //     to 1024 elements of 4-element-aligned rows),
 //     _softmax (last dim), any.dim / mean.dim, embedding, gather and
@@ -285,6 +287,18 @@ struct EngineOptions {
   // GEMMs 33.4 ms whole, against 12.8 + a 2.4 ms copy split);
   // `bench-engine --no-gemm-split` measures it.
   bool split_misaligned_gemm = true;
+  // Horizontal GEMM fusion (compiled plans only): aten::linear nodes that
+  // read the same input with checkpoint weights of the same K (HF BERT's
+  // query / key / value, LLaMA's gate / up) run as one GEMM into [M, sum N]
+  // on their weights concatenated once by a prep step; each output is a
+  // column block of it (src/engine/plan.cpp sibling_linears for the rule).
+  // One wider GEMM keeps the tensor cores busier than three narrow ones
+  // (inductor's freezing passes concatenate such weights the same way:
+  // torch/_inductor/fx_passes/freezing_patterns.py check_concat_weights;
+  // TorchScript's frozen_concat_linear.cpp). Costs those weights' size again in device memory
+  // (ProgramStats::prepared_bytes). `bench-engine --no-gemm-siblings`
+  // turns it off.
+  bool fuse_sibling_gemms = true;
   // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans
   // only).

@@ -893,8 +893,15 @@ struct Lowering {
     return {};
   }
 
-  // The activation that may be fused into the GEMM producing value `v`.
+  // The activation that may be fused into the GEMM producing value `v`
+  // (its node absorbed).
   int epilogue_for(std::int32_t v) {
+    const int act = epilogue_act(v);
+    if (act != 0) absorbed[consumers[static_cast<std::size_t>(v)][0]] = 1;
+    return act;
+  }
+  // ... the same, nothing absorbed: 0 none, 1 relu, 2 tanh gelu.
+  int epilogue_act(std::int32_t v) const {
     if (!fuse || !fuse_epilogue || v < 0 || is_output[static_cast<std::size_t>(v)]) return 0;
     const auto& cs = consumers[static_cast<std::size_t>(v)];
     if (cs.size() != 1) return 0;
@@ -907,7 +914,6 @@ struct Lowering {
       if (approximate != nullptr && approximate->s == "tanh") act = 2;
     }
     if (act == 0 || c.outputs.empty() || c.outputs[0] < 0) return 0;
-    absorbed[cs[0]] = 1;
     return act;
   }
 
@@ -977,6 +983,147 @@ struct Lowering {
     return std::nullopt;
   }
 
+  // A linear's input [..., K] as the GEMM's rows [M, K]: a view where the
+  // leading dims collapse into one stride, else a contiguous copy.
+  Result<DevTensor> linear_rows(DevTensor a) {
+    const std::int64_t K = a.shape.back();
+    bool ok = a.strides.back() == 1 || K == 1;
+    for (std::size_t d = 0; d + 2 < a.shape.size(); ++d)
+      ok = ok && (a.shape[d] == 1 || a.strides[d] == a.strides[d + 1] * a.shape[d + 1]);
+    if (!ok) {
+      SAFECKPT_TRY(a, contiguous(a));
+    }
+    const std::int64_t M = static_cast<std::int64_t>(a.numel()) / std::max<std::int64_t>(K, 1);
+    std::int64_t row_stride = a.shape.size() >= 2 ? a.strides[a.shape.size() - 2] : K;
+    if (M == 1) row_stride = K;
+    a.shape = {M, K};
+    a.strides = {row_stride, 1};
+    return a;
+  }
+
+  // Horizontal GEMM fusion (EngineOptions::fuse_sibling_gemms): the
+  // aten::linear nodes, this one first, that read this node's input and
+  // whose weight (and bias, all or none) are checkpoint tensors of the
+  // input's dtype with K columns, as HF BERT's query / key / value or
+  // LLaMA's gate / up projections. A member's N is a multiple of 16 bytes'
+  // worth of elements (each output block starts 16-byte aligned, as the
+  // attention kernels and cuDNN want it), and no activation or residual
+  // add would join its epilogue (those keep their own GEMM). Fewer than two:
+  // none (the node lowers alone).
+  std::vector<std::size_t> sibling_linears() {
+    std::vector<std::size_t> group;
+    const Arg* in = arg_of(*node, "input");
+    if (in == nullptr || in->kind != Arg::Kind::kTensor || in->tensor < 0) return group;
+    const auto& x = vals[static_cast<std::size_t>(in->tensor)];
+    if (!x || x->shape.empty() || !floating(x->dtype)) return group;
+    const std::int64_t K = x->shape.back();
+    const std::int64_t M = static_cast<std::int64_t>(x->numel()) / std::max<std::int64_t>(K, 1);
+    const auto per16 = static_cast<std::int64_t>(16 / esize(x->dtype));
+    auto checkpoint = [&](const Arg* a) -> const DevTensor* {
+      if (a == nullptr || a->kind != Arg::Kind::kTensor || a->tensor < 0) return nullptr;
+      const auto id = static_cast<std::size_t>(a->tensor);
+      return weights.size() > id && weights[id] ? &*weights[id] : nullptr;
+    };
+    int with_bias = -1;  // of the first member
+    for (std::size_t c : consumers[static_cast<std::size_t>(in->tensor)]) {
+      if (c < node_index || absorbed[c] || (!group.empty() && group.back() == c)) continue;
+      const Node& n = p.nodes[c];
+      if (n.schema->name != "aten::linear" || n.outputs.empty() || n.outputs[0] < 0) continue;
+      const Arg* ni = arg_of(n, "input");
+      const Arg* nb = arg_of(n, "bias");
+      if (ni == nullptr || ni->tensor != in->tensor) continue;
+      const DevTensor* w = checkpoint(arg_of(n, "weight"));
+      if (w == nullptr || w->shape.size() != 2 || w->shape[1] != K || w->dtype != x->dtype) continue;
+      const std::int64_t N = w->shape[0];
+      if (N <= 0 || N % per16 != 0) continue;
+      const bool has_bias = nb != nullptr && nb->kind == Arg::Kind::kTensor;
+      const DevTensor* b = has_bias ? checkpoint(nb) : nullptr;
+      if (has_bias && (b == nullptr || b->shape != std::vector<std::int64_t>{N} || b->dtype != x->dtype)) continue;
+      if (with_bias >= 0 && with_bias != (has_bias ? 1 : 0)) continue;
+      const std::int32_t out = n.outputs[0];
+      if (p.values[static_cast<std::size_t>(out)].dtype != x->dtype || epilogue_act(out) != 0) continue;
+      DevTensor dense;
+      dense.dtype = x->dtype;
+      dense.shape = {M, N};
+      dense.strides = {N, 1};
+      if (fuse_epilogue && residual_for(out, dense)) continue;
+      if (group.empty() && c != node_index) return group;  // this node itself does not qualify
+      with_bias = has_bias ? 1 : 0;
+      group.push_back(c);
+    }
+    return group;
+  }
+
+  // One GEMM for the sibling linears `group` (sibling_linears; this node
+  // first): a prep step copies their weights (and biases) into one
+  // [sum N, K] kPrepared tensor, the GEMM writes [M, sum N], and each
+  // member's output is its columns, a view with rows sum N apart (the
+  // views and attention read such strides; a reader that needs dense rows
+  // copies). The other members are absorbed. Costs the weights' size again
+  // in device memory (Plan::prepared_bytes).
+  Status lower_sibling_linears(const std::vector<std::size_t>& group) {
+    SAFECKPT_TRY(DevTensor x, tensor("input"));
+    SAFECKPT_TRY(DevTensor a, linear_rows(x));
+    const DType dt = a.dtype;
+    const std::int64_t M = a.shape[0], K = a.shape[1];
+    std::vector<DevTensor> ws;
+    std::vector<std::optional<DevTensor>> bs;
+    std::vector<std::int64_t> offs;
+    std::int64_t total = 0;
+    std::string name;
+    for (std::size_t i : group) {
+      const Node& n = p.nodes[i];
+      ws.push_back(*weights[static_cast<std::size_t>(arg_of(n, "weight")->tensor)]);
+      const Arg* nb = arg_of(n, "bias");
+      bs.emplace_back();
+      if (nb != nullptr && nb->kind == Arg::Kind::kTensor) bs.back() = *weights[static_cast<std::size_t>(nb->tensor)];
+      offs.push_back(total);
+      total += ws.back().shape[0];
+      name += (name.empty() ? "" : ",") + n.name;
+    }
+    const DevTensor wcat = prepared_tensor(dt, {total, K}, {K, 1});
+    std::optional<DevTensor> bcat;
+    if (bs[0]) bcat = prepared_tensor(dt, {total}, {1});
+    prep = true;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::int64_t N = ws[k].shape[0];
+      DevTensor rows = wcat;
+      rows.offset = offs[k] * K;
+      rows.shape = {N, K};
+      emit_copy(ws[k], rows, rows.shape, "concatenate weight (" + p.nodes[group[k]].name + ")", "prepare");
+      if (bcat) {
+        DevTensor part = *bcat;
+        part.offset = offs[k];
+        part.shape = {N};
+        emit_copy(*bs[k], part, part.shape, "concatenate bias (" + p.nodes[group[k]].name + ")", "prepare");
+      }
+    }
+    prep = false;
+    const DevTensor out = new_tensor(dt, {M, total});
+    DevTensor b = wcat;  // [K, sum N], column-major
+    b.shape = {K, total};
+    b.strides = {1, K};
+    SAFECKPT_CHECK(gemm(a, b, out, bcat, 0, 1.0f, 0.0f));
+    plan.steps.back().name = name;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::int32_t id = p.nodes[group[k]].outputs[0];
+      SAFECKPT_TRY(auto shape, shape_of(id));
+      std::int64_t rows = 1;
+      for (std::size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
+      if (shape.empty() || shape.back() != ws[k].shape[0] || rows != M)
+        return fail(ErrorCode::kInternal, "linear output shape disagrees with tensor_meta");
+      DevTensor v = out;
+      v.offset = offs[k];
+      v.shape = shape;
+      v.strides.assign(shape.size(), 1);
+      for (std::size_t d = shape.size() - 1; d-- > 0;)
+        v.strides[d] = d + 2 == shape.size() ? total : v.strides[d + 1] * shape[d + 1];
+      vals[static_cast<std::size_t>(id)] = v;
+      absorbed[group[k]] = 1;
+    }
+    return {};
+  }
+
   // The least multiply-adds (M * N * K) for which lower_gemm splits a GEMM
   // with a misaligned N: below it the two extra launches cost more than the
   // slower kernel saves.
@@ -991,24 +1138,16 @@ struct Lowering {
     float alpha = 1, beta = 0;
     std::optional<DevTensor> preset;  // written into out before a beta=1 GEMM
     if (op == "aten::linear") {
+      if (fuse && eng.opt.fuse_sibling_gemms) {
+        const auto group = sibling_linears();
+        if (group.size() >= 2) return lower_sibling_linears(group);
+      }
       SAFECKPT_TRY(a, tensor("input"));
       SAFECKPT_TRY(DevTensor w, tensor("weight"));
       SAFECKPT_TRY(bias, opt_tensor("bias"));
       if (a.shape.empty() || w.shape.size() != 2)
         return fail(ErrorCode::kUnsupported, "linear needs input rank >= 1 and a 2-d weight");
-      // Collapse the leading dims of the input into rows.
-      std::int64_t K = a.shape.back();
-      bool ok = a.strides.back() == 1 || K == 1;
-      for (std::size_t d = 0; d + 2 < a.shape.size(); ++d)
-        ok = ok && (a.shape[d] == 1 || a.strides[d] == a.strides[d + 1] * a.shape[d + 1]);
-      if (!ok) {
-        SAFECKPT_TRY(a, contiguous(a));
-      }
-      std::int64_t M = static_cast<std::int64_t>(a.numel()) / std::max<std::int64_t>(K, 1);
-      std::int64_t row_stride = a.shape.size() >= 2 ? a.strides[a.shape.size() - 2] : K;
-      if (M == 1) row_stride = K;
-      a.shape = {M, K};
-      a.strides = {row_stride, 1};
+      SAFECKPT_TRY(a, linear_rows(a));
       b = w;
       b.shape = {w.shape[1], w.shape[0]};
       b.strides = {w.strides[1], w.strides[0]};

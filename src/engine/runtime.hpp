@@ -260,7 +260,7 @@ struct DryPlan {
 };
 // `opt`: the EngineOptions that shape a plan (attention_*, conv_layout,
 // cudnn_allow_tf32, fold_batch_norm, cudnn_graph_fusion,
-// fuse_gemm_epilogue, split_misaligned_gemm, allow_tf32); the device, stance
+// fuse_gemm_epilogue, split_misaligned_gemm, fuse_sibling_gemms, allow_tf32); the device, stance
 // and cache ones are ignored.
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm, const EngineOptions& opt = {});

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -1308,6 +1309,80 @@ TEST_CASE("engine: residual adds join the GEMM before them (no device)") {
   // gpt2: 2 blocks x 2 residuals; bert: 2 layers x 2; llama's residuals, all IRs.
   MESSAGE(folded_total << " residual adds folded into GEMM epilogues");
   CHECK(folded_total > 0);
+}
+
+// EngineOptions::fuse_sibling_gemms: the aten::linear nodes reading one
+// value with checkpoint weights (HF BERT's query / key / value, LLaMA's
+// q / k / v and gate / up; no activation or residual add joins those) are
+// one GEMM on weights a prep step concatenated. Training IR only: core IR
+// reaches each addmm through a view node of its own.
+TEST_CASE("engine: linears reading one input run as one GEMM on concatenated weights (no device)") {
+  using safeckpt::engine::detail::dry_plan;
+  std::size_t groups_total = 0;
+  for (const char* model : {"bert", "llama"}) {
+    const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
+    auto io = SafetensorsFile::open(dir + model + ".io.safetensors");
+    REQUIRE(io.has_value());
+    const std::string file = std::string(model) + ".train.pt2";
+    CAPTURE(file);
+    Loaded l = test_support::load_program(file, true, "pt2-2.11-extra");
+    const auto shapes = user_shapes(l.program, cases_of(l.program, *io).at(0).inputs);
+    const auto& prog = l.program;
+    std::set<std::int32_t> checkpoint;  // parameters, buffers, constants
+    for (const auto& in : prog.inputs)
+      if (in.kind != graph::InputKind::kUserInput) checkpoint.insert(in.value);
+    // The expected groups: node names in node order, by the value they read.
+    std::map<std::int32_t, std::vector<std::size_t>> by_input;
+    std::size_t linears = 0;
+    for (std::size_t i = 0; i < prog.nodes.size(); ++i) {
+      const graph::Node& n = prog.nodes[i];
+      if (n.schema->name != "aten::linear") continue;
+      ++linears;
+      if (checkpoint.count(n.args[1].tensor) != 0) by_input[n.args[0].tensor].push_back(i);
+    }
+    std::vector<std::vector<std::size_t>> groups;
+    for (auto& [v, g] : by_input)
+      if (g.size() >= 2) groups.push_back(g);
+    auto plans = [&](bool fuse, bool siblings) {
+      auto d = dry_plan(prog, shapes, fuse, 90, options_with([&](auto& o) { o.fuse_sibling_gemms = siblings; }));
+      REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+      return *d;
+    };
+    const auto on = plans(true, true), off = plans(true, false), eager = plans(false, true);
+    auto gemms = [](const auto& d) { return std::count(d.step_kinds.begin(), d.step_kinds.end(), "gemm"); };
+    std::size_t merged = 0;
+    for (const auto& g : groups) {
+      std::string name;
+      std::int64_t n_sum = 0;
+      for (std::size_t i : g) {
+        name += (name.empty() ? "" : ",") + prog.nodes[i].name;
+        n_sum += prog.values[static_cast<std::size_t>(prog.nodes[i].args[1].tensor)].sizes[0].value;
+        const auto& prep = on.prep_steps;
+        CHECK(std::count(prep.begin(), prep.end(), "concatenate weight (" + prog.nodes[i].name + ")") == 1);
+      }
+      CAPTURE(name);
+      const auto at = std::find(on.steps.begin(), on.steps.end(), name);
+      REQUIRE(at != on.steps.end());
+      const auto k = static_cast<std::size_t>(at - on.steps.begin());
+      CHECK(on.step_kinds[k] == "gemm");
+      CHECK(on.step_shapes[k].find(" N=" + std::to_string(n_sum) + " ") != std::string::npos);
+      // No other step is named after a member.
+      for (std::size_t i : g) CHECK(std::count(on.steps.begin(), on.steps.end(), prog.nodes[i].name) == 0);
+      merged += g.size() - 1;
+    }
+    CHECK(static_cast<std::size_t>(gemms(off)) >= linears);
+    CHECK(static_cast<std::size_t>(gemms(on)) + merged == static_cast<std::size_t>(gemms(off)));
+    CHECK(on.prepared_bytes > off.prepared_bytes);
+    for (const auto* d : {&off, &eager}) {
+      for (std::size_t i = 0; i < d->steps.size(); ++i)
+        if (d->step_kinds[i] == "gemm") CHECK(d->steps[i].find(',') == std::string::npos);
+      for (const auto& s : d->prep_steps) CHECK(s.rfind("concatenate", 0) == std::string::npos);
+    }
+    groups_total += groups.size();
+  }
+  // bert: query / key / value of 2 layers; llama: q / k / v and gate / up of 2 blocks.
+  MESSAGE(groups_total << " groups of sibling linears, one GEMM each");
+  CHECK(groups_total > 0);
 }
 
 TEST_CASE("engine: the blocks of a transformer launch the same generated kernels (no device)") {
