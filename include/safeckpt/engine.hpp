@@ -295,9 +295,9 @@ struct EngineOptions {
   // One wider GEMM keeps the tensor cores busier than three narrow ones
   // (inductor's freezing passes concatenate such weights the same way:
   // torch/_inductor/fx_passes/freezing_patterns.py check_concat_weights;
-  // TorchScript's frozen_concat_linear.cpp). Costs those weights' size again in device memory
-  // (ProgramStats::prepared_bytes). `bench-engine --no-gemm-siblings`
-  // turns it off.
+  // TorchScript's frozen_concat_linear.cpp). Costs those weights' size
+  // again in device memory, per plan (ProgramStats::prepared_bytes).
+  // `bench-engine --no-gemm-siblings` turns it off.
   bool fuse_sibling_gemms = true;
   // Fold an inference batch_norm (+ residual add) + relu into the
   // convolution before it (see "Batch norm folding" above; compiled plans

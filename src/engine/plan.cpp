@@ -1139,6 +1139,7 @@ struct Lowering {
     std::optional<DevTensor> preset;  // written into out before a beta=1 GEMM
     if (op == "aten::linear") {
       if (fuse && eng.opt.fuse_sibling_gemms) {
+        SAFECKPT_CHECK(tensor("input"));  // flushes a generated kernel still writing it
         const auto group = sibling_linears();
         if (group.size() >= 2) return lower_sibling_linears(group);
       }
