@@ -433,8 +433,9 @@ struct ProgramStats {
   std::uint64_t plan_device_bytes = 0;
   std::uint64_t weight_bytes = 0;  // device bytes the engine allocated for weights (0 = all in place)
   // Weight copies the most recent plan made for its kernels (channels-last
-  // convolution filters, filters and biases with a batch norm folded in;
-  // made on its first run), included in plan_device_bytes.
+  // convolution filters, filters and biases with a batch norm folded in,
+  // sibling linears' concatenated weights and biases; made on its first
+  // run), included in plan_device_bytes.
   std::uint64_t prepared_bytes = 0;
   double weight_upload_seconds = 0;  // compile(): allocating and copying those weights (synchronous)
   std::size_t steps = 0;             // launches of the most recent plan (GEMMs, fixed and fused kernels, copies)
