@@ -40,7 +40,8 @@
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
-// split_misaligned_gemm, --no-gemm-siblings fuse_sibling_gemms,
+// split_misaligned_gemm, --gemm-row-classes sets gemm_row_classes,
+// --no-gemm-siblings fuse_sibling_gemms,
 // --no-cudnn-attention cudnn_attention,
 // --no-cudnn-attention-masks cudnn_attention_masks,
 // --no-attention-3xtf32 attention_3xtf32 and --no-background-graphs
@@ -89,6 +90,7 @@ struct BenchEngineArgs {
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
   bool no_gemm_siblings = false;
+  bool gemm_row_classes = false;
   bool no_cudnn_attention = false;
   bool no_cudnn_attention_masks = false;
   bool no_attention_3xtf32 = false;
@@ -313,6 +315,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
   eo.fuse_sibling_gemms = !a.no_gemm_siblings;
+  eo.gemm_row_classes = a.gemm_row_classes;
   eo.cudnn_attention = !a.no_cudnn_attention;
   eo.cudnn_attention_masks = !a.no_cudnn_attention_masks;
   eo.attention_3xtf32 = !a.no_attention_3xtf32;
@@ -561,6 +564,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-gemm-split", args->no_gemm_split,
                 "GEMMs with a misaligned N in one piece, no aligned part + tail + copy "
                 "(EngineOptions::split_misaligned_gemm off)");
+  sub->add_flag("--gemm-row-classes", args->gemm_row_classes,
+                "a misaligned-N GEMM as one GEMM per class of output rows straight into the dense output, "
+                "no padded output and copy (EngineOptions::gemm_row_classes on)");
   sub->add_flag("--no-gemm-siblings", args->no_gemm_siblings,
                 "linears that read one input (query / key / value) as GEMMs of their own, not one GEMM on "
                 "their concatenated weights (EngineOptions::fuse_sibling_gemms off)");

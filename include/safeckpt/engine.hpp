@@ -287,6 +287,21 @@ struct EngineOptions {
   // GEMMs 33.4 ms whole, against 12.8 + a 2.4 ms copy split);
   // `bench-engine --no-gemm-split` measures it.
   bool split_misaligned_gemm = true;
+  // ... and, for such a GEMM whose weight's rows are B's columns (a
+  // linear's, the lm_head's; a bias, if any, a checkpoint tensor), no
+  // padded output and no copy of it: the output rows fall into P = 16 / gcd(N * element size, 16) classes
+  // (rows j mod P) that start at the same offset modulo 16, and one GEMM per
+  // class writes its rows' aligned columns straight into the dense output
+  // (ldc = P * N); two narrow GEMMs and two copies fill each row's first
+  // and last 16 bytes' worth of columns (src/engine/plan.cpp
+  // gemm_by_row_classes). GPT-2 bf16's lm_head: 8 class GEMMs of
+  // M/8 x 50248 instead of the aligned GEMM + tail + a copy of its
+  // 32768 x 50264 output (2.41 ms on an H100 at batch 32 x 1024, RESULTS.md
+  // 2026-12-05), and no 3.3 GB padded buffer in the arena. Off by default
+  // until a GPU run has measured it and checked it against PyTorch
+  // (`bench-engine --gemm-row-classes`; the GPU case "a GEMM with a
+  // misaligned N" runs it).
+  bool gemm_row_classes = false;
   // Horizontal GEMM fusion (compiled plans only): aten::linear nodes that
   // read the same input with checkpoint weights of the same K (HF BERT's
   // query / key / value, LLaMA's gate / up) run as one GEMM into [M, sum N]

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -28,6 +29,17 @@ namespace safeckpt::engine::detail {
 using graph::Arg;
 using graph::Node;
 using graph::Program;
+
+std::vector<GemmRowClass> gemm_row_classes(std::int64_t M, std::int64_t N, std::int64_t esz) {
+  std::vector<GemmRowClass> r;
+  if (M <= 0 || N <= 0 || (esz != 2 && esz != 4)) return r;
+  const std::int64_t per16 = 16 / esz, P = 16 / std::gcd(N * esz, std::int64_t{16});
+  for (std::int64_t j = 0; j < P && j < M; ++j) {
+    const std::int64_t c0 = ((-(j * N)) % per16 + per16) % per16;
+    r.push_back({j, (M - j + P - 1) / P, c0, (N - c0) / per16 * per16});
+  }
+  return r;
+}
 
 namespace {
 
@@ -1124,6 +1136,123 @@ struct Lowering {
     return {};
   }
 
+  // Whether `a` (rows [M, K], unit column stride), `b` ([K, N], a
+  // weight's rows as its columns: unit row stride) and the dense output
+  // `g_out` ([M, N], rows N apart) allow the row classes: A's rows and B's
+  // columns 16-byte aligned, N at least two edges wide, at least as many
+  // rows as classes.
+  bool row_classes_apply(const DevTensor& a, const DevTensor& b, const DevTensor& g_out) const {
+    const auto esz = static_cast<std::int64_t>(esize(g_out.dtype));
+    const std::int64_t per16 = 16 / esz, M = g_out.shape[0], N = g_out.shape[1];
+    return a.strides[1] == 1 && (a.strides[0] * esz) % 16 == 0 && (a.offset * esz) % 16 == 0 && b.strides[0] == 1 &&
+           (b.strides[1] * esz) % 16 == 0 && (b.offset * esz) % 16 == 0 &&
+           g_out.strides == std::vector<std::int64_t>{N, 1} && (g_out.offset * esz) % 16 == 0 && N >= 2 * per16 &&
+           M >= 16 / std::gcd(N * esz, std::int64_t{16});
+  }
+  // Row classes of a GEMM whose dense output rows are misaligned
+  // (EngineOptions::gemm_row_classes): with e-byte elements and N * e not a
+  // multiple of 16, row r of D[M, N] starts at r * N * e bytes, so the rows
+  // r = j (mod P), P = 16 / gcd(N * e, 16), all start at the same offset
+  // modulo 16, and their columns from c0(j) = (-j * N) mod (16 / e) on start
+  // 16-byte aligned. Class j's GEMM (A's rows j, j + P, ...; ldc = P * N)
+  // writes those columns straight into D, as many as a multiple of 16 / e
+  // allows; the at most 16 / e - 1 columns before c0(j) and the fewer than
+  // 16 / e after lie in D's first and last 16 / e columns, which two narrow
+  // GEMMs over every row compute into an aligned scratch and two copies put
+  // in place (after the class GEMMs: where they overlap, the narrow GEMMs'
+  // values stay; both are the same dot products, rounded alike up to the
+  // summation order). No padded output and no copy of it. The classes:
+  // gemm_row_classes (runtime.hpp). A bias (a checkpoint tensor) is read
+  // from a kPrepared copy holding each class's columns and both edges'
+  // at 16-byte aligned starts (written once by a prep step).
+  Status gemm_by_row_classes(const DevTensor& a, const DevTensor& b, const DevTensor& d,
+                             const std::optional<DevTensor>& bias, int act, float alpha) {
+    const auto esz = static_cast<std::int64_t>(esize(d.dtype));
+    const std::int64_t per16 = 16 / esz, M = d.shape[0], N = d.shape[1];
+    const auto classes = gemm_row_classes(M, N, esz);
+    const std::int64_t P = 16 / std::gcd(N * esz, std::int64_t{16});  // classes.size(): M >= P
+    const std::string base = node->name;
+    // The bias segments: each class's columns, then the first and the last
+    // edge's, each from a 16-byte aligned start of one kPrepared tensor.
+    std::vector<std::int64_t> seg;
+    std::optional<DevTensor> pb;
+    if (bias) {
+      std::int64_t total = 0;
+      for (const GemmRowClass& c : classes) {
+        seg.push_back(total);
+        total += (c.n + per16 - 1) / per16 * per16;
+      }
+      for (int side = 0; side < 2; ++side) {
+        seg.push_back(total);
+        total += per16;
+      }
+      pb = prepared_tensor(d.dtype, {total}, {1});
+      prep = true;
+      auto put = [&](std::int64_t from, std::int64_t n, std::int64_t at, const std::string& what) {
+        DevTensor src = *bias, dst = *pb;
+        src.offset += from * bias->strides.back();
+        src.shape = {n};
+        src.strides = {bias->strides.back()};
+        dst.offset = at;
+        dst.shape = {n};
+        emit_copy(src, dst, {n}, "bias of " + base + what, "prepare");
+      };
+      for (std::size_t k = 0; k < classes.size(); ++k)
+        put(classes[k].c0, classes[k].n, seg[k], ".rows" + std::to_string(classes[k].j));
+      put(0, per16, seg[classes.size()], ".first");
+      put(N - per16, per16, seg[classes.size() + 1], ".last");
+      prep = false;
+    }
+    auto bias_at = [&](std::size_t k, std::int64_t n) -> std::optional<DevTensor> {
+      if (!pb) return std::nullopt;
+      DevTensor t = *pb;
+      t.offset = seg[k];
+      t.shape = {n};
+      return t;
+    };
+    // Each step that writes part of D or of the edges def()s it again, which
+    // moves the buffer's start: it starts at the first write (assign_arena
+    // must not lend that memory to a buffer read before the last one).
+    const auto d_first = static_cast<std::int64_t>(plan.steps.size());
+    for (std::size_t k = 0; k < classes.size(); ++k) {
+      const GemmRowClass& c = classes[k];
+      DevTensor ac = a, bc = b, dc = d;
+      ac.offset += c.j * a.strides[0];
+      ac.shape = {c.rows, a.shape[1]};
+      ac.strides = {a.strides[0] * P, 1};
+      bc.offset += c.c0 * b.strides[1];
+      bc.shape = {b.shape[0], c.n};
+      dc.offset += c.j * N + c.c0;
+      dc.shape = {c.rows, c.n};
+      dc.strides = {N * P, 1};
+      SAFECKPT_CHECK(gemm(ac, bc, dc, bias_at(k, c.n), act, alpha, 0.0f, 16));
+      plan.steps.back().name = base + ".rows" + std::to_string(c.j);
+      plan.steps.back().shapes +=
+          " (rows " + std::to_string(c.j) + " mod " + std::to_string(P) + ", from column " + std::to_string(c.c0) + ")";
+    }
+    // The edges: D's first and last per16 columns of every row.
+    const DevTensor edges = new_tensor(d.dtype, {M, 2 * per16});
+    const auto edges_first = static_cast<std::int64_t>(plan.steps.size());
+    for (int side = 0; side < 2; ++side) {
+      const std::int64_t from = side == 0 ? 0 : N - per16;
+      DevTensor bc = b, ec = edges, dc = d;
+      bc.offset += from * b.strides[1];
+      bc.shape = {b.shape[0], per16};
+      ec.offset += side * per16;
+      ec.shape = {M, per16};
+      SAFECKPT_CHECK(
+          gemm(a, bc, ec, bias_at(classes.size() + static_cast<std::size_t>(side), per16), act, alpha, 0.0f, 16));
+      const std::string what = side == 0 ? ".first" : ".last";
+      plan.steps.back().name = base + what;
+      dc.offset += from;
+      dc.shape = {M, per16};
+      emit_copy(ec, dc, dc.shape, base + what + ".copy", "copy");
+    }
+    if (d.buf >= 0) first_step[static_cast<std::size_t>(d.buf)] = d_first;
+    first_step[static_cast<std::size_t>(edges.buf)] = edges_first;
+    return {};
+  }
+
   // The least multiply-adds (M * N * K) for which lower_gemm splits a GEMM
   // with a misaligned N: below it the two extra launches cost more than the
   // slower kernel saves.
@@ -1204,10 +1333,16 @@ struct Lowering {
     const auto per16 = static_cast<std::int64_t>(16 / esize(od));
     const bool tensor_cores = od == DType::kBFloat16 || eng.opt.allow_tf32;
     const std::int64_t gn = g_out.shape.size() == 2 ? g_out.shape[1] : 0;  // 0: batched, never split
-    if (eng.opt.split_misaligned_gemm && tensor_cores && a.shape.size() == 2 && b.shape.size() == 2 && beta == 0 &&
+    const bool split =
+        eng.opt.split_misaligned_gemm && tensor_cores && a.shape.size() == 2 && b.shape.size() == 2 && beta == 0 &&
         gn % per16 != 0 && gn > per16 &&
         static_cast<double>(g_out.shape[0]) * static_cast<double>(gn) * static_cast<double>(a.shape[1]) >=
-            kSplitGemmMinMacs) {
+            kSplitGemmMinMacs;
+    if (split && eng.opt.gemm_row_classes && (!bias || (bias->buf < 0 && bias->shape.back() == gn)) &&
+        row_classes_apply(a, b, g_out)) {
+      gemm_step = plan.steps.size();
+      SAFECKPT_CHECK(gemm_by_row_classes(a, b, g_out, bias, act, alpha));
+    } else if (split) {
       const std::int64_t M = g_out.shape[0], head = gn / per16 * per16, ld = head + per16;
       DevTensor padded;
       padded.dtype = od;

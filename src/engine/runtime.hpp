@@ -242,6 +242,19 @@ Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vec
 // kDevice (CUDA events, or a CUDA error a candidate left behind).
 Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream);
 
+// The row classes of a GEMM D[M, N] with `esz`-byte elements written
+// straight into dense rows N apart (EngineOptions::gemm_row_classes; plan.cpp
+// gemm_by_row_classes): P = 16 / gcd(N * esz, 16) classes, class j the rows
+// j, j + P, ... (`rows` of them), written from column c0 on for n columns
+// (a multiple of 16 / esz), so that element (j, c0) and the class's row
+// stride P * N are 16-byte aligned; the columns left out lie in the first
+// and the last 16 / esz of each row. Empty for M <= 0, N <= 0 or an esz
+// other than 2 or 4.
+struct GemmRowClass {
+  std::int64_t j, rows, c0, n;
+};
+std::vector<GemmRowClass> gemm_row_classes(std::int64_t M, std::int64_t N, std::int64_t esz);
+
 // Plans `program` at `shapes` (user inputs, signature order) without a
 // device (weights placed at null, no cuBLASLt algorithm chosen) and compiles
 // the generated kernels with NVRTC for sm_`sm`: what tests check on a host

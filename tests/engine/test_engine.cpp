@@ -943,10 +943,97 @@ TEST_CASE("engine: a GEMM with a misaligned N splits into an aligned GEMM, a tai
   }
 }
 
+// EngineOptions::gemm_row_classes' decomposition: every element of D[M, N]
+// is written by its row's class GEMM or lies in an edge (the first or last
+// 16 / esz columns, which the narrow GEMMs write for every row); each
+// class's first element and row stride are 16-byte aligned and its width a
+// multiple of 16 / esz; the classes partition the rows.
+TEST_CASE("engine: row classes of a misaligned-N GEMM cover the output with aligned writes (no device)") {
+  using safeckpt::engine::detail::gemm_row_classes;
+  std::size_t checked = 0;
+  for (std::int64_t esz : {2, 4})
+    for (std::int64_t N = 2 * (16 / esz); N <= 90; ++N)
+      for (std::int64_t M : {1, 2, 3, 7, 8, 9, 16, 17, 33}) {
+        CAPTURE(esz);
+        CAPTURE(N);
+        CAPTURE(M);
+        const std::int64_t per16 = 16 / esz;
+        const auto classes = gemm_row_classes(M, N, esz);
+        std::int64_t P = 1;
+        while ((P * N * esz) % 16 != 0) ++P;  // the least row period with aligned rows
+        REQUIRE(classes.size() == static_cast<std::size_t>(std::min(P, M)));
+        std::vector<char> covered(static_cast<std::size_t>(M * N), 0);
+        std::int64_t rows = 0;
+        for (const auto& c : classes) {
+          CHECK(((c.j * N + c.c0) * esz) % 16 == 0);
+          CHECK((P * N * esz) % 16 == 0);
+          CHECK(c.n % per16 == 0);
+          CHECK(c.c0 >= 0);
+          CHECK(c.c0 < per16);
+          CHECK(c.c0 + c.n <= N);
+          rows += c.rows;
+          CHECK(c.j + (c.rows - 1) * P < M);  // its last row exists, and the next would not
+          CHECK(c.j + c.rows * P >= M);
+          for (std::int64_t r = c.j; r < M; r += P)
+            for (std::int64_t col = c.c0; col < c.c0 + c.n; ++col) covered[static_cast<std::size_t>(r * N + col)] = 1;
+        }
+        CHECK(rows == M);
+        std::int64_t missing = 0;  // neither in a class GEMM nor in an edge
+        for (std::int64_t r = 0; r < M; ++r)
+          for (std::int64_t col = per16; col < N - per16; ++col)
+            missing += covered[static_cast<std::size_t>(r * N + col)] == 0;
+        CHECK(missing == 0);
+        ++checked;
+      }
+  CHECK(gemm_row_classes(0, 17, 2).empty());
+  CHECK(gemm_row_classes(4, 17, 3).empty());
+  MESSAGE(checked << " (M, N, element size) decompositions checked");
+}
+
+// The plan of misaligned_linear (M 1024, N 1025, bfloat16, a bias) with
+// gemm_row_classes: the class GEMMs and the edges of gemm_row_classes, no
+// padded output (a smaller arena than the split's), the bias segments made
+// once by prep steps.
+TEST_CASE("engine: a misaligned-N GEMM by row classes: no padded output, bias segments prepared (no device)") {
+  using safeckpt::engine::detail::dry_plan;
+  using safeckpt::engine::detail::gemm_row_classes;
+  auto l = test_support::load_program("misaligned_linear.train.pt2", false, "pt2-2.11-extra");
+  auto split = dry_plan(l.program, {{1024, 128}}, true, 90);
+  auto rows = dry_plan(l.program, {{1024, 128}}, true, 90, options_with([](auto& o) { o.gemm_row_classes = true; }));
+  REQUIRE_MESSAGE(split.has_value(), (split ? "" : split.error().to_string()));
+  REQUIRE_MESSAGE(rows.has_value(), (rows ? "" : rows.error().to_string()));
+  std::string all;
+  for (std::size_t i = 0; i < rows->steps.size(); ++i)
+    all += rows->steps[i] + " [" + rows->step_kinds[i] + "] " + rows->step_shapes[i] + "\n";
+  MESSAGE(all);
+  const auto classes = gemm_row_classes(1024, 1025, 2);
+  REQUIRE(rows->steps.size() == classes.size() + 4);
+  const std::string head = split->steps[0];  // the linear's node name
+  for (std::size_t k = 0; k < classes.size(); ++k) {
+    CAPTURE(k);
+    CHECK(rows->steps[k] == head + ".rows" + std::to_string(classes[k].j));
+    CHECK(rows->step_kinds[k] == "gemm");
+    CHECK(rows->step_shapes[k].rfind(
+              "M=" + std::to_string(classes[k].rows) + " N=" + std::to_string(classes[k].n) + " K=128 bfloat16", 0) ==
+          0);
+  }
+  const std::size_t e = classes.size();
+  CHECK(rows->steps[e] == head + ".first");
+  CHECK(rows->step_shapes[e] == "M=1024 N=8 K=128 bfloat16");
+  CHECK(rows->steps[e + 1] == head + ".first.copy");
+  CHECK(rows->steps[e + 2] == head + ".last");
+  CHECK(rows->step_shapes[e + 2] == "M=1024 N=8 K=128 bfloat16");
+  CHECK(rows->steps[e + 3] == head + ".last.copy");
+  CHECK(rows->prep_steps.size() == classes.size() + 2);
+  for (const auto& p : rows->prep_steps) CHECK(p.rfind("bias of " + head + ".", 0) == 0);
+  CHECK(rows->arena_bytes < split->arena_bytes);
+  CHECK(split->prep_steps.empty());
+}
+
 // The same program on the GPU: the split GEMM (bias epilogue on both parts),
 // and the one misaligned GEMM of split_misaligned_gemm off,
 // against PyTorch's CUDA eager output, compiled (CUDA graph) and force_eager.
-TEST_CASE("engine: a GEMM with a misaligned N, split or whole, matches PyTorch CUDA") {
+TEST_CASE("engine: a GEMM with a misaligned N, split, whole or by row classes, matches PyTorch CUDA") {
   if (!have_device()) return;
   const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
   json meta = json::parse(read_text(dir + "misaligned_linear.json"));
@@ -959,10 +1046,12 @@ TEST_CASE("engine: a GEMM with a misaligned N, split or whole, matches PyTorch C
   for (const auto& gi : l.program.inputs)
     if (gi.kind == InputKind::kUserInput) in[gi.fqn] = tensor_of(*io, "input.x");
   REQUIRE(in.size() == 1);
-  for (bool split : {true, false}) {  // EngineOptions::split_misaligned_gemm off: one misaligned GEMM
+  // split_misaligned_gemm off: one misaligned GEMM; 2: split by row classes (gemm_row_classes).
+  for (int split : {1, 0, 2}) {
     CAPTURE(split);
     auto o = no_cache();
-    o.split_misaligned_gemm = split;
+    o.split_misaligned_gemm = split != 0;
+    o.gemm_row_classes = split == 2;
     auto eng = make_engine(o);
     auto cp = eng.compile(l.program, l.weights);
     REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
