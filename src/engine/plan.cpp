@@ -995,6 +995,13 @@ struct Lowering {
     return std::nullopt;
   }
 
+  // Columns [from, from + n) of `t` (its last dim), a view.
+  static DevTensor cols(DevTensor t, std::int64_t from, std::int64_t n) {
+    t.offset += from * t.strides.back();
+    t.shape.back() = n;
+    return t;
+  }
+
   // A linear's input [..., K] as the GEMM's rows [M, K]: a view where the
   // leading dims collapse into one stride, else a contiguous copy.
   Result<DevTensor> linear_rows(DevTensor a) {
@@ -1058,7 +1065,7 @@ struct Lowering {
       dense.dtype = x->dtype;
       dense.shape = {M, N};
       dense.strides = {N, 1};
-      if (fuse_epilogue && residual_for(out, dense)) continue;
+      if (residual_for(out, dense)) continue;
       if (group.empty() && c != node_index) return group;  // this node itself does not qualify
       with_bias = has_bias ? 1 : 0;
       group.push_back(c);
@@ -1103,12 +1110,8 @@ struct Lowering {
       rows.offset = offs[k] * K;
       rows.shape = {N, K};
       emit_copy(ws[k], rows, rows.shape, "concatenate weight (" + p.nodes[group[k]].name + ")", "prepare");
-      if (bcat) {
-        DevTensor part = *bcat;
-        part.offset = offs[k];
-        part.shape = {N};
-        emit_copy(*bs[k], part, part.shape, "concatenate bias (" + p.nodes[group[k]].name + ")", "prepare");
-      }
+      if (bcat)
+        emit_copy(*bs[k], cols(*bcat, offs[k], N), {N}, "concatenate bias (" + p.nodes[group[k]].name + ")", "prepare");
     }
     prep = false;
     const DevTensor out = new_tensor(dt, {M, total});
@@ -1205,10 +1208,7 @@ struct Lowering {
     }
     auto bias_at = [&](std::size_t k, std::int64_t n) -> std::optional<DevTensor> {
       if (!pb) return std::nullopt;
-      DevTensor t = *pb;
-      t.offset = seg[k];
-      t.shape = {n};
-      return t;
+      return cols(*pb, seg[k], n);
     };
     // Each step that writes part of D or of the edges def()s it again, which
     // moves the buffer's start: it starts at the first write (assign_arena
@@ -1216,16 +1216,14 @@ struct Lowering {
     const auto d_first = static_cast<std::int64_t>(plan.steps.size());
     for (std::size_t k = 0; k < classes.size(); ++k) {
       const GemmRowClass& c = classes[k];
-      DevTensor ac = a, bc = b, dc = d;
+      DevTensor ac = a, dc = cols(d, c.c0, c.n);
       ac.offset += c.j * a.strides[0];
       ac.shape = {c.rows, a.shape[1]};
       ac.strides = {a.strides[0] * P, 1};
-      bc.offset += c.c0 * b.strides[1];
-      bc.shape = {b.shape[0], c.n};
-      dc.offset += c.j * N + c.c0;
-      dc.shape = {c.rows, c.n};
+      dc.offset += c.j * N;
+      dc.shape[0] = c.rows;
       dc.strides = {N * P, 1};
-      SAFECKPT_CHECK(gemm(ac, bc, dc, bias_at(k, c.n), act, alpha, 0.0f, 16));
+      SAFECKPT_CHECK(gemm(ac, cols(b, c.c0, c.n), dc, bias_at(k, c.n), act, alpha, 0.0f, 16));
       plan.steps.back().name = base + ".rows" + std::to_string(c.j);
       plan.steps.back().shapes +=
           " (rows " + std::to_string(c.j) + " mod " + std::to_string(P) + ", from column " + std::to_string(c.c0) + ")";
@@ -1235,17 +1233,11 @@ struct Lowering {
     const auto edges_first = static_cast<std::int64_t>(plan.steps.size());
     for (int side = 0; side < 2; ++side) {
       const std::int64_t from = side == 0 ? 0 : N - per16;
-      DevTensor bc = b, ec = edges, dc = d;
-      bc.offset += from * b.strides[1];
-      bc.shape = {b.shape[0], per16};
-      ec.offset += side * per16;
-      ec.shape = {M, per16};
-      SAFECKPT_CHECK(
-          gemm(a, bc, ec, bias_at(classes.size() + static_cast<std::size_t>(side), per16), act, alpha, 0.0f, 16));
+      const DevTensor ec = cols(edges, side * per16, per16), dc = cols(d, from, per16);
+      SAFECKPT_CHECK(gemm(a, cols(b, from, per16), ec, bias_at(classes.size() + static_cast<std::size_t>(side), per16),
+                          act, alpha, 0.0f, 16));
       const std::string what = side == 0 ? ".first" : ".last";
       plan.steps.back().name = base + what;
-      dc.offset += from;
-      dc.shape = {M, per16};
       emit_copy(ec, dc, dc.shape, base + what + ".copy", "copy");
     }
     if (d.buf >= 0) first_step[static_cast<std::size_t>(d.buf)] = d_first;
@@ -1349,11 +1341,6 @@ struct Lowering {
       padded.shape = {M, gn};
       padded.strides = {ld, 1};
       padded.buf = new_buf(static_cast<std::uint64_t>(M * ld) * esize(od));
-      auto cols = [](DevTensor t, std::int64_t from, std::int64_t n) {
-        t.offset += from * t.strides.back();
-        t.shape.back() = n;
-        return t;
-      };
       std::optional<DevTensor> bias_head, bias_tail;
       if (bias) bias_head = cols(*bias, 0, head), bias_tail = cols(*bias, head, gn - head);
       SAFECKPT_CHECK(gemm(a, cols(b, 0, head), cols(padded, 0, head), bias_head, act, alpha, beta));
