@@ -40,7 +40,7 @@
 // --no-cudnn-graph clear EngineOptions::fold_batch_norm and
 // cudnn_graph_fusion, --no-attention-tensor-cores attention_tensor_cores,
 // --no-attention-pointer-arrays attention_pointer_arrays, --no-gemm-split
-// split_misaligned_gemm, --gemm-row-classes sets gemm_row_classes,
+// split_misaligned_gemm, --no-gemm-row-classes gemm_row_classes,
 // --no-gemm-siblings fuse_sibling_gemms,
 // --no-cudnn-attention cudnn_attention,
 // --no-cudnn-attention-masks cudnn_attention_masks,
@@ -90,7 +90,7 @@ struct BenchEngineArgs {
   bool no_gemm_autotune = false;
   bool no_gemm_split = false;
   bool no_gemm_siblings = false;
-  bool gemm_row_classes = false;
+  bool no_gemm_row_classes = false;
   bool no_cudnn_attention = false;
   bool no_cudnn_attention_masks = false;
   bool no_attention_3xtf32 = false;
@@ -315,7 +315,7 @@ int bench_engine(const BenchEngineArgs& a) {
   eo.autotune_gemm = !a.no_gemm_autotune;
   eo.split_misaligned_gemm = !a.no_gemm_split;
   eo.fuse_sibling_gemms = !a.no_gemm_siblings;
-  eo.gemm_row_classes = a.gemm_row_classes;
+  eo.gemm_row_classes = !a.no_gemm_row_classes;
   eo.cudnn_attention = !a.no_cudnn_attention;
   eo.cudnn_attention_masks = !a.no_cudnn_attention_masks;
   eo.attention_3xtf32 = !a.no_attention_3xtf32;
@@ -389,12 +389,14 @@ int bench_engine(const BenchEngineArgs& a) {
   }
   for (const auto& w : eng->stats().warnings) std::fprintf(stderr, "safeckpt bench-engine: warning: %s\n", w.c_str());
   std::printf(
-      "  plan: %zu launches compiled (%zu generated kernels NVRTC-compiled), %zu eager; activation arena %.2f MiB; "
-      "all plan memory (arena + I/O + weight copies + workspace) %.2f MiB, of which prepared weight copies "
+      "  plan: %zu launches compiled (%zu generated kernels NVRTC-compiled), %zu eager; activation arena %.2f MiB "
+      "(most live at one step %.2f MiB); all plan memory (arena + I/O + weight copies + workspace) %.2f MiB, of which "
+      "prepared weight copies "
       "(channels-last, folded batch norms, concatenated linears) %.2f MiB; weights uploaded %.1f MiB%s\n",
       s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
-      static_cast<double>(s1.plan_device_bytes) / (1 << 20), static_cast<double>(s1.prepared_bytes) / (1 << 20),
-      static_cast<double>(s1.weight_bytes) / (1 << 20), l->device_weights ? " (rest read in place)" : "");
+      static_cast<double>(s1.arena_live_bytes) / (1 << 20), static_cast<double>(s1.plan_device_bytes) / (1 << 20),
+      static_cast<double>(s1.prepared_bytes) / (1 << 20), static_cast<double>(s1.weight_bytes) / (1 << 20),
+      l->device_weights ? " (rest read in place)" : "");
   std::printf("  %-58s %12s\n", "row", "ms");
   std::printf("  %-58s %12.3f\n", "safeckpt eager (force_eager, median)", *eager_ms);
   std::printf("  %-58s %12.3f\n", "safeckpt compiled, warm (CUDA graph replay, median)", *warm);
@@ -564,9 +566,9 @@ void register_bench_engine(CLI::App& app, int& exit_code) {
   sub->add_flag("--no-gemm-split", args->no_gemm_split,
                 "GEMMs with a misaligned N in one piece, no aligned part + tail + copy "
                 "(EngineOptions::split_misaligned_gemm off)");
-  sub->add_flag("--gemm-row-classes", args->gemm_row_classes,
-                "a misaligned-N GEMM as one GEMM per class of output rows straight into the dense output, "
-                "no padded output and copy (EngineOptions::gemm_row_classes on)");
+  sub->add_flag("--no-gemm-row-classes", args->no_gemm_row_classes,
+                "a misaligned-N GEMM split into an aligned GEMM + tail into padded rows + one copy, not one "
+                "GEMM per class of output rows (EngineOptions::gemm_row_classes off)");
   sub->add_flag("--no-gemm-siblings", args->no_gemm_siblings,
                 "linears that read one input (query / key / value) as GEMMs of their own, not one GEMM on "
                 "their concatenated weights (EngineOptions::fuse_sibling_gemms off)");

@@ -90,7 +90,8 @@
 // negative (finfo.min, HF's padding masks), keeps its key, and a row of
 // only those gives every key the same weight (the mean of V), as PyTorch
 // computes in float32 (src/engine/attention_flash_common.cuh).
-//  3. A static activation arena: buffers reused by liveness (first fit);
+//  3. A static activation arena: buffers reused by liveness (greedy by
+//     size, graph::layout_arena in safeckpt/graph_plan.hpp);
 //     inputs and outputs live in fixed buffers outside it.
 //  4. Compiled plans are captured as one CUDA graph and replayed — once
 //     their cuDNN graph plans are in (EngineOptions::background_graph_plans:
@@ -297,11 +298,13 @@ struct EngineOptions {
   // gemm_by_row_classes). GPT-2 bf16's lm_head: 8 class GEMMs of
   // M/8 x 50248 instead of the aligned GEMM + tail + a copy of its
   // 32768 x 50264 output (2.41 ms on an H100 at batch 32 x 1024, RESULTS.md
-  // 2026-12-05), and no 3.3 GB padded buffer in the arena. Off by default
-  // until a GPU run has measured it and checked it against PyTorch
-  // (`bench-engine --gemm-row-classes`; the GPU case "a GEMM with a
-  // misaligned N" runs it).
-  bool gemm_row_classes = false;
+  // 2026-12-05), and no 3.3 GB padded buffer in the arena. Measured on an
+  // H100 (RESULTS.md 2026-12-06): GPT-2 bf16 32 x 1024 warm 16.47 ms
+  // against 18.42 split (the lm_head 8 x 0.49 ms against 3.75 + a 2.36 ms
+  // copy), activation arena 338 MiB against 3238. The GPU case "a GEMM with
+  // a misaligned N" checks every variant against PyTorch CUDA. false: the
+  // split above (`bench-engine --no-gemm-row-classes`).
+  bool gemm_row_classes = true;
   // Horizontal GEMM fusion (compiled plans only): aten::linear nodes that
   // read the same input with checkpoint weights of the same K (HF BERT's
   // query / key / value, LLaMA's gate / up) run as one GEMM into [M, sum N]
@@ -442,6 +445,11 @@ struct ProgramStats {
   std::size_t cache_stores = 0;  // entries written
   std::vector<std::string> cache_warnings;  // why entries were ignored or not written (the first kMaxCacheWarnings)
   std::uint64_t arena_bytes = 0;            // activation arena of the most recent plan
+  // The most of those bytes live at one step of that plan: no placement of
+  // its buffers can be smaller, so arena_bytes / arena_live_bytes is the
+  // planner's loss to fragmentation (graph::layout_arena,
+  // safeckpt/graph_plan.hpp).
+  std::uint64_t arena_live_bytes = 0;
   // Every device byte the most recent plan allocated: the arena, its fixed
   // input/output buffers, the GEMM/convolution workspace (what to compare
   // with PyTorch's peak memory of a call over weights and inputs).

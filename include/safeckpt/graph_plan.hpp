@@ -224,6 +224,24 @@ struct MemorySlot {
   std::int32_t last_step = 0;   // last step that reads it or any view of it (the last step for program outputs)
 };
 
+// Offsets for buffers that live over ranges of steps, the memory plan of
+// make_plan and of the GPU engine's plans (src/engine/plan.cpp): greedy by
+// size, largest first (ties: the earlier first step), each buffer at the
+// best-fitting gap - the smallest that holds it, else the end - among the
+// placed buffers whose step ranges [first, last] (inclusive) meet its own
+// (TFLite's greedy-by-size planner; Pisarchyk & Lee 2020, above). Buffers
+// whose ranges meet never share a byte; a size-0 buffer gets offset 0.
+// Sizes should be multiples of the caller's alignment: offsets are sums of
+// sizes. Cost: quadratic in the buffers (callers cap their count:
+// PlanOptions::max_slots). The three vectors must be the same length.
+struct ArenaLayout {
+  std::vector<std::uint64_t> offsets;  // per buffer, bytes from the arena start
+  std::uint64_t arena_bytes = 0;       // max offset + size
+  std::uint64_t peak_live_bytes = 0;   // max over steps of the bytes live at once: no layout is smaller
+};
+ArenaLayout layout_arena(const std::vector<std::uint64_t>& bytes, const std::vector<std::int64_t>& first,
+                         const std::vector<std::int64_t>& last);
+
 // The plan: plain data, serializable (the compile cache stores it), no
 // pointers into the Program. Value ids and node indices refer to the Program
 // it was made from; keep the two together.

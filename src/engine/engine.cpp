@@ -289,6 +289,7 @@ Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::v
   for (const auto& s : plan.prep_steps) out.prep_steps.push_back(s.name);
   out.prepared_bytes = plan.prepared_bytes;
   out.arena_bytes = plan.arena_bytes;
+  out.arena_live_bytes = plan.arena_live_bytes;
   out.fused_kernels = plan.fused.size();
   out.fused_launches = plan.fused_launches;
   out.convs = plan.convs;
@@ -988,6 +989,7 @@ ProgramStats CompiledProgram::stats() const {
   s.plans = impl_->lru.size();
   if (!impl_->lru.empty()) {
     s.arena_bytes = impl_->lru.front().second->arena_bytes;
+    s.arena_live_bytes = impl_->lru.front().second->arena_live_bytes;
     s.steps = impl_->lru.front().second->steps.size();
     const detail::Plan& p = *impl_->lru.front().second;
     s.last_compile_seconds = p.compile_seconds;

@@ -23,6 +23,7 @@
 #include "engine/runtime.hpp"
 #include "graph/internal.hpp"
 #include "graph/view_strides.hpp"
+#include "safeckpt/graph_plan.hpp"
 
 namespace safeckpt::engine::detail {
 
@@ -3101,33 +3102,24 @@ struct Lowering {
     return out;
   }
 
-  // First fit by liveness over the arena buffers.
+  // Offsets by liveness over the arena buffers (graph::layout_arena: the
+  // planner make_plan uses), each rounded up to 256 bytes (cudaMalloc's
+  // alignment, what cuBLASLt and cuDNN want).
   void assign_arena() {
-    std::vector<std::size_t> order;
+    std::vector<std::size_t> ids;
+    std::vector<std::uint64_t> bytes;
+    std::vector<std::int64_t> first, last;
     for (std::size_t b = 0; b < plan.bufs.size(); ++b)
-      if (plan.bufs[b].kind == BufKind::kArena) order.push_back(b);
-    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return first_step[x] < first_step[y]; });
-    struct Live {
-      std::uint64_t off, size;
-      std::int64_t last;
-    };
-    std::vector<Live> live;
-    std::uint64_t top = 0;
-    for (std::size_t b : order) {
-      std::int64_t now = first_step[b];
-      live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.last < now; }), live.end());
-      std::sort(live.begin(), live.end(), [](const Live& x, const Live& y) { return x.off < y.off; });
-      std::uint64_t size = (plan.bufs[b].bytes + 255) / 256 * 256;
-      std::uint64_t at = 0;
-      for (const auto& l : live) {
-        if (l.off >= at + size) break;
-        at = std::max(at, l.off + l.size);
+      if (plan.bufs[b].kind == BufKind::kArena) {
+        ids.push_back(b);
+        bytes.push_back((plan.bufs[b].bytes + 255) / 256 * 256);
+        first.push_back(first_step[b]);
+        last.push_back(last_step[b]);
       }
-      plan.bufs[b].offset = at;
-      live.push_back({at, size, last_step[b]});
-      top = std::max(top, at + size);
-    }
-    plan.arena_bytes = top;
+    const graph::ArenaLayout layout = graph::layout_arena(bytes, first, last);
+    for (std::size_t i = 0; i < ids.size(); ++i) plan.bufs[ids[i]].offset = layout.offsets[i];
+    plan.arena_bytes = layout.arena_bytes;
+    plan.arena_live_bytes = layout.peak_live_bytes;
   }
 };
 

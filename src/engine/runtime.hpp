@@ -184,7 +184,8 @@ struct Plan {
   std::shared_ptr<DeviceBlock> arena, io, scratch;  // scratch: GEMM workspace + error flag
   std::shared_ptr<DeviceBlock> prep;                // the kPrepared buffers
   std::uint64_t arena_bytes = 0;
-  std::uint64_t device_bytes = 0;  // arena + I/O buffers + prepared weights + workspace + error flag
+  std::uint64_t arena_live_bytes = 0;  // the most arena bytes live at one step (no arena can be smaller)
+  std::uint64_t device_bytes = 0;      // arena + I/O buffers + prepared weights + workspace + error flag
   void* workspace = nullptr;
   std::uint64_t workspace_bytes = kWorkspaceBytes;  // GEMMs' kWorkspaceBytes, more when a convolution needs it
   bool warmup_before_capture = false;               // cuDNN steps: run once eagerly before the first capture
@@ -266,15 +267,16 @@ struct DryPlan {
   std::vector<std::string> prep_steps;   // Plan::prep_steps' names (run once, not per call)
   std::uint64_t prepared_bytes = 0;
   std::uint64_t arena_bytes = 0;
-  std::size_t fused_kernels = 0;   // distinct generated kernels NVRTC compiles
-  std::size_t fused_launches = 0;  // steps launching one of them (>= fused_kernels)
+  std::uint64_t arena_live_bytes = 0;  // Plan::arena_live_bytes
+  std::size_t fused_kernels = 0;       // distinct generated kernels NVRTC compiles
+  std::size_t fused_launches = 0;      // steps launching one of them (>= fused_kernels)
   std::string source;
   std::vector<ConvGeometry> convs;  // the convolutions (conv_describe checks them without a device)
 };
 // `opt`: the EngineOptions that shape a plan (attention_*, conv_layout,
-// cudnn_allow_tf32, fold_batch_norm, cudnn_graph_fusion,
-// fuse_gemm_epilogue, split_misaligned_gemm, fuse_sibling_gemms, allow_tf32); the device, stance
-// and cache ones are ignored.
+// cudnn_allow_tf32, fold_batch_norm, cudnn_graph_fusion, fuse_gemm_epilogue,
+// split_misaligned_gemm, gemm_row_classes, fuse_sibling_gemms, allow_tf32);
+// the device, stance and cache ones are ignored.
 Result<DryPlan> dry_plan(const graph::Program& program, const std::vector<std::vector<std::int64_t>>& shapes, bool fuse,
                          int sm, const EngineOptions& opt = {});
 

@@ -756,6 +756,55 @@ Result<std::vector<ConcreteShape>> infer_shapes(const Program& program, const Sy
 
 // ------------------------------------------------------------- planning
 
+ArenaLayout layout_arena(const std::vector<std::uint64_t>& bytes, const std::vector<std::int64_t>& first,
+                         const std::vector<std::int64_t>& last) {
+  const std::size_t n = bytes.size();
+  ArenaLayout out;
+  out.offsets.assign(n, 0);
+  std::vector<std::size_t> by_size(n);
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::stable_sort(by_size.begin(), by_size.end(), [&](std::size_t a, std::size_t b) {
+    return bytes[a] != bytes[b] ? bytes[a] > bytes[b] : first[a] < first[b];
+  });
+  std::vector<std::size_t> placed;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;
+  for (std::size_t k : by_size) {
+    if (bytes[k] == 0) continue;
+    busy.clear();
+    for (std::size_t j : placed)
+      if (first[j] <= last[k] && first[k] <= last[j]) busy.emplace_back(out.offsets[j], out.offsets[j] + bytes[j]);
+    std::sort(busy.begin(), busy.end());
+    std::uint64_t best = ~std::uint64_t{0}, best_gap = ~std::uint64_t{0}, cursor = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (lo > cursor && lo - cursor >= bytes[k] && lo - cursor < best_gap) {
+        best_gap = lo - cursor;
+        best = cursor;
+      }
+      cursor = std::max(cursor, hi);
+    }
+    out.offsets[k] = best != ~std::uint64_t{0} ? best : cursor;
+    out.arena_bytes = std::max(out.arena_bytes, out.offsets[k] + bytes[k]);
+    placed.push_back(k);
+  }
+  // The most bytes live at one step: starts in step order, each after the
+  // ranges that ended before its step are let go.
+  std::vector<std::pair<std::int64_t, std::uint64_t>> starts, ends;
+  for (std::size_t i = 0; i < n; ++i) {
+    starts.emplace_back(first[i], bytes[i]);
+    ends.emplace_back(last[i], bytes[i]);
+  }
+  std::sort(starts.begin(), starts.end());
+  std::sort(ends.begin(), ends.end());
+  std::uint64_t live = 0;
+  std::size_t e = 0;
+  for (const auto& [step, size] : starts) {
+    for (; e < ends.size() && ends[e].first < step; ++e) live -= ends[e].second;
+    live += size;
+    out.peak_live_bytes = std::max(out.peak_live_bytes, live);
+  }
+  return out;
+}
+
 Result<ExecutionPlan> make_plan(const Program& program, const SymbolBinding& binding, const PlanOptions& options,
                                 const GraphLimits& limits) {
   if (options.alignment < 16 || (options.alignment & (options.alignment - 1)) != 0)
@@ -1033,49 +1082,21 @@ Result<ExecutionPlan> make_plan(const Program& program, const SymbolBinding& bin
   for (std::size_t s = 0; s < plan.steps.size(); ++s)
     for (auto v : plan.steps[s].inputs) extend(v, static_cast<std::int32_t>(s));
   for (auto o : program.outputs) extend(o, last_step);
-  // Greedy by size: largest first; each goes to the best-fitting gap among
-  // the placed slots whose lifetimes overlap its own.
-  std::vector<std::size_t> by_size(plan.slots.size());
-  std::iota(by_size.begin(), by_size.end(), 0);
-  std::stable_sort(by_size.begin(), by_size.end(),
-                   [&](std::size_t a, std::size_t b) { return plan.slots[a].bytes > plan.slots[b].bytes; });
-  std::vector<std::size_t> placed;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;
-  for (std::size_t k : by_size) {
-    MemorySlot& sl = plan.slots[k];
-    plan.naive_bytes += sl.bytes;
-    if (sl.bytes == 0) continue;
-    busy.clear();
-    for (std::size_t j : placed) {
-      const MemorySlot& o = plan.slots[j];
-      if (o.first_step <= sl.last_step && sl.first_step <= o.last_step) busy.emplace_back(o.offset, o.offset + o.bytes);
-    }
-    std::sort(busy.begin(), busy.end());
-    std::uint64_t best = ~std::uint64_t{0}, best_gap = ~std::uint64_t{0}, cursor = 0;
-    for (const auto& [lo, hi] : busy) {
-      if (lo > cursor && lo - cursor >= sl.bytes && lo - cursor < best_gap) {
-        best_gap = lo - cursor;
-        best = cursor;
-      }
-      cursor = std::max(cursor, hi);
-    }
-    sl.offset = best != ~std::uint64_t{0} ? best : cursor;
-    if (sl.offset > options.max_arena_bytes || sl.bytes > options.max_arena_bytes - sl.offset)
-      return make_error(ErrorCode::kLimitExceeded, "activation arena above PlanOptions::max_arena_bytes (" +
-                                                       std::to_string(options.max_arena_bytes) + ")");
-    plan.arena_bytes = std::max(plan.arena_bytes, sl.offset + sl.bytes);
-    placed.push_back(k);
-  }
-  std::vector<std::uint64_t> live(plan.steps.size() + 1, 0);
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::int64_t> first, last;
   for (const auto& sl : plan.slots) {
-    live[static_cast<std::size_t>(sl.first_step)] += sl.bytes;
-    live[static_cast<std::size_t>(sl.last_step) + 1] -= sl.bytes;
+    bytes.push_back(sl.bytes);
+    first.push_back(sl.first_step);
+    last.push_back(sl.last_step);
+    plan.naive_bytes += sl.bytes;
   }
-  std::uint64_t cur = 0;
-  for (std::size_t s = 0; s < plan.steps.size(); ++s) {
-    cur += live[s];
-    plan.peak_live_bytes = std::max(plan.peak_live_bytes, cur);
-  }
+  const ArenaLayout layout = layout_arena(bytes, first, last);
+  if (layout.arena_bytes > options.max_arena_bytes)
+    return make_error(ErrorCode::kLimitExceeded, "activation arena above PlanOptions::max_arena_bytes (" +
+                                                     std::to_string(options.max_arena_bytes) + ")");
+  for (std::size_t k = 0; k < plan.slots.size(); ++k) plan.slots[k].offset = layout.offsets[k];
+  plan.arena_bytes = layout.arena_bytes;
+  plan.peak_live_bytes = layout.peak_live_bytes;
   plan.fingerprint = plan_fingerprint(program.json_sha256, binding, options);
   return plan;
 }
