@@ -279,10 +279,11 @@ struct EngineOptions {
   // use.
   bool autotune_gemm = true;
   // A large tensor-core GEMM whose N is not a multiple of 16 bytes' worth
-  // of elements (GPT-2's lm_head, N = 50257) runs as an aligned GEMM and a
-  // tail into rows padded to that multiple, then one copy makes the output
-  // dense (compiled and eager plans; see plan.cpp lower_gemm for the rule
-  // and its measurements). false: one GEMM straight into the misaligned
+  // of elements (GPT-2's lm_head, N = 50257) runs in pieces (compiled and
+  // eager plans; see plan.cpp lower_gemm for the rule and its
+  // measurements): by row classes (gemm_row_classes below) where those
+  // apply, else as an aligned GEMM and a tail into rows padded to that
+  // multiple, then one copy that makes the output dense. false: one GEMM straight into the misaligned
   // rows, as PyTorch's mm does; through cuBLASLt that was slower on an H100
   // at GPT-2's 1 x 1024 and 32 x 1024 rows (bench/RESULTS.md, 2026-12-05:
   // GEMMs 33.4 ms whole, against 12.8 + a 2.4 ms copy split);

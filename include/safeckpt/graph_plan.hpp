@@ -230,10 +230,14 @@ struct MemorySlot {
 // best-fitting gap - the smallest that holds it, else the end - among the
 // placed buffers whose step ranges [first, last] (inclusive) meet its own
 // (TFLite's greedy-by-size planner; Pisarchyk & Lee 2020, above). Buffers
-// whose ranges meet never share a byte; a size-0 buffer gets offset 0.
-// Sizes should be multiples of the caller's alignment: offsets are sums of
-// sizes. Cost: quadratic in the buffers (callers cap their count:
-// PlanOptions::max_slots). The three vectors must be the same length.
+// whose ranges meet never share a byte; a size-0 buffer gets offset 0; a
+// range with last < first lives at its first step only. Sizes should be
+// multiples of the caller's alignment: offsets are sums of sizes. An arena
+// past 2^64 bytes comes back as arena_bytes = UINT64_MAX (offsets then
+// incomplete: callers refuse it by their size limit). Cost: quadratic in
+// the buffers (make_plan caps them by PlanOptions::max_slots; the GPU
+// engine has one per value of a program within GraphLimits). The three
+// vectors should be the same length (extra elements are ignored).
 struct ArenaLayout {
   std::vector<std::uint64_t> offsets;  // per buffer, bytes from the arena start
   std::uint64_t arena_bytes = 0;       // max offset + size

@@ -1347,7 +1347,12 @@ struct Lowering {
       SAFECKPT_CHECK(gemm(a, cols(b, 0, head), cols(padded, 0, head), bias_head, act, alpha, beta));
       gemm_step = plan.steps.size() - 1;
       plan.steps[gemm_step].shapes += " (of N=" + std::to_string(gn) + ", ldc " + std::to_string(ld) + ")";
+      // The tail's def() moves padded's start to the tail; it starts at the
+      // head GEMM (else a buffer that dies in between, a copy of A for the
+      // head, could be given padded's bytes while the head writes them).
+      const std::int64_t padded_first = first_step[static_cast<std::size_t>(padded.buf)];
       SAFECKPT_CHECK(gemm(a, cols(b, head, gn - head), cols(padded, head, gn - head), bias_tail, act, alpha, beta, 16));
+      first_step[static_cast<std::size_t>(padded.buf)] = padded_first;
       plan.steps.back().name += ".tail";
       if (g_out.strides == std::vector<std::int64_t>{gn, 1} && (esize(od) == 2 || esize(od) == 4)) {
         // The fixed row copy (16-byte stores; launch_unpad_rows): the

@@ -758,9 +758,11 @@ Result<std::vector<ConcreteShape>> infer_shapes(const Program& program, const Sy
 
 ArenaLayout layout_arena(const std::vector<std::uint64_t>& bytes, const std::vector<std::int64_t>& first,
                          const std::vector<std::int64_t>& last) {
-  const std::size_t n = bytes.size();
+  const std::size_t n = std::min({bytes.size(), first.size(), last.size()});
   ArenaLayout out;
   out.offsets.assign(n, 0);
+  // A range that ends before it starts lives at its first step.
+  auto end_of = [&](std::size_t i) { return std::max(first[i], last[i]); };
   std::vector<std::size_t> by_size(n);
   std::iota(by_size.begin(), by_size.end(), 0);
   std::stable_sort(by_size.begin(), by_size.end(), [&](std::size_t a, std::size_t b) {
@@ -772,7 +774,7 @@ ArenaLayout layout_arena(const std::vector<std::uint64_t>& bytes, const std::vec
     if (bytes[k] == 0) continue;
     busy.clear();
     for (std::size_t j : placed)
-      if (first[j] <= last[k] && first[k] <= last[j]) busy.emplace_back(out.offsets[j], out.offsets[j] + bytes[j]);
+      if (first[j] <= end_of(k) && first[k] <= end_of(j)) busy.emplace_back(out.offsets[j], out.offsets[j] + bytes[j]);
     std::sort(busy.begin(), busy.end());
     std::uint64_t best = ~std::uint64_t{0}, best_gap = ~std::uint64_t{0}, cursor = 0;
     for (const auto& [lo, hi] : busy) {
@@ -783,6 +785,10 @@ ArenaLayout layout_arena(const std::vector<std::uint64_t>& bytes, const std::vec
       cursor = std::max(cursor, hi);
     }
     out.offsets[k] = best != ~std::uint64_t{0} ? best : cursor;
+    if (bytes[k] > ~std::uint64_t{0} - out.offsets[k]) {  // past 2^64: no layout (callers' limits refuse it)
+      out.arena_bytes = ~std::uint64_t{0};
+      return out;
+    }
     out.arena_bytes = std::max(out.arena_bytes, out.offsets[k] + bytes[k]);
     placed.push_back(k);
   }
@@ -791,7 +797,7 @@ ArenaLayout layout_arena(const std::vector<std::uint64_t>& bytes, const std::vec
   std::vector<std::pair<std::int64_t, std::uint64_t>> starts, ends;
   for (std::size_t i = 0; i < n; ++i) {
     starts.emplace_back(first[i], bytes[i]);
-    ends.emplace_back(last[i], bytes[i]);
+    ends.emplace_back(end_of(i), bytes[i]);
   }
   std::sort(starts.begin(), starts.end());
   std::sort(ends.begin(), ends.end());

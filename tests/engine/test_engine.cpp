@@ -1660,8 +1660,8 @@ TEST_CASE("engine: planning attention both ways (no device): materialized steps,
                                        static_cast<std::size_t>(groups - sdpa) + static_cast<std::size_t>(copies) +
                                        static_cast<std::size_t>(pointers));
         // The scores live in the arena: at least one group's float32 [G * H, L, S]
-        // (first fit by liveness is not monotone, so no comparison with the
-        // flash plan's arena: a plan with more buffers can pack tighter).
+        // (graph::layout_arena's greedy by size is not monotone, so no comparison
+        // with the flash plan's arena: a plan with more buffers can pack tighter).
         for (std::size_t i = 0; i < mat->step_kinds.size(); ++i) {
           if (mat->step_kinds[i] != "attention_softmax") continue;
           long long gb = 0, h = 0, b = 0, h2 = 0, len = 0, d = 0, s = 0;

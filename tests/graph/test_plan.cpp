@@ -269,13 +269,23 @@ TEST_CASE("plan: layout_arena keeps live buffers apart and reaches the live peak
     for (std::size_t i = 0; i < bytes.size(); ++i) {
       top = std::max(top, l.offsets[i] + bytes[i]);
       for (std::size_t j = 0; j < i; ++j)
-        if (first[i] <= last[j] && first[j] <= last[i] && bytes[i] > 0 && bytes[j] > 0) {
+        if (first[i] <= std::max(first[j], last[j]) && first[j] <= std::max(first[i], last[i]) && bytes[i] > 0 &&
+            bytes[j] > 0) {
           CAPTURE(i);
           CAPTURE(j);
           CHECK((l.offsets[i] + bytes[i] <= l.offsets[j] || l.offsets[j] + bytes[j] <= l.offsets[i]));
         }
     }
     CHECK(top == l.arena_bytes);
+    // The most bytes live at one step, step by step.
+    std::uint64_t most = 0;
+    for (std::int64_t s = 0; s < 128; ++s) {
+      std::uint64_t live = 0;
+      for (std::size_t i = 0; i < bytes.size(); ++i)
+        if (first[i] <= s && s <= std::max(first[i], last[i])) live += bytes[i];
+      most = std::max(most, live);
+    }
+    CHECK(l.peak_live_bytes == most);
     CHECK(l.arena_bytes >= l.peak_live_bytes);
     return l;
   };
@@ -305,9 +315,16 @@ TEST_CASE("plan: layout_arena keeps live buffers apart and reaches the live peak
   const ArenaLayout abc = check({u, u, 2 * u}, {0, 0, 2}, {1, 3, 3});
   CHECK(abc.peak_live_bytes == 3 * u);
   CHECK(abc.arena_bytes == abc.peak_live_bytes);
-  // Nothing to place; empty buffers take no room.
+  // A range that ends before it starts lives at its first step: it meets
+  // a buffer of that step, not one of the step before.
+  const ArenaLayout rev = check({u, u, u}, {3, 3, 2}, {1, 3, 2});
+  CHECK(rev.peak_live_bytes == 2 * u);
+  CHECK(rev.arena_bytes == 2 * u);
+  // Nothing to place; empty buffers take no room; past 2^64 bytes is no layout.
   CHECK(layout_arena({}, {}, {}).arena_bytes == 0);
   CHECK(layout_arena({0, 0}, {0, 0}, {1, 1}).arena_bytes == 0);
+  const std::uint64_t half = std::uint64_t{1} << 63;
+  CHECK(layout_arena({half, half}, {0, 0}, {1, 1}).arena_bytes == ~std::uint64_t{0});
 }
 
 TEST_CASE("plan: views get PyTorch's strides (recorded tensor_meta) where their base has PyTorch's layout") {
