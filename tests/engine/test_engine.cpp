@@ -140,6 +140,10 @@ void check_fused_and_eager_plans(const Program& prog, const std::vector<std::vec
   CHECK(fused->steps.size() <= eager->steps.size());
   if (fewer) CHECK(fused->steps.size() < eager->steps.size());
   CHECK(fused->arena_bytes > 0);
+  // Within 1.2x of the most bytes live at one step: issue 14's memory bar
+  // (there against PyTorch's peak) as a tripwire for the layout. Greedy by
+  // size promises no such bound; every corpus plan meets it (placed in order
+  // of first use, several were 1.2-1.5x).
   for (const auto* d : {&*fused, &*eager}) {
     CHECK(d->arena_bytes >= d->arena_live_bytes);
     CHECK(d->arena_bytes <= d->arena_live_bytes + d->arena_live_bytes / 5);
