@@ -96,8 +96,10 @@ struct Lowering {
   const Node* node = nullptr;
   std::size_t node_index = 0;
 
-  // Liveness per buffer: first and last step.
+  // Liveness per buffer: first and last step; whether a step has written it
+  // yet (def(): its first write starts it).
   std::vector<std::int64_t> first_step, last_step;
+  std::vector<char> def_seen;
   // add_step() appends to plan.prep_steps instead of plan.steps.
   bool prep = false;
   // Weight value id -> its channels-last copy (a kPrepared buffer).
@@ -185,6 +187,7 @@ struct Lowering {
     plan.bufs.push_back(b);
     first_step.push_back(static_cast<std::int64_t>(plan.steps.size()));
     last_step.push_back(static_cast<std::int64_t>(plan.steps.size()));
+    def_seen.push_back(0);
     return static_cast<std::int32_t>(plan.bufs.size() - 1);
   }
   DevTensor new_tensor(DType d, std::vector<std::int64_t> shape, bool channels_last = false) {
@@ -203,8 +206,14 @@ struct Lowering {
     // A weight (read in place): the next step reads it.
     if (t.buf < 0 && t.direct != nullptr && t.numel() > 0) step_weights.push_back(plan.ptr(t));
   }
+  // Marks a write of `t` by the step about to be added. A buffer lives from
+  // its first write: later writes (the pieces of a cat, a split GEMM's
+  // tail, row classes) leave its start where it is.
   void def(const DevTensor& t) {
-    if (t.buf >= 0) first_step[static_cast<std::size_t>(t.buf)] = static_cast<std::int64_t>(plan.steps.size());
+    if (t.buf < 0) return;
+    const auto b = static_cast<std::size_t>(t.buf);
+    if (def_seen[b] == 0) first_step[b] = static_cast<std::int64_t>(plan.steps.size());
+    def_seen[b] = 1;
   }
   // `kind` / `shapes` empty: from the current node (its op, its tensor operands).
   void add_step(std::string name, std::function<int(cudaStream_t)> fn, std::string kind = {}, std::string shapes = {}) {
@@ -1211,10 +1220,6 @@ struct Lowering {
       if (!pb) return std::nullopt;
       return cols(*pb, seg[k], n);
     };
-    // Each step that writes part of D or of the edges def()s it again, which
-    // moves the buffer's start: it starts at the first write (assign_arena
-    // must not lend that memory to a buffer read before the last one).
-    const auto d_first = static_cast<std::int64_t>(plan.steps.size());
     for (std::size_t k = 0; k < classes.size(); ++k) {
       const GemmRowClass& c = classes[k];
       DevTensor ac = a, dc = cols(d, c.c0, c.n);
@@ -1231,7 +1236,6 @@ struct Lowering {
     }
     // The edges: D's first and last per16 columns of every row.
     const DevTensor edges = new_tensor(d.dtype, {M, 2 * per16});
-    const auto edges_first = static_cast<std::int64_t>(plan.steps.size());
     for (int side = 0; side < 2; ++side) {
       const std::int64_t from = side == 0 ? 0 : N - per16;
       const DevTensor ec = cols(edges, side * per16, per16), dc = cols(d, from, per16);
@@ -1241,8 +1245,6 @@ struct Lowering {
       plan.steps.back().name = base + what;
       emit_copy(ec, dc, dc.shape, base + what + ".copy", "copy");
     }
-    if (d.buf >= 0) first_step[static_cast<std::size_t>(d.buf)] = d_first;
-    first_step[static_cast<std::size_t>(edges.buf)] = edges_first;
     return {};
   }
 
@@ -1347,12 +1349,7 @@ struct Lowering {
       SAFECKPT_CHECK(gemm(a, cols(b, 0, head), cols(padded, 0, head), bias_head, act, alpha, beta));
       gemm_step = plan.steps.size() - 1;
       plan.steps[gemm_step].shapes += " (of N=" + std::to_string(gn) + ", ldc " + std::to_string(ld) + ")";
-      // The tail's def() moves padded's start to the tail; it starts at the
-      // head GEMM (else a buffer that dies in between, a copy of A for the
-      // head, could be given padded's bytes while the head writes them).
-      const std::int64_t padded_first = first_step[static_cast<std::size_t>(padded.buf)];
       SAFECKPT_CHECK(gemm(a, cols(b, head, gn - head), cols(padded, head, gn - head), bias_tail, act, alpha, beta, 16));
-      first_step[static_cast<std::size_t>(padded.buf)] = padded_first;
       plan.steps.back().name += ".tail";
       if (g_out.strides == std::vector<std::int64_t>{gn, 1} && (esize(od) == 2 || esize(od) == 4)) {
         // The fixed row copy (16-byte stores; launch_unpad_rows): the
@@ -1581,7 +1578,6 @@ struct Lowering {
     }
     if (total != oshape[dim]) return fail(ErrorCode::kMalformed, "cat: sizes do not add up to the output's");
     DevTensor y = new_tensor(od, oshape);
-    const std::int64_t first = static_cast<std::int64_t>(plan.steps.size());
     std::int64_t at = 0;
     for (const auto& t : ins) {
       DevTensor part = y;
@@ -1591,8 +1587,6 @@ struct Lowering {
       if (part.numel() == 0) continue;
       emit_copy(t, part, part.shape, "cat(" + node->name + ")", "cat");
     }
-    // Live from the first piece's copy (def() of the later pieces moved it).
-    first_step[static_cast<std::size_t>(y.buf)] = first;
     set_out(0, y);
     return {};
   }
@@ -2186,7 +2180,7 @@ struct Lowering {
     };
     def(scores);
     if (probs) def(*probs);
-    if (ptrs) def(*ptrs);  // once: every group's steps read it (def moves a buffer's start)
+    if (ptrs) def(*ptrs);  // written once: every group's steps read it
     def(y);
     Plan* pl = &plan;
     cublasLtHandle_t lt = eng.lt;
@@ -2449,6 +2443,7 @@ struct Lowering {
     plan.bufs.push_back(b);
     first_step.push_back(0);
     last_step.push_back(0);
+    def_seen.push_back(0);
     c.buf = static_cast<std::int32_t>(plan.bufs.size() - 1);
     return c;
   }
@@ -3060,6 +3055,7 @@ struct Lowering {
     const std::size_t nv = p.values.size();
     first_step.assign(plan.bufs.size(), 0);
     last_step.assign(plan.bufs.size(), 0);
+    def_seen.assign(plan.bufs.size(), 0);
     vals.assign(nv, std::nullopt);
     syms.assign(p.sym_values.size(), std::nullopt);
     consumers.assign(nv, {});
