@@ -391,8 +391,8 @@ int bench_engine(const BenchEngineArgs& a) {
   std::printf(
       "  plan: %zu launches compiled (%zu generated kernels NVRTC-compiled), %zu eager; activation arena %.2f MiB "
       "(most live at one step %.2f MiB); all plan memory (arena + I/O + weight copies + workspace) %.2f MiB, of which "
-      "prepared weight copies "
-      "(channels-last, folded batch norms, concatenated linears) %.2f MiB; weights uploaded %.1f MiB%s\n",
+      "prepared weight copies (channels-last, folded batch norms, concatenated linears) %.2f MiB; weights uploaded "
+      "%.1f MiB%s\n",
       s1.steps, s1.kernels_compiled, s2.steps, static_cast<double>(s1.arena_bytes) / (1 << 20),
       static_cast<double>(s1.arena_live_bytes) / (1 << 20), static_cast<double>(s1.plan_device_bytes) / (1 << 20),
       static_cast<double>(s1.prepared_bytes) / (1 << 20), static_cast<double>(s1.weight_bytes) / (1 << 20),
