@@ -280,7 +280,7 @@ struct EngineOptions {
   bool autotune_gemm = true;
   // A large tensor-core GEMM whose N is not a multiple of 16 bytes' worth
   // of elements (GPT-2's lm_head, N = 50257) runs in pieces (compiled and
-  // eager plans; see plan.cpp lower_gemm for the rule and its
+  // eager plans; see plan_gemm.cpp lower_gemm for the rule and its
   // measurements): by row classes (gemm_row_classes below) where those
   // apply, else as an aligned GEMM and a tail into rows padded to that
   // multiple, then one copy that makes the output dense. false: one GEMM
@@ -297,7 +297,7 @@ struct EngineOptions {
   // (rows j mod P) that start at the same offset modulo 16, and one GEMM per
   // class writes its rows' aligned columns straight into the dense output
   // (ldc = P * N); two narrow GEMMs and two copies fill each row's first
-  // and last 16 bytes' worth of columns (src/engine/plan.cpp
+  // and last 16 bytes' worth of columns (src/engine/plan_gemm.cpp
   // gemm_by_row_classes). GPT-2 bf16's lm_head: 8 class GEMMs of
   // M/8 x 50248 instead of the aligned GEMM + tail + a copy of its
   // 32768 x 50264 output (2.41 ms on an H100 at batch 32 x 1024, RESULTS.md
@@ -312,7 +312,7 @@ struct EngineOptions {
   // read the same input with checkpoint weights of the same K (HF BERT's
   // query / key / value, LLaMA's gate / up) run as one GEMM into [M, sum N]
   // on their weights concatenated once by a prep step; each output is a
-  // column block of it (src/engine/plan.cpp sibling_linears for the rule).
+  // column block of it (src/engine/plan_gemm.cpp sibling_linears for the rule).
   // One wider GEMM keeps the tensor cores busier than three narrow ones
   // (inductor's freezing passes concatenate such weights the same way:
   // torch/_inductor/fx_passes/freezing_patterns.py check_concat_weights;

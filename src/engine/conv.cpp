@@ -104,7 +104,7 @@ namespace {
 // cuDNN's output size checked against the plan's.
 Status describe(ConvPlan& c, const ConvGeometry& g) {
   const cudnnDataType_t ty = g.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-  auto i = [](long long v) { return static_cast<int>(v); };  // plan.cpp checked every size against INT_MAX
+  auto i = [](long long v) { return static_cast<int>(v); };  // plan_conv.cpp checked every size against INT_MAX
   SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c.x), "cudnnCreateTensorDescriptor"));
   SAFECKPT_CHECK(dnn_ok(cudnnCreateTensorDescriptor(&c.y), "cudnnCreateTensorDescriptor"));
   SAFECKPT_CHECK(dnn_ok(cudnnCreateFilterDescriptor(&c.w), "cudnnCreateFilterDescriptor"));

@@ -1,6 +1,6 @@
 // The engine's convolutional pieces (src/engine/*; not installed; no CUDA or
 // cuDNN header): cuDNN convolutions (conv.cpp) and the pooling kernels
-// (pool_device.cuh) that plan.cpp lowers aten::convolution / conv2d,
+// (pool_device.cuh) that plan_conv.cpp lowers aten::convolution / conv2d,
 // adaptive_avg_pool2d and max_pool2d to.
 #pragma once
 
@@ -80,7 +80,7 @@ int conv_forward(const ConvPlan& c, const void* x, const void* w, void* y, void*
 // cudnnGetErrorString of a status (without kDnnStatusBase).
 const char* dnn_status_string(int status);
 
-// The convolution with a batch norm folded into it (plan.cpp, "Batch norm
+// The convolution with a batch norm folded into it (plan_conv.cpp, "Batch norm
 // folding"): y = relu(conv(x, w) + bias + z), float32 only, through cuDNN's
 // fused cudnnConvolutionBiasActivationForward (ATen's cudnn_convolution_relu
 // / cudnn_convolution_add_relu, aten/src/ATen/native/cudnn/ConvShared.cpp,
@@ -209,7 +209,7 @@ struct MaxPoolArgs {
 };
 int launch_max_pool2d(const MaxPoolArgs& a, void* stream);
 
-// Batch norm folding's prep step (plan.cpp), torch/nn/utils/fusion.py's
+// Batch norm folding's prep step (plan_conv.cpp), torch/nn/utils/fusion.py's
 // fuse_conv_bn_weights: with s = gamma / sqrt(var + eps) per output channel
 // k (gamma 1 when absent), the folded filter wf[k, c, r, s] = w[k, c, r, s]
 // * s[k] and bias[k] = (conv_bias[k] - mean[k]) * s[k] + beta[k]; float32

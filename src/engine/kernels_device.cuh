@@ -437,7 +437,7 @@ __global__ void ptr_arrays_kernel(PtrArraysArgs a) {
 
 // ------------------------------------------------------------ unpad rows
 // dst[r, c] = src[r * ld + c] (r < rows, c < n; 2- or 4-byte elements): a
-// GEMM's output written into rows padded to 16 bytes, made dense (plan.cpp,
+// GEMM's output written into rows padded to 16 bytes, made dense (plan_gemm.cpp,
 // the split misaligned GEMM). A block a row (grid-stride over rows). The
 // 16-byte chunks of a destination row between its first and last 16-byte
 // boundary are stored whole, each assembled from the two aligned source

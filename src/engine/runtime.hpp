@@ -244,7 +244,7 @@ Status build_plan(const graph::Program& program, EngineImpl& eng, const std::vec
 Status tune_gemms(Plan& plan, EngineImpl& eng, cudaStream_t stream);
 
 // The row classes of a GEMM D[M, N] with `esz`-byte elements written
-// straight into dense rows N apart (EngineOptions::gemm_row_classes; plan.cpp
+// straight into dense rows N apart (EngineOptions::gemm_row_classes; plan_gemm.cpp
 // gemm_by_row_classes): P = 16 / gcd(N * esz, 16) classes, class j the rows
 // j, j + P, ... (`rows` of them), written from column c0 on for n columns
 // (a multiple of 16 / esz), so that element (j, c0) and the class's row

@@ -774,7 +774,7 @@ void check_stances_vs_cuda(engine::CompiledProgram& cp, const Inputs& in, const 
   }
 }
 
-// bfloat16 batch norms folded into cuDNN operation graphs (plan.cpp
+// bfloat16 batch norms folded into cuDNN operation graphs (plan_conv.cpp
 // prepare_graph_plans): an engine with an empty persistent cache compiles
 // the runtime-compiled graph plans (before its first run) and stores cuDNN's
 // serialization of each; a second engine on the same directory (as a second

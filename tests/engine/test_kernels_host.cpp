@@ -838,7 +838,7 @@ TEST_CASE("pointer-array kernel on the host emulator: cuBLASLt batch entries ove
 }
 
 TEST_CASE("unpad-rows kernel on the host emulator: padded GEMM rows made dense at every alignment (no device)") {
-  // The split misaligned GEMM's copy (plan.cpp): rows of ld elements (16-byte
+  // The split misaligned GEMM's copy (plan_gemm.cpp): rows of ld elements (16-byte
   // aligned) into rows of n, for each destination offset within 16 bytes, so
   // that every byte shift of the 16-byte path and the element-wise head and
   // tail run. Bytes around the destination must stay as they were.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes tests/data/pt2-2.11-extra/misaligned_linear.*: one bfloat16 nn.Linear whose N (1025) is not a
 multiple of 8, large enough (M*N*K = 1024*1025*128 >= 2^27 multiply-adds) that the engine's planner
-splits it (src/engine/plan.cpp lower_gemm): the GEMM shape of GPT-2's lm_head (N = 50257) at a size a
+splits it (src/engine/plan_gemm.cpp lower_gemm): the GEMM shape of GPT-2's lm_head (N = 50257) at a size a
 test can carry. Run on the GPU machine (PyTorch 2.11 with CUDA):
 
     python3 tests/gen/gen_misaligned_linear.py OUTDIR
