@@ -364,6 +364,46 @@ TEST_CASE("engine: generated kernels iterate a collapsed space (collapse_dims)")
   CHECK(fused_source({k}).find("long long r_ = i;") != std::string::npos);
 }
 
+// A bfloat16 result that only a bfloat16 store reads is rounded by the store
+// alone (fused.cpp only_stored_as_bf16: f2bf after rbf gives the same bits);
+// one that a later op reads keeps rbf, as PyTorch rounds each op's output.
+// The host cases (test_fused_host.cpp) check the values; this, the text.
+TEST_CASE("engine: a bfloat16 value only stored is rounded once, by its store, no device") {
+  using namespace safeckpt::engine::detail;
+  FusedKernel k;
+  k.name = "k0";
+  k.rank = 1;
+  k.index32 = true;
+  k.in_dtypes = {DType::kBFloat16};
+  k.out_dtypes = {DType::kBFloat16};
+  MicroOp ld;
+  ld.kind = MicroKind::kLoad;
+  ld.dtype = DType::kBFloat16;
+  ld.a = 0;
+  MicroOp gelu;
+  gelu.kind = MicroKind::kGeluErf;
+  gelu.dtype = DType::kBFloat16;
+  gelu.a = 0;
+  gelu.store = 0;
+  k.ops = {ld, gelu};
+  const std::string once = fused_source({k});
+  CHECK(once.find("float v1 = (0.5f * ") != std::string::npos);
+  CHECK(once.find("float v1 = rbf(") == std::string::npos);
+  // Read by a later op: rounded where it is made, and the product too when a
+  // float32 output stores it (the store rounds only to float32).
+  MicroOp mul;
+  mul.kind = MicroKind::kMul;
+  mul.dtype = DType::kBFloat16;
+  mul.a = 1;
+  mul.b = 0;
+  mul.store = 1;
+  k.out_dtypes = {DType::kBFloat16, DType::kFloat32};
+  k.ops = {ld, gelu, mul};
+  const std::string twice = fused_source({k});
+  CHECK(twice.find("float v1 = rbf(") != std::string::npos);
+  CHECK(twice.find("float v2 = rbf(") != std::string::npos);
+}
+
 // ------------------------------------------------------------- GPU cases
 
 TEST_CASE(
