@@ -4,11 +4,6 @@
 // (lowering.hpp says where the other sections are).
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <cstring>
-#include <numeric>
 
 #include "engine/lowering.hpp"
 #include "graph/view_strides.hpp"

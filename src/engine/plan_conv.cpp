@@ -3,10 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cmath>
-#include <cstring>
-#include <numeric>
 
 #include "engine/lowering.hpp"
 

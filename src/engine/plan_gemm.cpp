@@ -3,9 +3,7 @@
 // misaligned-N row classes and split, and timing the candidates (tune_gemms).
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 
