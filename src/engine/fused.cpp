@@ -107,8 +107,11 @@ std::string store_stmt(DType d, const std::string& base, const std::string& off,
   }
 }
 
-std::string op_expr(const FusedKernel& k, const MicroOp& o) {
+// `round`: a floating result rounded to its dtype (round_to); off for a
+// value whose store rounds it anyway (only_stored_as_bf16).
+std::string op_expr(const FusedKernel& k, const MicroOp& o, bool round = true) {
   const DType d = o.dtype;
+  auto R = [&](const std::string& e) { return round ? round_to(d, e) : e; };
   auto A = [&] { return v(o.a); };
   auto B = [&] { return v(o.b); };
   auto F = [&](const std::string& e) { return as(DType::kFloat32, e); };
@@ -121,9 +124,9 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
       if (off.empty()) off = "0";
       return load_expr(k.in_dtypes[static_cast<std::size_t>(o.a)], "p.t[" + std::to_string(o.a) + "].p", off);
     }
-    case MicroKind::kConst: return round_to(d, as(d, lit(o.s0)));
+    case MicroKind::kConst: return R(as(d, lit(o.s0)));
     case MicroKind::kArange:
-      if (is_floating(d)) return round_to(d, as(d, lit(o.s0) + " + (double)i * " + lit(o.s1)));
+      if (is_floating(d)) return R(as(d, lit(o.s0) + " + (double)i * " + lit(o.s1)));
       return as(d, "(long long)" + lit(o.s0) + " + i * (long long)" + lit(o.s1));
     case MicroKind::kAdd:
     case MicroKind::kSub: {
@@ -131,13 +134,13 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
       if (d == DType::kBool) return "(" + A() + " || " + B() + ")";
       if (is_floating(d)) {
         std::string rhs = o.s0 == 1.0 ? F(B()) : "(" + F(lit(o.s0)) + " * " + F(B()) + ")";
-        return round_to(d, F(A()) + sign + rhs);
+        return R(F(A()) + sign + rhs);
       }
       std::string rhs = o.s0 == 1.0 ? as(d, B()) : "(" + as(d, lit(o.s0)) + " * " + as(d, B()) + ")";
       return as(d, as(d, A()) + sign + rhs);
     }
     case MicroKind::kMulScalar:
-      if (is_floating(d)) return round_to(d, F(A()) + " * " + F(lit(o.s0)));
+      if (is_floating(d)) return R(F(A()) + " * " + F(lit(o.s0)));
       return as(d, as(d, A()) + " * " + as(d, lit(o.s0)));
     case MicroKind::kEqScalar: return "((double)" + A() + " == " + lit(o.s0) + ")";
     case MicroKind::kLeScalar: return "((double)" + A() + " <= " + lit(o.s0) + ")";
@@ -145,26 +148,25 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
     case MicroKind::kLogicalNot: return "(!(" + A() + " != 0))";
     case MicroKind::kWhere: return "(" + A() + " ? " + as(d, B()) + " : " + as(d, v(o.c)) + ")";
     case MicroKind::kGeluErf:
-      return round_to(d, "(0.5f * " + F(A()) + " * (1.0f + erff(" + F(A()) + " * 0.70710678118654752440f)))");
+      return R("(0.5f * " + F(A()) + " * (1.0f + erff(" + F(A()) + " * 0.70710678118654752440f)))");
     case MicroKind::kGeluTanh:
       // PyTorch aten/src/ATen/native/cuda/ActivationGeluKernel.cu (tanh
       // approximation): kBeta = sqrt(2) * 2/sqrt(pi) * 0.5, kKappa = 0.044715.
-      return round_to(d, "(0.5f * " + F(A()) + " * (1.0f + tanhf(0.79788456080286535588f * (" + F(A()) +
-                             " + 0.044715f * " + F(A()) + " * " + F(A()) + " * " + F(A()) + "))))");
+      return R("(0.5f * " + F(A()) + " * (1.0f + tanhf(0.79788456080286535588f * (" + F(A()) + " + 0.044715f * " +
+               F(A()) + " * " + F(A()) + " * " + F(A()) + "))))");
     case MicroKind::kRelu:
-      if (is_floating(d))
-        return round_to(d, "((" + A() + " != " + A() + " || " + A() + " > 0.0f) ? " + A() + " : 0.0f)");
+      if (is_floating(d)) return R("((" + A() + " != " + A() + " || " + A() + " > 0.0f) ? " + A() + " : 0.0f)");
       return as(d, "(" + A() + " > 0 ? " + A() + " : 0)");
     case MicroKind::kCast:
       if (d == DType::kBool) return "(" + A() + " != 0)";
-      return round_to(d, as(d, A()));
+      return R(as(d, A()));
     case MicroKind::kMul:
       if (d == DType::kBool) return "((" + A() + " != 0) && (" + B() + " != 0))";
       if (!is_floating(d))  // two's complement wrap, as ATen's integer mul
         return as(d, "(unsigned long long)" + as(d, A()) + " * (unsigned long long)" + as(d, B()));
-      return round_to(d, "(" + F(A()) + " * " + F(B()) + ")");
+      return R("(" + F(A()) + " * " + F(B()) + ")");
     case MicroKind::kNeg:
-      if (is_floating(d)) return round_to(d, "(-" + F(A()) + ")");
+      if (is_floating(d)) return R("(-" + F(A()) + ")");
       return as(d, "0ull - (unsigned long long)" + as(d, A()));
     case MicroKind::kPowScalar: {
       // ATen's pow_tensor_scalar_kernel (aten/src/ATen/native/cuda/PowKernel.cu):
@@ -189,13 +191,13 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
         r = x;
       else
         r = "powf(" + x + ", " + F(lit(e)) + ")";
-      return round_to(d, r);
+      return R(r);
     }
-    case MicroKind::kRsqrt: return round_to(d, "rsqrtf(" + F(A()) + ")");
+    case MicroKind::kRsqrt: return R("rsqrtf(" + F(A()) + ")");
     // ATen's silu / sigmoid CUDA kernels: x / (1 + exp(-x)), 1 / (1 + exp(-x)) in float.
-    case MicroKind::kSilu: return round_to(d, "(" + F(A()) + " / (1.0f + expf(-" + F(A()) + ")))");
-    case MicroKind::kSigmoid: return round_to(d, "(1.0f / (1.0f + expf(-" + F(A()) + ")))");
-    case MicroKind::kTanh: return round_to(d, "tanhf(" + F(A()) + ")");
+    case MicroKind::kSilu: return R("(" + F(A()) + " / (1.0f + expf(-" + F(A()) + ")))");
+    case MicroKind::kSigmoid: return R("(1.0f / (1.0f + expf(-" + F(A()) + ")))");
+    case MicroKind::kTanh: return R("tanhf(" + F(A()) + ")");
     case MicroKind::kGeScalar: return "((double)" + A() + " >= " + lit(o.s0) + ")";
     case MicroKind::kBitAnd:
       if (d == DType::kBool) return "((" + A() + " != 0) && (" + B() + " != 0))";
@@ -203,7 +205,7 @@ std::string op_expr(const FusedKernel& k, const MicroOp& o) {
     case MicroKind::kInvSqrt:
       // ATen's batch_norm_transform_input: invstd = 1 / sqrt(var + eps) in
       // float (correctly rounded sqrtf and division: NVRTC without fast math).
-      return round_to(d, "(1.0f / sqrtf(" + F(A()) + " + " + F(lit(o.s0)) + "))");
+      return R("(1.0f / sqrtf(" + F(A()) + " + " + F(lit(o.s0)) + "))");
   }
   return "0";
 }
@@ -382,16 +384,6 @@ bool only_stored_as_bf16(const FusedKernel& k, std::size_t j) {
     if (x.kind != MicroKind::kLoad && (x.a == ji || x.b == ji || x.c == ji)) return false;
   return true;
 }
-// `e` without an outer rbf(...) (round_to's wrapper), else `e`.
-std::string without_rounding(const std::string& e) {
-  if (e.rfind("rbf(", 0) != 0 || e.back() != ')') return e;
-  int depth = 0;
-  for (std::size_t i = 3; i < e.size(); ++i) {
-    if (e[i] == '(') ++depth;
-    if (e[i] == ')' && --depth == 0) return i + 1 == e.size() ? e.substr(4, e.size() - 5) : e;
-  }
-  return e;
-}
 
 // One trip of `count` elements: `setup(u)` declares i and ix0.. of element
 // u; every element's loads and arithmetic come before any store. With
@@ -415,8 +407,8 @@ std::string unrolled_trip(const FusedKernel& k, int count, const std::function<s
       const MicroOp& o = k.ops[j];
       const bool preloaded =
           vector && o.kind == MicroKind::kLoad && vectorizable(k.in_dtypes[static_cast<std::size_t>(o.a)]);
-      std::string e = preloaded ? "L" + std::to_string(j) + "[" + std::to_string(u) + "]" : op_expr(k, o);
-      if (!preloaded && only_stored_as_bf16(k, j)) e = without_rounding(e);
+      const std::string e = preloaded ? "L" + std::to_string(j) + "[" + std::to_string(u) + "]"
+                                      : op_expr(k, o, !only_stored_as_bf16(k, j));
       src += std::string("        ") + ctype(o.dtype) + " " + v(static_cast<int>(j)) + " = " + e + ";\n";
       if (o.store < 0) continue;
       const std::string js = std::to_string(u) + "_" + std::to_string(j);
