@@ -286,17 +286,16 @@ struct EngineOptions {
   // multiple, then one copy that makes the output dense. false: one GEMM
   // straight into the misaligned rows, as PyTorch's mm does; through
   // cuBLASLt that was slower on an H100 at GPT-2's 1 x 1024 and 32 x 1024
-  // rows (bench/RESULTS.md, 2026-12-05:
-  // GEMMs 33.4 ms whole, against 12.8 + a 2.4 ms copy split);
-  // `bench-engine --no-gemm-split` measures it.
+  // rows (bench/RESULTS.md, 2026-12-05: GEMMs 33.4 ms whole, against 12.8
+  // + a 2.4 ms copy split); `bench-engine --no-gemm-split` measures it.
   bool split_misaligned_gemm = true;
   // ... and, for such a GEMM whose weight's rows are B's columns (a
   // linear's, the lm_head's; a bias, if any, a checkpoint tensor), no
-  // padded output and no copy of it: the output rows fall into
-  // P = 16 / gcd(N * element size, 16) classes
-  // (rows j mod P) that start at the same offset modulo 16, and one GEMM per
-  // class writes its rows' aligned columns straight into the dense output
-  // (ldc = P * N); two narrow GEMMs and two copies fill each row's first
+  // padded output and no copy of it: the output rows fall into P = 16 /
+  // gcd(N * element size, 16) classes (rows j mod P) that start at the
+  // same offset modulo 16, and one GEMM per class writes its rows' aligned
+  // columns straight into the dense output (ldc = P * N); two narrow GEMMs
+  // and two copies fill each row's first
   // and last 16 bytes' worth of columns (src/engine/plan_gemm.cpp
   // gemm_by_row_classes). GPT-2 bf16's lm_head: 8 class GEMMs of
   // M/8 x 50248 instead of the aligned GEMM + tail + a copy of its
