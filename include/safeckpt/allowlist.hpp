@@ -145,8 +145,12 @@ class Allowlist {
   // "SOURCE:LINE: ..." (bad name syntax; `= name` that is not a known
   // builtin; a hard-blocked global, with the reason).
   static Result<Allowlist> parse(std::string_view text, std::string_view source);
-  // Reads and parses a file (default set + the file). Errors: kIo, kInvalidArgument.
+  // Reads and parses a file (default set + the file). Errors: kIo (cannot
+  // open or read; not a regular file: a FIFO or device is refused without
+  // being read), kLimitExceeded (above kMaxAllowlistFileBytes),
+  // kInvalidArgument.
   static Result<Allowlist> load_file(const std::filesystem::path& path);
+  static constexpr std::uint64_t kMaxAllowlistFileBytes = 16u << 20;
 
   // Like torch.serialization.add_safe_globals: adds `name`, optionally built
   // like the known global `handled_as`. Errors: kInvalidArgument (bad syntax,

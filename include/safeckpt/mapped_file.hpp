@@ -55,7 +55,9 @@ class MappedFile {
 
   // Maps `path` read-only (reads it when it has at most 1 MiB, above).
   // Errors: kIo (open/stat/mmap/read failed, not a regular file, the file
-  // shrank while read). An empty file maps to an empty span.
+  // shrank while read). An empty file maps to an empty span. A FIFO, socket
+  // or device is refused at once: it is opened non-blocking, so a FIFO with
+  // no writer does not hang the caller.
   static Result<MappedFile> open(const std::filesystem::path& path);
   // Maps (or reads, as open()) an already open descriptor, taking ownership
   // of `fd` (closed on every error too). `path` only names the file in

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "safeckpt/hash.hpp"
+#include "safeckpt/mapped_file.hpp"
 #include "safeckpt/sign.hpp"
 #include "sign/internal.hpp"
 
@@ -466,19 +466,14 @@ Result<Bundle> parse_bundle(Bytes bytes, const Limits& limits) {
 }
 
 Result<Bundle> read_bundle(const std::filesystem::path& path, const Limits& limits) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) return make_error(ErrorCode::kIo, "cannot read bundle " + path.string() + ": " + ec.message());
-  if (size > limits.max_bundle_bytes)
-    return make_error(ErrorCode::kLimitExceeded, "bundle " + path.string() + ": " + std::to_string(size) +
+  // MappedFile: one open, a regular file only (a FIFO is refused, not
+  // waited on), sized on the descriptor it reads.
+  auto f = MappedFile::open(path);
+  if (!f) return make_error(ErrorCode::kIo, "cannot read bundle: " + f.error().message());
+  if (f->size() > limits.max_bundle_bytes)
+    return make_error(ErrorCode::kLimitExceeded, "bundle " + path.string() + ": " + std::to_string(f->size()) +
                                                      " bytes, more than " + std::to_string(limits.max_bundle_bytes));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kIo, "cannot read bundle " + path.string());
-  std::string s(static_cast<std::size_t>(size), '\0');
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  if (static_cast<std::uint64_t>(in.gcount()) != size)
-    return make_error(ErrorCode::kIo, "cannot read bundle " + path.string() + " (changed while read)");
-  return parse_bundle(Bytes(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()), limits);
+  return parse_bundle(f->bytes(), limits);
 }
 
 std::string statement_json(const Statement& st) {

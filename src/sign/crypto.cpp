@@ -9,12 +9,11 @@
 #include <openssl/x509v3.h>
 
 #include <ctime>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "safeckpt/hash.hpp"
+#include "safeckpt/mapped_file.hpp"
 #include "sign/internal.hpp"
 
 namespace safeckpt::sign {
@@ -299,14 +298,13 @@ std::string Hasher::finish_hex() {
 }
 
 namespace {
+// A regular file only (MappedFile: a FIFO or device is refused, not read
+// until it ends), sized before it is read.
 Result<std::string> read_text(const std::filesystem::path& p, std::string_view what) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kIo, std::string(what) + ": cannot read " + p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().size() > (16u << 20))
-    return make_error(ErrorCode::kLimitExceeded, std::string(what) + ": larger than 16 MiB");
-  return ss.str();
+  auto f = MappedFile::open(p);
+  if (!f) return make_error(ErrorCode::kIo, std::string(what) + ": " + f.error().message());
+  if (f->size() > (16u << 20)) return make_error(ErrorCode::kLimitExceeded, std::string(what) + ": larger than 16 MiB");
+  return std::string(reinterpret_cast<const char*>(f->bytes().data()), f->size());
 }
 }  // namespace
 

@@ -2,9 +2,9 @@
 // library knows how to build (what an allowlist entry is "handled as").
 #include "safeckpt/allowlist.hpp"
 
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "safeckpt/mapped_file.hpp"
 
 namespace safeckpt {
 namespace detail {
@@ -362,12 +362,17 @@ Result<Allowlist> Allowlist::parse(std::string_view text, std::string_view sourc
 }
 
 namespace {
+// A regular file of at most kMaxAllowlistFileBytes (MappedFile: a FIFO or
+// device is refused, not read until it ends).
 Result<std::string> read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kIo, "cannot read allowlist file " + path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto f = MappedFile::open(path);
+  if (!f)
+    return make_error(ErrorCode::kIo, "cannot read allowlist file " + path.string() + " (" + f.error().message() + ")");
+  if (f->size() > Allowlist::kMaxAllowlistFileBytes)
+    return make_error(ErrorCode::kLimitExceeded, "allowlist file " + path.string() + ": " + std::to_string(f->size()) +
+                                                     " bytes, above " +
+                                                     std::to_string(Allowlist::kMaxAllowlistFileBytes));
+  return std::string(reinterpret_cast<const char*>(f->bytes().data()), f->size());
 }
 }  // namespace
 

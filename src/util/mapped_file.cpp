@@ -59,8 +59,13 @@ void MappedFile::reset() noexcept {
 }
 
 Result<MappedFile> MappedFile::open(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (one a hostile archive unpacked where a
+  // checkpoint was expected) must not wait for a writer; adopt() then
+  // refuses anything but a regular file, for which the flag means nothing
+  // (it is cleared anyway). O_NOCTTY: a terminal named here stays ours.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return make_error(ErrorCode::kIo, "cannot open " + path.string() + ": " + std::strerror(errno));
+  if (const int fl = ::fcntl(fd, F_GETFL); fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   return adopt(fd, path);
 }
 
