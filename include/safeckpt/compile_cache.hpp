@@ -91,7 +91,8 @@ struct CacheLimits {
   std::uint64_t max_blobs = 1u << 16;            // blobs in one entry
   std::uint64_t max_name_bytes = 1024;           // one blob name
   std::uint64_t max_key_field_bytes = 1u << 16;  // one string field of a CacheKey
-  // Total bytes of *.entry files in the directory after a store; 0 = no cap.
+  // Total bytes of *.entry files in the directory after a store (and of
+  // store temporaries under an hour old, which are not deleted); 0 = no cap.
   // Over it, the least recently used entries (oldest mtime; a hit refreshes
   // the mtime) are deleted until the total fits (never the entry just stored).
   std::uint64_t max_total_bytes = 0;
@@ -117,16 +118,22 @@ struct CacheLookup {
 
 // What store() did besides writing.
 struct StoreResult {
-  std::filesystem::path path;         // the entry file written
-  std::uint64_t bytes = 0;            // its size
-  std::uint32_t evicted = 0;          // entries deleted by the max_total_bytes cap
+  std::filesystem::path path;  // the entry file written
+  std::uint64_t bytes = 0;     // its size
+  std::uint32_t evicted = 0;   // entries deleted by the max_total_bytes cap
+  // Temporaries of stores that died mid-write (a killed process), removed
+  // by the same walk once an hour old; younger ones count against the cap.
+  // open() removes the old ones too (with or without a cap).
+  std::uint32_t stale_temps_removed = 0;
   std::vector<std::string> warnings;  // eviction problems (a file that could not be removed), never fatal
 };
 
 class CompileCache {
  public:
   // Resolves and checks the directory (created 0700 with its missing
-  // parents if absent) and the key (created on first use).
+  // parents if absent) and the key (created on first use), and removes the
+  // temporaries of stores that died mid-write (over an hour old). A FIFO
+  // or device at the key's path is refused without being waited on.
   // Errors: kInvalidArgument (no location: none of the variables is set;
   // the directory is a symlink, not a directory, not owned by the user, or
   // writable by group/others; the key file is a symlink, not a regular

@@ -200,13 +200,22 @@ std::optional<std::vector<std::uint8_t>> EngineImpl::find_choice(const std::stri
   if (auto it = choices.find(choice); it != choices.end()) return it->second;
   if (!cache) return std::nullopt;
   auto found = cache->load(choice_cache_key(choice, facts));
-  if (!found || found->status != enginecache::CacheLookup::Status::kHit) {
-    if (found && found->status == enginecache::CacheLookup::Status::kIgnored)
+  if (!found) {  // a read error: a miss with a warning, as in module_for
+    warn("compile cache: " + found.error().to_string() + "; choosing again", nullptr);
+    return std::nullopt;
+  }
+  if (found->status != enginecache::CacheLookup::Status::kHit) {
+    if (found->status == enginecache::CacheLookup::Status::kIgnored)
       warn("compile cache: " + found->warning + "; choosing again", nullptr);
     return std::nullopt;
   }
   auto b = found->entry->blobs.find(kChoiceBlob);
-  if (b == found->entry->blobs.end() || b->second.empty()) return std::nullopt;
+  if (b == found->entry->blobs.end() || b->second.empty()) {
+    warn("compile cache: " + cache->entry_path(choice_cache_key(choice, facts)).string() +
+             " has no choice; choosing again",
+         nullptr);
+    return std::nullopt;
+  }
   *from_cache = true;
   ++stats.choices_from_cache;
   choices.emplace(choice, b->second);

@@ -2,9 +2,12 @@
 //
 // Read order for an entry file, each step refusing (kIgnored + warning)
 // before the next runs:
-//  1. open with O_NOFOLLOW, a regular file of at most max_entry_bytes;
-//  2. at least the 56-byte header; magic "SCKCACHE"; format version ==
-//     kCacheFormatVersion; reserved word 0; payload length == size - 56;
+//  1. open with O_NOFOLLOW | O_NONBLOCK (a FIFO there does not block), a
+//     regular file of at most max_entry_bytes;
+//  2. its first 56 bytes alone: the header; magic "SCKCACHE"; format
+//     version == kCacheFormatVersion; reserved word 0; payload length ==
+//     size - 56. Only then is a buffer of the file's size allocated (no
+//     memory: ignored, not thrown) and the whole file read;
 //  3. HMAC-SHA256 over header bytes 0..15 and 48..end compared in constant
 //     time (CRYPTO_memcmp) with bytes 16..47;
 //  4. only now: the Boost binary archive of the payload (bytes we wrote);
@@ -27,6 +30,7 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -43,6 +47,9 @@ constexpr char kMagic[8] = {'S', 'C', 'K', 'C', 'A', 'C', 'H', 'E'};
 constexpr std::size_t kHeaderBytes = 56;
 constexpr std::size_t kMacOffset = 16, kMacBytes = 32, kLengthOffset = 48;
 constexpr std::size_t kKeyBytes = 32;
+// A store() temporary this old belongs to no live writer (a store writes
+// one entry, at most max_entry_bytes, in well under a minute).
+constexpr std::chrono::hours kStaleTempAge{1};
 
 Unexpected io_error(const std::string& what, const std::filesystem::path& p, int err) {
   return make_error(ErrorCode::kIo, what + " " + p.string() + ": " + std::strerror(err));
@@ -170,6 +177,28 @@ Status make_dirs(const std::filesystem::path& dir) {
   return {};
 }
 
+struct FdCloser {
+  explicit FdCloser(int f) : fd(f) {}
+  int fd;
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser() { ::close(fd); }
+};
+
+// pread of up to `n` bytes at offset 0 (EINTR retried; fewer at the end of
+// the file).
+Result<std::uint64_t> read_at(int fd, std::uint8_t* buf, std::uint64_t n, const std::filesystem::path& path) {
+  std::uint64_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return io_error("cannot read", path, errno);
+    if (r == 0) break;
+    got += static_cast<std::uint64_t>(r);
+  }
+  return got;
+}
+
 void fsync_dir(const std::filesystem::path& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
@@ -182,7 +211,7 @@ void fsync_dir(const std::filesystem::path& dir) {
 // kIo with errno ENOENT in `missing`.
 Result<std::vector<std::uint8_t>> read_key(const std::filesystem::path& path, bool& missing) {
   missing = false;
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);  // a FIFO: refused, not waited on
   if (fd < 0) {
     if (errno == ENOENT) {
       missing = true;
@@ -261,6 +290,31 @@ bool is_entry_name(const std::filesystem::path& p) {
          std::all_of(stem.begin(), stem.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
+// store()'s temporary for an entry (write_file_atomically, src/save/
+// atomic_file.cpp): "." + <64 hex>.entry + "." + hex + ".tmp".
+bool is_entry_temp_name(const std::filesystem::path& p) {
+  const std::string n = p.string();
+  constexpr std::size_t kStem = 1 + 64 + 6;  // ".", digest, ".entry"
+  if (n.size() < kStem + 5 || n[0] != '.' || n.compare(n.size() - 4, 4, ".tmp") != 0) return false;
+  if (!is_entry_name(n.substr(1, kStem - 1)) || n[kStem] != '.') return false;
+  const std::string mid = n.substr(kStem + 1, n.size() - kStem - 5);
+  return !mid.empty() &&
+         std::all_of(mid.begin(), mid.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// Removes store() temporaries older than kStaleTempAge from `dir` (best
+// effort: a file that cannot be removed stays).
+void remove_stale_temps(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const auto stale_before = std::filesystem::file_time_type::clock::now() - kStaleTempAge;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e2;
+    if (!is_entry_temp_name(it->path().filename()) || !it->is_regular_file(e2)) continue;
+    const auto t = it->last_write_time(e2);
+    if (!e2 && t < stale_before) ::unlink(it->path().c_str());
+  }
+}
+
 }  // namespace
 
 std::string CacheKey::canonical() const {
@@ -313,6 +367,7 @@ Result<CompileCache> CompileCache::open(const CacheOptions& options) {
   }
   if (!key) return unexpected(std::move(key).error());
   c.key_ = std::move(key).value();
+  remove_stale_temps(dir);
   return c;
 }
 
@@ -328,72 +383,49 @@ Result<CacheLookup> CompileCache::load(const CacheKey& key) const {
     out.warning = path.string() + ": " + why + "; ignored (the next store replaces it)";
     return out;
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO planted at the entry's name must not block the open
+  // (the engine holds its lock here); it is refused as not regular below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return out;  // kMiss
     if (errno == ELOOP) return ignore("a symlink, not an entry");
     return io_error("cannot open cache entry", path, errno);
   }
+  const FdCloser closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return io_error("cannot stat", path, e);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return ignore("not a regular file");
-  }
+  if (::fstat(fd, &st) != 0) return io_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) return ignore("not a regular file");
   const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size > limits_.max_entry_bytes) {
-    ::close(fd);
+  if (size > limits_.max_entry_bytes)
     return ignore(std::to_string(size) + " bytes, above CacheLimits::max_entry_bytes");
-  }
-  std::vector<std::uint8_t> file(size);
-  std::size_t got = 0;
-  while (got < size) {
-    ssize_t n = ::read(fd, file.data() + got, size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      return io_error("cannot read", path, e);
-    }
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  if (got != size) {
-    ::close(fd);
-    return ignore("changed size while read");
-  }
-  if (size < kHeaderBytes) {
-    ::close(fd);
+  // The header first: a file that is not an entry of this format and of
+  // exactly its declared length is refused before a buffer of its size is
+  // allocated or read.
+  std::uint8_t head[kHeaderBytes];
+  SAFECKPT_TRY(std::uint64_t got, read_at(fd, head, std::min<std::uint64_t>(size, kHeaderBytes), path));
+  if (size < kHeaderBytes || got != kHeaderBytes)
     return ignore("truncated (" + std::to_string(size) + " bytes; the header alone is 56)");
-  }
-  const std::uint8_t* f = file.data();
-  if (std::memcmp(f, kMagic, sizeof kMagic) != 0) {
-    ::close(fd);
-    return ignore("not a safeckpt cache entry (bad magic)");
-  }
-  if (get_u32(f + 8) != kCacheFormatVersion || get_u32(f + 12) != 0) {
-    ::close(fd);
-    return ignore("format version " + std::to_string(get_u32(f + 8)) + " (reserved " + std::to_string(get_u32(f + 12)) +
-                  "), this build reads version " + std::to_string(kCacheFormatVersion));
-  }
-  if (get_u64(f + kLengthOffset) != size - kHeaderBytes) {
-    ::close(fd);
-    return ignore("truncated or extended: the header says " + std::to_string(get_u64(f + kLengthOffset)) +
+  if (std::memcmp(head, kMagic, sizeof kMagic) != 0) return ignore("not a safeckpt cache entry (bad magic)");
+  if (get_u32(head + 8) != kCacheFormatVersion || get_u32(head + 12) != 0)
+    return ignore("format version " + std::to_string(get_u32(head + 8)) + " (reserved " +
+                  std::to_string(get_u32(head + 12)) + "), this build reads version " +
+                  std::to_string(kCacheFormatVersion));
+  if (get_u64(head + kLengthOffset) != size - kHeaderBytes)
+    return ignore("truncated or extended: the header says " + std::to_string(get_u64(head + kLengthOffset)) +
                   " payload bytes, the file holds " + std::to_string(size - kHeaderBytes));
+  std::vector<std::uint8_t> file;
+  try {
+    file.resize(size);
+  } catch (const std::bad_alloc&) {
+    return ignore("no memory for its " + std::to_string(size) + " bytes");
   }
+  SAFECKPT_TRY(got, read_at(fd, file.data(), size, path));
+  if (got != size || std::memcmp(file.data(), head, kHeaderBytes) != 0) return ignore("changed while read");
+  const std::uint8_t* f = file.data();
   auto mac = entry_mac(key_, f, file.size());
-  if (!mac) {
-    ::close(fd);
-    return unexpected(std::move(mac).error());
-  }
-  if (CRYPTO_memcmp(mac->data(), f + kMacOffset, kMacBytes) != 0) {
-    ::close(fd);
+  if (!mac) return unexpected(std::move(mac).error());
+  if (CRYPTO_memcmp(mac->data(), f + kMacOffset, kMacBytes) != 0)
     return ignore("MAC mismatch (modified, or written under another key)");
-  }
   // Authenticated: only now is the payload parsed.
   CacheEntry e;
   try {
@@ -402,16 +434,11 @@ Result<CacheLookup> CompileCache::load(const CacheKey& key) const {
     boost::archive::binary_iarchive ar(is);
     serialize_entry(ar, e);
   } catch (const std::exception& ex) {
-    ::close(fd);
     return ignore(std::string("authenticated payload does not deserialize (another Boost version?): ") + ex.what());
   }
   const std::string diff = key_difference(e.key, key);
-  if (!diff.empty()) {
-    ::close(fd);
-    return ignore("key field '" + diff + "' differs from the requested key");
-  }
+  if (!diff.empty()) return ignore("key field '" + diff + "' differs from the requested key");
   ::futimens(fd, nullptr);  // LRU: a hit is a use (best effort)
-  ::close(fd);
   out.status = CacheLookup::Status::kHit;
   out.entry = std::move(e);
   return out;
@@ -444,7 +471,7 @@ Result<StoreResult> CompileCache::store(const CacheEntry& entry) const {
   } catch (const std::exception& ex) {
     return make_error(ErrorCode::kInternal, std::string("serializing a cache entry failed: ") + ex.what());
   }
-  if (payload.size() > limits_.max_entry_bytes - kHeaderBytes)
+  if (kHeaderBytes + payload.size() > limits_.max_entry_bytes)
     return make_error(ErrorCode::kLimitExceeded, "cache entry above CacheLimits::max_entry_bytes (" +
                                                      std::to_string(limits_.max_entry_bytes) + ")");
   std::vector<std::uint8_t> file(kHeaderBytes + payload.size());
@@ -474,9 +501,11 @@ Result<StoreResult> CompileCache::store(const CacheEntry& entry) const {
     std::vector<Item> items;
     std::uint64_t sum = 0;
     std::error_code ec;
+    const auto stale_before = std::filesystem::file_time_type::clock::now() - kStaleTempAge;
     for (std::filesystem::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
       const auto& p = it->path();
-      if (!is_entry_name(p.filename()) || !it->is_regular_file(ec)) continue;
+      const bool temp = is_entry_temp_name(p.filename());
+      if ((!temp && !is_entry_name(p.filename())) || !it->is_regular_file(ec)) continue;
       const std::uint64_t b = it->file_size(ec);
       if (ec) {
         ec.clear();
@@ -485,6 +514,16 @@ Result<StoreResult> CompileCache::store(const CacheEntry& entry) const {
       const auto t = it->last_write_time(ec);
       if (ec) {
         ec.clear();
+        continue;
+      }
+      if (temp) {
+        // A writer that died mid-store left it: removed once old enough
+        // that no live writer can own it; a younger one still counts.
+        if (t < stale_before && ::unlink(p.c_str()) == 0) {
+          ++r.stale_temps_removed;
+          continue;
+        }
+        sum += b;
         continue;
       }
       items.push_back(Item{t, b, p});

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "safeckpt/graph.hpp"
 #include "safeckpt/graph_plan.hpp"
 #include "safeckpt/zip.hpp"
+#include "support/fifo.hpp"
 #include "support/pt2_corpus.hpp"
 #include "support/save_util.hpp"
 
@@ -501,4 +503,159 @@ TEST_CASE("enginecache: processes writing and reading one key at once never see 
   CHECK(lookup(c, base.key).status == CacheLookup::Status::kHit);
   // No temporary file left behind.
   for (const auto& f : fs::directory_iterator(dir)) CHECK_MESSAGE(f.path().extension() != ".tmp", f.path().string());
+}
+
+TEST_CASE("enginecache: a FIFO at an entry's or the key's path is refused at once, not waited on") {
+  // Review of 2026-12-06: load() and open() opened without O_NONBLOCK, so a
+  // FIFO there blocked the engine (module_for holds its lock) for good.
+  TempDir t;
+  const fs::path dir = t.path / "c";
+  CompileCache c = open_cache(dir);
+  const CacheEntry e = real_entry();
+  {
+    test_support::FifoWatchdog w(c.entry_path(e.key));
+    REQUIRE(w.ok());
+    CacheLookup l = lookup(c, e.key);
+    CHECK(l.status == CacheLookup::Status::kIgnored);
+    CHECK(l.warning.find("not a regular file") != std::string::npos);
+    CHECK_FALSE(w.had_to_unblock());
+  }
+  {
+    test_support::FifoWatchdog w(t.path / "fifo.key");
+    REQUIRE(w.ok());
+    CacheOptions o;
+    o.dir = dir;
+    o.key_file = t.path / "fifo.key";
+    auto k = CompileCache::open(o);
+    REQUIRE_FALSE(k.has_value());
+    CHECK(k.error().message().find("not a regular file") != std::string::npos);
+    CHECK_FALSE(w.had_to_unblock());
+  }
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SAFECKPT_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SAFECKPT_TEST_ASAN 1
+#endif
+#endif
+
+TEST_CASE("enginecache: a huge junk file at an entry's path is judged by its header, never allocated whole") {
+#ifdef SAFECKPT_TEST_ASAN
+  MESSAGE("SKIP: ASan reserves terabytes of address space, so an RLIMIT_AS test cannot run under it");
+  return;
+#endif
+  // Review of 2026-12-06: load() allocated a buffer of the file's size (up
+  // to max_entry_bytes, 1 GiB) before looking at the header, and a failed
+  // allocation threw std::bad_alloc out of the library. A child process
+  // under an address-space limit 256 MiB above what it uses meets a sparse
+  // 900 MiB file: with bad magic (refused by the header alone), then with a
+  // header that says the right length (the buffer cannot be had: ignored,
+  // not thrown; or, if it could, the MAC refuses it).
+  TempDir t;
+  const fs::path dir = t.path / "c";
+  CompileCache c = open_cache(dir);
+  const CacheEntry e = real_entry();
+  const fs::path path = c.entry_path(e.key);
+  constexpr std::uint64_t kJunk = 900ull << 20;
+  {
+    std::ofstream o(path, std::ios::binary);
+    o.write("junk", 4);
+  }
+  fs::resize_file(path, kJunk);  // sparse: no disk used
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = 0;
+    try {
+      long pages = 0;
+      std::ifstream statm("/proc/self/statm");
+      statm >> pages;
+      const rlim_t lim = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (256ull << 20);
+      struct rlimit rl {
+        lim, lim
+      };
+      if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(20);
+      auto l = c.load(e.key);
+      if (!l || l->status != CacheLookup::Status::kIgnored || l->warning.find("bad magic") == std::string::npos)
+        rc = 21;
+      // A header claiming exactly the file's payload length.
+      std::vector<std::uint8_t> head(56, 0);
+      std::memcpy(head.data(), "SCKCACHE", 8);
+      head[8] = static_cast<std::uint8_t>(kCacheFormatVersion);
+      const std::uint64_t payload = kJunk - 56;
+      for (int i = 0; i < 8; ++i) head[48 + i] = static_cast<std::uint8_t>(payload >> (8 * i));
+      {
+        std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+        f.write(reinterpret_cast<const char*>(head.data()), 56);
+      }
+      if (fs::file_size(path) != kJunk) rc = 22;
+      l = c.load(e.key);
+      if (rc == 0 && (!l || l->status != CacheLookup::Status::kIgnored)) rc = 23;
+    } catch (...) {
+      rc = 24;  // an exception out of load(): the defect
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("enginecache: temporaries of a store that died are removed once stale; a tiny entry cap refuses all") {
+  TempDir t;
+  const fs::path dir = t.path / "c";
+  (void)open_cache(dir);
+  const CacheEntry e = real_entry();
+  // What write_file_atomically leaves when its process is killed mid-write.
+  const std::string digest = e.key.digest();
+  const fs::path old_tmp = dir / ("." + digest + ".entry.0123456789ab.tmp");
+  const fs::path young_tmp = dir / ("." + digest + ".entry.ba9876543210.tmp");
+  const fs::path other = dir / ".notes.tmp";  // not ours: kept whatever its age
+  for (const auto& p : {old_tmp, young_tmp, other}) write_bytes(p, std::vector<std::uint8_t>(5000, 7));
+  struct timespec ts[2];
+  ::clock_gettime(CLOCK_REALTIME, &ts[0]);
+  ts[0].tv_sec -= 2 * 3600;
+  ts[1] = ts[0];
+  REQUIRE(::utimensat(AT_FDCWD, old_tmp.c_str(), ts, 0) == 0);
+  REQUIRE(::utimensat(AT_FDCWD, other.c_str(), ts, 0) == 0);
+  CompileCache c = open_cache(dir);
+  CHECK_FALSE(fs::exists(old_tmp));
+  CHECK(fs::exists(young_tmp));
+  CHECK(fs::exists(other));
+  // A store's walk under a cap: the young temporary counts, and a second
+  // stale one is removed by it.
+  write_bytes(old_tmp, std::vector<std::uint8_t>(5000, 7));
+  REQUIRE(::utimensat(AT_FDCWD, old_tmp.c_str(), ts, 0) == 0);
+  CacheOptions o;
+  o.dir = dir;
+  o.limits.max_total_bytes = 1;  // below anything: every other entry goes
+  auto capped = CompileCache::open(o);
+  REQUIRE(capped.has_value());
+  CHECK_FALSE(fs::exists(old_tmp));  // open() again
+  write_bytes(old_tmp, std::vector<std::uint8_t>(5000, 7));
+  REQUIRE(::utimensat(AT_FDCWD, old_tmp.c_str(), ts, 0) == 0);
+  auto s = capped->store(e);
+  REQUIRE(s.has_value());
+  CHECK(s->stale_temps_removed == 1);
+  CHECK_FALSE(fs::exists(old_tmp));
+  CHECK(fs::exists(young_tmp));
+  CHECK(lookup(c, e.key).status == CacheLookup::Status::kHit);
+
+  // Review of 2026-12-06: max_entry_bytes below the 56-byte header wrapped
+  // an unsigned subtraction and let every size through.
+  CacheOptions tiny;
+  tiny.dir = dir;
+  tiny.limits.max_entry_bytes = 40;
+  auto tc = CompileCache::open(tiny);
+  REQUIRE(tc.has_value());
+  CacheEntry small;
+  small.key = e.key;
+  small.key.shapes = "tiny;";
+  auto r = tc->store(small);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kLimitExceeded);
+  CHECK_FALSE(fs::exists(tc->entry_path(small.key)));
 }
