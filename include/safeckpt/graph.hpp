@@ -103,6 +103,23 @@ struct GraphLimits {
   // of float32), and bytes all live tensors of one run may hold.
   std::uint64_t max_tensor_elements = 1ull << 32;
   std::uint64_t max_run_bytes = 16ull << 30;
+  // Multiply-adds one run_cpu() may do in its heavy kernels (matrix
+  // products, convolutions, attention, pooling windows; every other kernel
+  // is linear in the bytes max_run_bytes bounds). 2^42 = 4.4e12: BERT-base
+  // at 32 x 128 tokens is ~3.6e11, GPT-2 124M at 8 x 1024 ~1.2e12 (an hour
+  // or more on a CPU); a 5 KB program that asked a 4096 x 4096 convolution
+  // of a 4096 x 4096 image for 2.8e14 was days (review, 2026-12-06).
+  // Refused in run_cpu's shape pass, before any kernel runs; check_shapes()
+  // and validation do not count it.
+  std::uint64_t max_run_macs = 1ull << 42;
+  // Bytes the dense copies of one weights/constants config may hold beyond
+  // the records they view: a view covers its record about once (a tied
+  // weight once per name), so more than kViewAmplification times the
+  // records' bytes plus this slack is a file whose stride-0 or overlapping
+  // views promise far more memory than it holds (a 3.7 KB archive asking
+  // for 12 GiB, review 2026-12-06): kLimitExceeded before any copy.
+  std::uint64_t max_view_slack_bytes = 64ull << 20;
+  static constexpr std::uint64_t kViewAmplification = 4;
 };
 
 // True when `file` is a zip whose root holds `archive_format` (torch 2.11
@@ -327,7 +344,11 @@ struct OpSchema {
   // empty when every position is a Tensor.
   std::vector<bool> symint_returns;
   bool inplace = false;  // mutates its first argument (`Tensor(a!)`)
-  std::string note;      // restriction text from the allowlist
+  // Its result may be (a view of) its first argument: `-> Tensor(a)` in the
+  // schema, and aten::dropout (train=False returns the input). validate()
+  // follows these from an in-place op's argument to the bases it mutates.
+  bool aliases_input = false;
+  std::string note;  // restriction text from the allowlist
 };
 
 // The embedded allowlist (allowlist/ops.schema), parsed once.
@@ -357,10 +378,12 @@ Status check_shapes(const Program& program, const GraphLimits& limits = {});
 // Binds every node's arguments to its schema (defaults filled in), and
 // refuses — kDisallowedOperation, naming the node, the op and what to do —
 // any op not in the allowlist (other ATen ops, higher-order ops, custom
-// namespaces), in-place ops on graph inputs or on values used again,
-// training-mode batch_norm/dropout, dropout_p != 0, unbacked symbols, and
-// signature entries other than parameter/buffer/constant/user input and
-// user output. kMalformed for arguments of the wrong type or count.
+// namespaces), in-place ops on a value that is - or, through ops returning
+// an alias of their input (OpSchema::aliases_input), views - a graph input,
+// a graph output or a value another node reads, training-mode
+// batch_norm/dropout, dropout_p != 0, unbacked symbols, and signature
+// entries other than parameter/buffer/constant/user input and user output.
+// kMalformed for arguments of the wrong type or count.
 // When nothing else is wrong, the shape pass (check_shapes) runs too, so a
 // program whose tensor_meta the engine cannot reproduce is refused
 // (kMalformed) before anything runs; it may also return kLimitExceeded
@@ -410,6 +433,14 @@ Result<WeightMap> archive_weights(const Pt2Archive& archive, std::string_view mo
 // name; kLimitExceeded.
 Result<WeightMap> checkpoint_weights(const Program& program, const Checkpoint& ckpt,
                                      const WeightMap* fallback = nullptr, const GraphLimits& limits = {});
+
+// Binds `weights` to the validated program's parameters, buffers and
+// constants as run_cpu() does before anything runs (dtype, rank, every dim
+// against the recorded tensor_meta; every one present), without inputs or
+// kernels: what `safeckpt scan` checks so that it never calls clean an
+// archive whose weights `run` refuses (review, 2026-12-06). Errors:
+// kInvalidArgument (naming the weight; "missing: ..."), kUnsupported.
+Status check_weights(const Program& program, const WeightMap& weights, const GraphLimits& limits = {});
 
 // Runs a validated program on the CPU reference interpreter. `inputs` maps
 // user input names to tensors; each is checked (dtype, rank, static dims,

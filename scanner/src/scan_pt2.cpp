@@ -80,7 +80,12 @@ void Scanner::scan_pt2(Bytes data, const ZipArchive& zip, const std::string& mem
   // Raw tensor records named by the configs (use_pickle: false), read here
   // too so that they are never sniffed as pickles even when the engine
   // refuses the archive below; a config that does not parse names none
-  // (then every record is sniffed: fail closed).
+  // (then every record is sniffed: fail closed). A record that any entry
+  // names with use_pickle: true is never raw, whatever other entries say:
+  // PyTorch torch.load()s it (weights_only=False) for that entry, so a decoy
+  // raw entry on the same record must not hide its pickle (review,
+  // 2026-12-06).
+  std::set<std::string> pickled;
   for (const ZipEntry& e : zip.entries()) {
     std::string_view rel = e.name;
     if (!root.empty() && rel.starts_with(root)) rel.remove_prefix(root.size());
@@ -94,12 +99,18 @@ void Scanner::scan_pt2(Bytes data, const ZipArchive& zip, const std::string& mem
     if (!cfg.is_object() || !cfg.contains("config") || !cfg["config"].is_object()) continue;
     for (const auto& [fqn, entry] : cfg["config"].items()) {
       (void)fqn;
-      if (!entry.is_object() || !entry.contains("path_name") || !entry["path_name"].is_string() ||
-          !entry.contains("use_pickle") || !entry["use_pickle"].is_boolean() || entry["use_pickle"].get<bool>())
+      if (!entry.is_object() || !entry.contains("path_name") || !entry["path_name"].is_string()) continue;
+      const std::string rec =
+          root + (weights ? "data/weights/" : "data/constants/") + entry["path_name"].get<std::string>();
+      // Anything but an explicit false may be read as a pickle: never raw.
+      if (!entry.contains("use_pickle") || !entry["use_pickle"].is_boolean() || entry["use_pickle"].get<bool>()) {
+        pickled.insert(rec);
         continue;
-      raw.insert(root + (weights ? "data/weights/" : "data/constants/") + entry["path_name"].get<std::string>());
+      }
+      raw.insert(rec);
     }
   }
+  for (const auto& rec : pickled) raw.erase(rec);
   graph::GraphLimits gl;
   gl.container = opt_.limits;
   auto opened = graph::Pt2Archive::open(data, gl);
@@ -128,7 +139,7 @@ void Scanner::scan_pt2(Bytes data, const ZipArchive& zip, const std::string& mem
     const std::string json_member = prefix + root + "models/" + name + ".json";
     if (auto w = a.weights(name); w) {
       for (const graph::ArchiveTensor& t : **w)
-        if (!t.pickled) raw.insert(t.record);
+        if (!t.pickled && pickled.count(t.record) == 0) raw.insert(t.record);
     }
     auto prog = a.program(name);
     if (!prog) continue;
@@ -163,6 +174,23 @@ void Scanner::scan_pt2(Bytes data, const ZipArchive& zip, const std::string& mem
       f.global = r.target;
       f.message = "model '" + name + "': " + r.message;
       f.why = std::move(why);
+      sink_.add(std::move(f));
+    }
+    if (!accepted) continue;
+    // The archive's weights against the program's parameters, as `run`
+    // binds them before anything runs.
+    auto wm = graph::archive_weights(a, name);
+    Status bound = wm ? graph::check_weights(p, *wm, gl) : Status(unexpected(wm.error()));
+    if (!bound) {
+      accepted = false;
+      first_reason = "model '" + name + "': " + bound.error().message();
+      first_malformed = true;
+      Finding f;
+      f.rule = Rule::kMalformed;
+      f.severity = Severity::kHigh;
+      f.member = json_member;
+      f.message = "model '" + name + "': the archive's weights do not bind: " + bound.error().message();
+      f.why = "safeckpt run binds these weights before anything runs and refuses them";
       sink_.add(std::move(f));
     }
   }

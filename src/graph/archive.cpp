@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -121,6 +122,7 @@ Status read_config(const ZipArchive& zip, std::string_view dir, std::string_view
   };
   std::vector<Job> jobs;
   std::uint64_t job_bytes = 0;
+  std::uint64_t record_bytes = 0, dense_bytes = 0;  // distinct records read; their dense copies
   for (auto it = cfg.begin(); it != cfg.end(); ++it) {
     const json& e = it.value();
     std::string w = cfg_path + " entry '" + it.key() + "'";
@@ -165,11 +167,30 @@ Status read_config(const ZipArchive& zip, std::string_view dir, std::string_view
     SAFECKPT_TRY(t.meta, detail::parse_tensor_meta(e["tensor_meta"], w + ".tensor_meta", nullptr, nullptr, limits));
     auto [sit, fresh] = storages.try_emplace(rec, static_cast<std::int32_t>(out.size()));
     t.storage = sit->second;
-    (void)fresh;
+    if (fresh) record_bytes += ze->uncompressed_size;
+    std::uint64_t dense = dtype_size(t.meta.dtype);
+    for (const auto& sz : t.meta.sizes)
+      if (!sz.is_symbolic() && __builtin_mul_overflow(dense, static_cast<std::uint64_t>(sz.value), &dense))
+        dense = std::numeric_limits<std::uint64_t>::max();
+    if (__builtin_add_overflow(dense_bytes, dense, &dense_bytes))
+      dense_bytes = std::numeric_limits<std::uint64_t>::max();
     jobs.push_back(Job{out.size(), ze, w});
     job_bytes += ze->uncompressed_size;
     out.push_back(std::move(t));
   }
+  // The dense copies against the bytes they come from (GraphLimits::
+  // max_view_slack_bytes), before any is made.
+  std::uint64_t allowed = 0;
+  if (__builtin_mul_overflow(record_bytes, GraphLimits::kViewAmplification, &allowed) ||
+      __builtin_add_overflow(allowed, limits.max_view_slack_bytes, &allowed))
+    allowed = std::numeric_limits<std::uint64_t>::max();
+  if (dense_bytes > allowed)
+    return make_error(ErrorCode::kLimitExceeded,
+                      cfg_path + ": its entries' views would copy out " + std::to_string(dense_bytes) + " bytes from " +
+                          std::to_string(record_bytes) + " bytes of records (more than " +
+                          std::to_string(GraphLimits::kViewAmplification) +
+                          "x + GraphLimits::max_view_slack_bytes): stride-0 or overlapping views",
+                      Location{zip.root() + "/" + cfg_path});
   // One job: the record's bytes (CRC-32), the element-size check, the copy.
   const auto run = [&](const Job& job) -> Status {
     ArchiveTensor& t = out[job.out_index];

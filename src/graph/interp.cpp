@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <unordered_map>
 
@@ -286,6 +287,12 @@ struct Ctx {
   // tensor_meta once checked (check_strides); the interpreter itself
   // computes on dense tensors.
   std::vector<std::vector<std::int64_t>> strides;
+  // run_cpu: the multiply-adds (or window reads) the heavy kernels will do,
+  // against GraphLimits::max_run_macs; its shape pass refuses before any
+  // kernel runs. Not counted by check_shapes (validation of a program that
+  // a GPU runs says nothing about CPU time).
+  bool count_work = false;
+  std::uint64_t work = 0;
 
   Unexpected fail(ErrorCode c, const std::string& what) const {
     return make_error(c, "node '" + node->name + "' (" + node->target + "): " + what);
@@ -309,6 +316,21 @@ struct Ctx {
     t.shape = std::move(shape);
     t.data = std::make_shared<std::vector<std::uint8_t>>(meta ? 0 : bytes);
     return t;
+  }
+  // Charges the product of `factors` (multiply-adds) to the run's work
+  // budget; kLimitExceeded past GraphLimits::max_run_macs.
+  Status charge(std::initializer_list<std::int64_t> factors, std::string_view what) {
+    if (!count_work) return {};
+    std::uint64_t n = 1;
+    bool over = false;
+    for (auto f : factors) over = over || f < 0 || __builtin_mul_overflow(n, static_cast<std::uint64_t>(f), &n);
+    if (!over) over = __builtin_add_overflow(work, n, &n) || n > lim.max_run_macs;
+    if (over)
+      return fail(ErrorCode::kLimitExceeded, std::string(what) + ": the run would take more than " +
+                                                 std::to_string(lim.max_run_macs) +
+                                                 " multiply-adds (GraphLimits::max_run_macs)");
+    work = n;
+    return {};
   }
   // Double-precision scratch copies a kernel is about to make (n elements):
   // refused when they would not fit in what max_run_bytes leaves.
@@ -669,7 +691,7 @@ Status unary(Ctx& c, Outs& outs, const std::string& op) {
               static_cast<std::int64_t>(static_cast<std::uint64_t>(get_i(*a, i)) * static_cast<std::uint64_t>(s_int)));
     }
   }
-  if (op == "clone") std::memcpy(out.data->data(), a->data->data(), a->data->size());
+  if (op == "clone" && !a->data->empty()) std::memcpy(out.data->data(), a->data->data(), a->data->size());
   outs.push_back(std::move(out));
   return {};
 }
@@ -764,6 +786,7 @@ Status matmul_ops(Ctx& c, Outs& outs, const std::string& op) {
     N = w->shape[1];
     shape = {M, N};
   }
+  SAFECKPT_CHECK(c.charge({batch, M, N, K}, op));
   SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
   const HostTensor* bias = op == "linear" ? c.opt_tensor("bias") : op == "addmm" ? c.opt_tensor("self") : nullptr;
   double beta = op == "addmm" ? c.scalar("beta") : 1, alpha = op == "addmm" ? c.scalar("alpha") : 1;
@@ -861,6 +884,7 @@ Status conv2d(Ctx& c, Outs& outs) {
   std::int64_t OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) / stride[0] + 1;
   std::int64_t OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
   if (OH < 0 || OW < 0) return c.fail(ErrorCode::kMalformed, "convolution: kernel larger than the padded input");
+  SAFECKPT_CHECK(c.charge({Nb, O, OH, OW, Cg, KH, KW}, "convolution"));
   SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, {Nb, O, OH, OW}));
   if (c.meta) {
     outs.push_back(std::move(out));
@@ -1119,6 +1143,11 @@ Status adaptive_avg_pool2d(Ctx& c, Outs& outs) {
   std::uint64_t planes = numel_of(shape);
   shape.push_back(os[0]);
   shape.push_back(os[1]);
+  // Each output reads a window of at most ceil(H / OH) + 1 rows by
+  // ceil(W / OW) + 1 columns.
+  SAFECKPT_CHECK(c.charge(
+      {static_cast<std::int64_t>(planes), os[0], os[1], (H + os[0] - 1) / os[0] + 1, (W + os[1] - 1) / os[1] + 1},
+      "adaptive_avg_pool2d"));
   SAFECKPT_TRY(HostTensor y, c.alloc(x->dtype, shape));
   if (c.meta) {
     outs.push_back(std::move(y));
@@ -1175,8 +1204,10 @@ Status sdpa(Ctx& c, Outs& outs) {
   double scale = c.arg("scale").kind == Arg::Kind::kFloat ? c.arg("scale").f : 1.0 / std::sqrt(static_cast<double>(E));
   std::vector<std::int64_t> oshape(q->shape.begin(), q->shape.end() - 1);
   oshape.push_back(Ev);
-  SAFECKPT_TRY(HostTensor out, c.alloc(q->dtype, oshape));
   std::uint64_t B = numel_of(std::vector<std::int64_t>(q->shape.begin(), q->shape.end() - 2));
+  SAFECKPT_CHECK(c.charge({static_cast<std::int64_t>(std::min<std::uint64_t>(B, std::uint64_t{1} << 62)), L, S, E + Ev},
+                          "attention"));
+  SAFECKPT_TRY(HostTensor out, c.alloc(q->dtype, oshape));
   std::vector<std::int64_t> ls(q->shape.begin(), q->shape.end() - 2);
   ls.push_back(L);
   ls.push_back(S);
@@ -1596,7 +1627,7 @@ Status view_ops(Ctx& c, Outs& outs, const std::string& op) {
       return c.fail(ErrorCode::kMalformed,
                     "view: " + std::to_string(n) + " elements, input has " + std::to_string(x->numel()));
     SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
-    if (!c.meta) std::memcpy(out.data->data(), x->data->data(), x->data->size());
+    if (!c.meta && !x->data->empty()) std::memcpy(out.data->data(), x->data->data(), x->data->size());
     outs.push_back(std::move(out));
     return {};
   }
@@ -1632,7 +1663,7 @@ Status view_ops(Ctx& c, Outs& outs, const std::string& op) {
     std::vector<std::int64_t> shape = x->shape;
     shape.insert(shape.begin() + d, 1);
     SAFECKPT_TRY(HostTensor out, c.alloc(x->dtype, shape));
-    if (!c.meta) std::memcpy(out.data->data(), x->data->data(), x->data->size());
+    if (!c.meta && !x->data->empty()) std::memcpy(out.data->data(), x->data->data(), x->data->size());
     outs.push_back(std::move(out));
     return {};
   }
@@ -1854,6 +1885,7 @@ Status max_pool2d(Ctx& c, Outs& outs, bool with_indices) {
   const std::uint64_t planes = numel_of(shape);
   shape.push_back(OH);
   shape.push_back(OW);
+  SAFECKPT_CHECK(c.charge({static_cast<std::int64_t>(planes), OH, OW, ks[0], ks[1]}, "max_pool2d"));
   SAFECKPT_TRY(HostTensor y, c.alloc(x->dtype, shape));
   HostTensor idx;
   if (with_indices) {
@@ -2105,13 +2137,16 @@ Status check_strides(Ctx& c, std::size_t k, std::int32_t id, const HostTensor& o
       SAFECKPT_TRY(std::int64_t a, c.dim(a0, r));
       SAFECKPT_TRY(std::int64_t b, c.dim(b0, r));
       want = *in_st;
-      std::swap((*want)[static_cast<std::size_t>(a)], (*want)[static_cast<std::size_t>(b)]);
+      // A 0-d tensor takes dims 0 / -1 and comes back as it is (PyTorch).
+      if (r > 0) std::swap((*want)[static_cast<std::size_t>(a)], (*want)[static_cast<std::size_t>(b)]);
     } else if (op == "aten::unsqueeze") {
       SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
       SAFECKPT_TRY(std::int64_t d, c.dim(d0, r + 1));
       auto ud = static_cast<std::size_t>(d);
       want = *in_st;
-      std::int64_t s = ud >= r ? 1 : in->shape[ud] * (*in_st)[ud];
+      std::int64_t s = 1;
+      if (ud < r && __builtin_mul_overflow(in->shape[ud], (*in_st)[ud], &s))
+        return c.fail(ErrorCode::kMalformed, "unsqueeze: stride overflows int64");
       want->insert(want->begin() + static_cast<std::ptrdiff_t>(ud), s);
     } else if (op == "aten::expand") {
       want.emplace(out.shape.size(), 0);
@@ -2119,14 +2154,18 @@ Status check_strides(Ctx& c, std::size_t k, std::int32_t id, const HostTensor& o
       for (std::size_t d = 0; d < r && lead + d < out.shape.size(); ++d)
         (*want)[lead + d] = in->shape[d] == out.shape[lead + d] ? (*in_st)[d] : 0;
     } else if (op == "aten::split.Tensor" || op == "aten::split_with_sizes" || op == "aten::slice.Tensor") {
+      if (r == 0) return c.fail(ErrorCode::kMalformed, op + " of a 0-d tensor");
       want = *in_st;
       if (op == "aten::slice.Tensor") {
         SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
         SAFECKPT_TRY(std::int64_t d, c.dim(d0, r));
         SAFECKPT_TRY(std::int64_t step, c.integer("step"));
-        (*want)[static_cast<std::size_t>(d)] *= step;
+        auto& st = (*want)[static_cast<std::size_t>(d)];
+        if (__builtin_mul_overflow(st, step, &st))
+          return c.fail(ErrorCode::kMalformed, "slice: stride overflows int64");
       }
     } else if (op == "aten::select.int") {
+      if (r == 0) return c.fail(ErrorCode::kMalformed, "select of a 0-d tensor");
       SAFECKPT_TRY(std::int64_t d0, c.integer("dim"));
       SAFECKPT_TRY(std::int64_t d, c.dim(d0, r));
       want = *in_st;
@@ -2267,10 +2306,11 @@ Status require_validated(const Program& program) {
 Result<std::vector<HostTensor>> run_impl(const Program& program, const WeightMap& weights,
                                          const std::map<std::string, HostTensor, std::less<>>& inputs,
                                          const GraphLimits& limits, bool meta,
-                                         std::vector<detail::ValueShape>* record = nullptr) {
+                                         std::vector<detail::ValueShape>* record = nullptr, bool count_work = false) {
   try {
     SAFECKPT_CHECK(require_validated(program));
     Ctx c{program, limits, {}, {}, {}, 0, nullptr, meta, {}};
+    c.count_work = count_work;
     c.strides.resize(program.values.size());
     c.vals.resize(program.values.size());
     c.syms.resize(program.sym_values.size());
@@ -2341,11 +2381,31 @@ Result<std::vector<HostTensor>> run_cpu(const Program& program, const WeightMap&
                                         const std::map<std::string, HostTensor, std::less<>>& inputs,
                                         const GraphLimits& limits) {
   // Shapes first (no values): a program whose recorded tensor_meta disagrees
-  // with the propagated shapes, or that would not fit the memory budget, is
-  // refused before any kernel runs.
-  SAFECKPT_TRY(auto shapes, run_impl(program, weights, inputs, limits, true));
+  // with the propagated shapes, or that would not fit the memory or work
+  // budget, is refused before any kernel runs.
+  SAFECKPT_TRY(auto shapes, run_impl(program, weights, inputs, limits, true, nullptr, true));
   (void)shapes;
-  return run_impl(program, weights, inputs, limits, false);
+  return run_impl(program, weights, inputs, limits, false, nullptr, true);
+}
+
+Status check_weights(const Program& program, const WeightMap& weights, const GraphLimits& limits) {
+  SAFECKPT_CHECK(require_validated(program));
+  Ctx c{program, limits, {}, {}, {}, 0, nullptr, true, {}};
+  c.vals.resize(program.values.size());
+  c.syms.resize(program.sym_values.size());
+  std::vector<std::pair<std::size_t, std::size_t>> deferred;
+  std::string missing;
+  for (const auto& in : program.inputs) {
+    if (in.kind == InputKind::kUserInput) continue;
+    auto it = weights.find(in.fqn);
+    if (it == weights.end()) {
+      missing += (missing.empty() ? " weight '" : ", weight '") + in.fqn + "'";
+      continue;
+    }
+    SAFECKPT_CHECK(bind_input(c, in, it->second, deferred));
+  }
+  if (!missing.empty()) return make_error(ErrorCode::kInvalidArgument, "missing:" + missing);
+  return {};
 }
 
 Status check_shapes(const Program& program, const GraphLimits& limits) {

@@ -688,6 +688,9 @@ class Parser {
     if (!os->is_array()) return malformed("signature.output_specs", "expected a list");
     if (os->size() > lim_.max_inputs)
       return make_error(ErrorCode::kLimitExceeded, "signature.output_specs: more than GraphLimits::max_inputs");
+    // The tensor each user_output spec returns (-1: another spec), for the
+    // graph.outputs check below.
+    std::vector<std::int32_t> spec_tensor(os->size(), -1);
     for (std::size_t i = 0; i < os->size(); ++i) {
       std::string w = "signature.output_specs[" + std::to_string(i) + "]";
       SAFECKPT_TRY(auto um, union_member((*os)[i], w));
@@ -711,6 +714,27 @@ class Parser {
       }
       SAFECKPT_TRY(std::int32_t id, tensor_ref(*am.second, w));
       p_.outputs.push_back(id);
+      spec_tensor[i] = id;
+    }
+    // graph.outputs must be the signature's outputs, in order (torch/_export/
+    // serde/serialize.py writes one per output spec): a program whose graph
+    // returns other values than its signature names is malformed, not run
+    // with either (review, 2026-12-06).
+    SAFECKPT_TRY(const json* go, field(g, "outputs", "graph"));
+    if (!go->is_array()) return malformed("graph.outputs", "expected a list");
+    if (go->size() != os->size())
+      return malformed("graph.outputs",
+                       std::to_string(go->size()) + " outputs but the signature has " + std::to_string(os->size()));
+    for (std::size_t i = 0; i < go->size(); ++i) {
+      if (spec_tensor[i] < 0) continue;
+      std::string w = "graph.outputs[" + std::to_string(i) + "]";
+      SAFECKPT_TRY(auto am, union_member((*go)[i], w));
+      if (am.first != "as_tensor") return malformed(w, "is '" + am.first + "' but the signature returns a tensor");
+      SAFECKPT_TRY(std::int32_t id, tensor_ref(*am.second, w));
+      if (id != spec_tensor[i])
+        return malformed(w, "'" + p_.value_names[static_cast<std::size_t>(id)] +
+                                "' does not match the signature's output '" +
+                                p_.value_names[static_cast<std::size_t>(spec_tensor[i])] + "'");
     }
     // graph.inputs must be the signature's inputs, in order (pt2-format.md §2.6 step 3).
     SAFECKPT_TRY(const json* gi, field(g, "inputs", "graph"));

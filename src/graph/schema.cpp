@@ -30,13 +30,16 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// Removes alias annotations "(a)", "(a!)", "(a -> *)" after "Tensor"; reports whether "!" was seen.
-std::string strip_alias(std::string_view s, bool* mutated) {
+// Removes alias annotations "(a)", "(a!)", "(a -> *)" after "Tensor";
+// reports whether "!" was seen (`mutated`) and whether any annotation was
+// (`aliased`).
+std::string strip_alias(std::string_view s, bool* mutated, bool* aliased = nullptr) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '(' && out.size() >= 6 && out.compare(out.size() - 6, 6, "Tensor") == 0) {
       std::size_t j = s.find(')', i);
       if (j == std::string_view::npos) return out;
+      if (aliased != nullptr) *aliased = true;
       if (s.substr(i, j - i).find('!') != std::string_view::npos && mutated) *mutated = true;
       i = j;
       continue;
@@ -208,7 +211,8 @@ Result<std::vector<OpSchema>> parse_op_allowlist(std::string_view text) {
     if (head.empty() || head.back() != ')') return bad("no ')' before '->'");
     bool mutated = false;
     std::string args = strip_alias(head.substr(lp + 1, head.size() - lp - 2), &mutated);
-    std::string rets = strip_alias(trim(line.substr(arrow + 2)), nullptr);
+    bool ret_alias = false;
+    std::string rets = strip_alias(trim(line.substr(arrow + 2)), nullptr, &ret_alias);
     bool kwarg_only = false;
     std::string_view av = args;
     while (!trim(av).empty()) {
@@ -224,6 +228,12 @@ Result<std::vector<OpSchema>> parse_op_allowlist(std::string_view text) {
       av.remove_prefix(c + 1);
     }
     s.inplace = mutated;
+    // A result that may share its first argument's memory: the schema's
+    // return alias annotation (views, reshape, to, slice, select, split),
+    // and aten::dropout, whose train=False result is its input itself
+    // though its schema says nothing (ATen native/Dropout.cpp: `return
+    // input`).
+    s.aliases_input = (ret_alias && !mutated) || s.name == "aten::dropout";
     if (rets == "Tensor") {
       s.num_outputs = 1;
     } else if (rets == "Tensor[]") {

@@ -42,13 +42,6 @@ const OpSchema* find_schema(std::string_view name) {
   return nullptr;
 }
 
-bool is_view_op(std::string_view op) {
-  for (std::string_view v : {"aten::view", "aten::permute", "aten::transpose.int", "aten::unsqueeze", "aten::expand",
-                             "aten::flatten.using_ints", "aten::split.Tensor", "aten::split_with_sizes"})
-    if (op == v) return true;
-  return false;
-}
-
 using RK = Refusal::Kind;
 
 struct Checker {
@@ -242,12 +235,20 @@ void collect(Program& p, Checker& c) {
     if (!sym.empty() && sym[0] == 'u')
       c.pol(RK::kPolicy, nullptr,
             "range_constraints: unbacked symbol '" + sym + "' (data-dependent size) is not supported");
-  // In-place ops: the mutated value (and the bases it views) must have no
-  // other use and must not be a graph input, so running them out of place is
-  // exact (the interpreter copies views).
+  // In-place ops: the mutated value (and every base it may alias, through
+  // any op whose result may share its input's memory: OpSchema::
+  // aliases_input) must have no other use, must not be a graph output and
+  // must not be a graph input, so running them out of place is exact (the
+  // interpreter and the engine copy views). A review (2026-12-06) found
+  // relu_ through slice / reshape / dropout / to reaching a parameter, and
+  // relu_ of a value the graph also returns, accepted with results PyTorch
+  // would not give: the view list was hand-kept and outputs were no use.
   std::vector<char> is_input(p.values.size(), 0);
   for (const auto& in : p.inputs)
     if (in.value >= 0) is_input[static_cast<std::size_t>(in.value)] = 1;
+  std::vector<char> is_output(p.values.size(), 0);
+  for (auto o : p.outputs)
+    if (o >= 0 && static_cast<std::size_t>(o) < is_output.size()) is_output[static_cast<std::size_t>(o)] = 1;
   for (const auto& n : p.nodes) {
     if (n.schema == nullptr || !n.schema->inplace || n.args.empty() || n.args[0].kind != Arg::Kind::kTensor) continue;
     std::string w = "node '" + n.name + "' (" + n.target + ")";
@@ -260,17 +261,18 @@ void collect(Program& p, Checker& c) {
                   "' in place (buffer/input mutation): export without in-place updates of inputs");
         break;
       }
-      if (uses[ut] > 1) {
+      if (uses[ut] > 1 || is_output[ut]) {
         c.pol(RK::kMutation, &n,
-              w + ": mutates '" + p.value_names[ut] +
-                  "' in place while another node reads it: not supported (run_decompositions() makes the "
-                  "program functional)");
+              w + ": mutates '" + p.value_names[ut] + "' in place while " +
+                  (is_output[ut] ? "the graph also returns it" : "another node reads it") +
+                  ": not supported (run_decompositions() makes the program functional)");
         break;
       }
       std::int32_t prod = producer[ut];
       if (prod < 0) break;
       const Node& pn = p.nodes[static_cast<std::size_t>(prod)];
-      if (!is_view_op(pn.op) || pn.args.empty() || pn.args[0].kind != Arg::Kind::kTensor) break;
+      if (pn.schema == nullptr || !pn.schema->aliases_input || pn.args.empty() || pn.args[0].kind != Arg::Kind::kTensor)
+        break;
       t = pn.args[0].tensor;
     }
   }

@@ -120,6 +120,39 @@ json& node_named(json& j, const std::string& name) {
   return j;
 }
 
+// Inserts, before node `before`, a node `target(args...)` -> `out` whose
+// tensor_values entry copies `meta_of`'s (serialize.py's layout: inputs by
+// name, kind 1 = positional).
+void insert_node(json& j, const std::string& before, const std::string& target, const json& inputs,
+                 const std::string& out, const std::string& meta_of) {
+  json& g = j["graph_module"]["graph"];
+  json n = {{"target", target},
+            {"inputs", inputs},
+            {"outputs", json::array({{{"as_tensor", {{"name", out}}}}})},
+            {"metadata", json::object()},
+            {"is_hop_single_tensor_return", nullptr},
+            {"name", out}};
+  g["tensor_values"][out] = g["tensor_values"][meta_of];
+  auto& nodes = g["nodes"];
+  for (auto it = nodes.begin(); it != nodes.end(); ++it)
+    if ((*it)["name"] == before) {
+      nodes.insert(it, n);
+      return;
+    }
+  FAIL("no node " << before);
+}
+
+json tensor_arg(const std::string& name, const std::string& value) {
+  return {{"name", name}, {"arg", {{"as_tensor", {{"name", value}}}}}, {"kind", 1}};
+}
+
+// A user output `value` added to the signature and to graph.outputs.
+void add_user_output(json& j, const std::string& value) {
+  j["graph_module"]["signature"]["output_specs"].push_back(
+      {{"user_output", {{"arg", {{"as_tensor", {{"name", value}}}}}}}});
+  j["graph_module"]["graph"]["outputs"].push_back({{"as_tensor", {{"name", value}}}});
+}
+
 }  // namespace
 
 TEST_CASE("graph: the embedded op allowlist parses and carries schemas with defaults") {
@@ -559,6 +592,89 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
       if (in["name"] == "training") in["arg"]["as_bool"] = true;
     CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
   }
+  SUBCASE("in-place op through an aliasing op, or on a value the graph returns: policy (review 2026-12-06)") {
+    // The interpreter and the engine run in-place ops out of place, which is
+    // exact only when nothing else can see the mutation. PyTorch's
+    // dropout(train=False) returns its input itself, and every `-> Tensor(a)`
+    // op (reshape, slice, select, to, view, ...) may share memory with it.
+    const json cnn = json::parse(program_text("cnn.train.pt2"));
+    const json drop_args = json::array({tensor_arg("input", "batch_norm_2"),
+                                        {{"name", "p"}, {"arg", {{"as_float", 0.0}}}, {"kind", 1}},
+                                        {{"name", "train"}, {"arg", {{"as_bool", false}}}, {"kind", 1}}});
+    // relu_(dropout(bn)) while the pool reads bn: PyTorch pools the relu'd values.
+    json j = cnn;
+    insert_node(j, "relu__2", "torch.ops.aten.dropout.default", drop_args, "drop", "batch_norm_2");
+    node_named(j, "relu__2")["inputs"][0]["arg"]["as_tensor"]["name"] = "drop";
+    node_named(j, "adaptive_avg_pool2d")["inputs"][0]["arg"]["as_tensor"]["name"] = "batch_norm_2";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    // The same through reshape (a `-> Tensor(a)` op the old hand-kept list lacked).
+    j = cnn;
+    insert_node(j, "relu__2", "torch.ops.aten.reshape.default",
+                json::array({tensor_arg("self", "batch_norm_2"),
+                             {{"name", "shape"}, {"arg", {{"as_ints", {2, 64, 8, 8}}}}, {"kind", 1}}}),
+                "resh", "batch_norm_2");
+    node_named(j, "relu__2")["inputs"][0]["arg"]["as_tensor"]["name"] = "resh";
+    node_named(j, "adaptive_avg_pool2d")["inputs"][0]["arg"]["as_tensor"]["name"] = "batch_norm_2";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    // Alone (nothing else reads bn), the same chain is exact and accepted.
+    j = cnn;
+    insert_node(j, "relu__2", "torch.ops.aten.dropout.default", drop_args, "drop", "batch_norm_2");
+    node_named(j, "relu__2")["inputs"][0]["arg"]["as_tensor"]["name"] = "drop";
+    CHECK(program_code(j) == ErrorCode::kOk);
+    // A parameter mutated through an alias of it.
+    j = cnn;
+    json wargs = drop_args;
+    wargs[0] = tensor_arg("input", "p_fc_weight");
+    insert_node(j, "linear", "torch.ops.aten.dropout.default", wargs, "dropw", "p_fc_weight");
+    insert_node(j, "linear", "torch.ops.aten.relu_.default", json::array({tensor_arg("self", "dropw")}), "reluw",
+                "p_fc_weight");
+    node_named(j, "linear")["inputs"][1]["arg"]["as_tensor"]["name"] = "reluw";
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+    // relu_(bn) while the graph also returns bn: PyTorch returns the relu'd values.
+    j = cnn;
+    add_user_output(j, "batch_norm_2");
+    CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
+  }
+  SUBCASE("graph.outputs that disagree with the signature's outputs: malformed (review 2026-12-06)") {
+    json j = mlp;
+    j["graph_module"]["graph"]["outputs"] = json::array();
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+    j = mlp;
+    auto& outs = j["graph_module"]["graph"]["outputs"];
+    REQUIRE(outs.size() == 1);
+    outs[0]["as_tensor"]["name"] = "gelu";
+    CHECK(program_code(j) == ErrorCode::kMalformed);
+  }
+  SUBCASE("transpose of a 0-d tensor: PyTorch's identity, no fault (review 2026-12-06: SIGSEGV)") {
+    // full([], 1.0) -> transpose(0, -1) -> add to the output's first element's
+    // row: the 0-d value broadcasts. Only the shape logic matters here.
+    json j = mlp;
+    json& g = j["graph_module"]["graph"];
+    const std::string out = g["outputs"][0]["as_tensor"]["name"];
+    json full = {{"target", "torch.ops.aten.full.default"},
+                 {"inputs", json::array({{{"name", "size"}, {"arg", {{"as_ints", json::array()}}}, {"kind", 1}},
+                                         {{"name", "fill_value"}, {"arg", {{"as_float", 1.0}}}, {"kind", 1}}})},
+                 {"outputs", json::array({{{"as_tensor", {{"name", "s0"}}}}})},
+                 {"metadata", json::object()},
+                 {"is_hop_single_tensor_return", nullptr},
+                 {"name", "s0"}};
+    json scalar_meta = g["tensor_values"][out];
+    scalar_meta["sizes"] = json::array();
+    scalar_meta["strides"] = json::array();
+    g["tensor_values"]["s0"] = scalar_meta;
+    g["tensor_values"]["s1"] = scalar_meta;
+    g["nodes"].push_back(full);
+    json tr = full;
+    tr["target"] = "torch.ops.aten.transpose.int";
+    tr["inputs"] = json::array({tensor_arg("self", "s0"),
+                                {{"name", "dim0"}, {"arg", {{"as_int", 0}}}, {"kind", 1}},
+                                {{"name", "dim1"}, {"arg", {{"as_int", -1}}}, {"kind", 1}}});
+    tr["outputs"] = json::array({{{"as_tensor", {{"name", "s1"}}}}});
+    tr["name"] = "s1";
+    g["nodes"].push_back(tr);
+    add_user_output(j, "s1");
+    CHECK(program_code(j) == ErrorCode::kOk);
+  }
   SUBCASE("unbacked (data-dependent) symbol: policy") {
     json j = gpt2;
     auto& sizes = j["graph_module"]["graph"]["tensor_values"]["view_1"]["sizes"];
@@ -601,6 +717,8 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     json j = mlp;
     j["graph_module"]["signature"]["output_specs"].push_back(
         {{"buffer_mutation", {{"arg", {{"name", "addmm"}}}, {"buffer_name", "b"}}}});
+    // torch.export returns the new buffer value as a graph output too.
+    j["graph_module"]["graph"]["outputs"].push_back({{"as_tensor", {{"name", "addmm"}}}});
     CHECK(program_code(j) == ErrorCode::kDisallowedOperation);
   }
   SUBCASE("nesting bomb and oversized JSON: limit") {
@@ -665,6 +783,47 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     REQUIRE_FALSE(r.has_value());
     CHECK(r.error().code() == ErrorCode::kLimitExceeded);
   }
+}
+
+TEST_CASE("graph: the run's work budget refuses before any kernel runs; validation does not count it") {
+  // Review 2026-12-06: a 5 KB program asking a 4096 x 4096 convolution of a
+  // 4096 x 4096 image (2.8e14 multiply-adds) ran for days. cnn.train's
+  // convolutions and linear layer, charged against a budget below their sum.
+  Loaded l = load_program("cnn.train.pt2");
+  auto w = archive_weights(l.archive);
+  REQUIRE(w.has_value());
+  auto io = SafetensorsFile::open(data_dir() + "cnn.io.safetensors");
+  REQUIRE(io.has_value());
+  const Inputs in{{"x", tensor_of(*io, "input.x")}};
+  GraphLimits small;
+  small.max_run_macs = 1000000;
+  auto r = run_cpu(l.program, *w, in, small);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::kLimitExceeded);
+  CHECK_MESSAGE(r.error().message().find("max_run_macs") != std::string::npos, r.error().message());
+  CHECK(check_shapes(l.program, small).has_value());  // the shape pass alone: not counted
+  auto full = run_cpu(l.program, *w, in);             // the default budget runs it
+  REQUIRE_MESSAGE(full.has_value(), (full ? "" : full.error().to_string()));
+}
+
+TEST_CASE("graph: check_weights binds an archive's weights as run_cpu does, naming the one that does not fit") {
+  Loaded l = load_program("mlp.core.pt2");
+  auto w = archive_weights(l.archive);
+  REQUIRE(w.has_value());
+  CHECK(check_weights(l.program, *w).has_value());
+  WeightMap bad = *w;
+  REQUIRE(bad.count("fc3.bias") == 1);
+  HostTensor& b = bad.at("fc3.bias");
+  b.shape = {1, b.shape.at(0)};
+  auto st = check_weights(l.program, bad);
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code() == ErrorCode::kInvalidArgument);
+  CHECK(st.error().message().find("fc3.bias") != std::string::npos);
+  WeightMap missing = *w;
+  missing.erase("fc3.bias");
+  st = check_weights(l.program, missing);
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().message().find("missing") != std::string::npos);
 }
 
 TEST_CASE("graph: the run's memory budget covers tensors and kernel scratch") {

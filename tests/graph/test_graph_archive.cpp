@@ -188,6 +188,24 @@ TEST_CASE("graph archive: each rule of the archive grammar with its ErrorCode") 
     c["config"]["fc1.bias"]["tensor_meta"]["storage_offset"]["as_int"] = 1;
     CHECK(open_code(crafted({{"data/weights/model_weights_config.json", c.dump()}})) == ErrorCode::kMalformed);
   }
+  SUBCASE("stride-0 views promising far more than their records hold: limit, before copying (review 2026-12-06)") {
+    // fc3.bias (a 40-byte record) viewed as float32 [24, 2^20] with stride 0:
+    // 96 MiB of copies from 40 bytes. (The review's 3.7 KB file asked for
+    // 12 GiB this way, and scan materialised it.)
+    json c = weights_config();
+    json& m = c["config"]["fc3.bias"]["tensor_meta"];
+    m["sizes"] = json::array({{{"as_int", 24}}, {{"as_int", 1 << 20}}});
+    m["strides"] = json::array({{{"as_int", 0}}, {{"as_int", 0}}});
+    auto bytes = crafted({{"data/weights/model_weights_config.json", c.dump()}});
+    auto r = Pt2Archive::open(Bytes(bytes.data(), bytes.size()));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::kLimitExceeded);
+    CHECK_MESSAGE(r.error().message().find("views would copy out") != std::string::npos, r.error().message());
+    // Tied weights (two names on one record) are what real archives hold: fine.
+    json t = weights_config();
+    t["config"]["fc3.bias_alias"] = t["config"]["fc3.bias"];
+    CHECK(open_code(crafted({{"data/weights/model_weights_config.json", t.dump()}})) == ErrorCode::kOk);
+  }
   SUBCASE("path_name escaping the weights folder") {
     json c = weights_config();
     c["config"]["fc1.bias"]["path_name"] = "../models/model.json";

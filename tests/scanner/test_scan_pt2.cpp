@@ -189,6 +189,8 @@ TEST_CASE("scan/pt2: a buffer mutation in the signature is SCK132") {
   json j = mlp_json();
   auto& outs = j["graph_module"]["signature"]["output_specs"];
   outs.push_back(json{{"buffer_mutation", {{"arg", {{"name", "x"}}}, {"buffer_name", "fc1.weight"}}}});
+  // torch.export returns the new buffer value as a graph output too.
+  j["graph_module"]["graph"]["outputs"].push_back(json{{"as_tensor", {{"name", "x"}}}});
   auto r = scan_str(crafted({{"models/model.json", j.dump()}}));
   INFO(dump_findings(r));
   const Finding* f = find_rule(r, Rule::kPt2Mutation);
@@ -290,4 +292,47 @@ TEST_CASE("scan/pt2: the CLI reports the rules in JSON and SARIF and exits 1 / 0
   CHECK(rule_listed);
   CHECK(js["runs"][0]["results"][0]["ruleId"].is_string());
   std::filesystem::remove(path);
+}
+
+TEST_CASE("scan/pt2: a decoy raw entry on a pickled record does not hide its pickle (review 2026-12-06)") {
+  // One record named by two config entries: use_pickle: true (PyTorch
+  // torch.load()s it, weights_only=False) and use_pickle: false. The raw
+  // entry must not exempt the record from the pickle scan.
+  json cfg;
+  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
+    if (name == "data/weights/model_weights_config.json") cfg = json::parse(data);
+  auto& entry = cfg["config"].begin().value();
+  entry["use_pickle"] = true;
+  const std::string path = entry["path_name"].get<std::string>();
+  json decoy = entry;
+  decoy["use_pickle"] = false;
+  cfg["config"]["decoy.weight"] = decoy;
+  const std::string rec = "data/weights/" + path;
+  auto r = scan_str(crafted({{"data/weights/model_weights_config.json", cfg.dump()}, {rec, os_system_pickle()}}));
+  INFO(dump_findings(r));
+  bool dangerous = false;
+  for (const auto& f : r.findings)
+    if (f.rule == Rule::kImportDangerous && f.global == "os.system" && f.member == "mlp.core/" + rec) dangerous = true;
+  CHECK(dangerous);
+  CHECK(r.verdict == Verdict::kUnsafe);
+  CHECK(code_of(r) == 1);
+}
+
+TEST_CASE("scan/pt2: weights whose config meta disagrees with the program are not clean (review 2026-12-06)") {
+  // fc3.bias's config tensor_meta made [1, 10] (record and program: [10]):
+  // `run` refuses to bind it, so `scan` must not call the archive clean.
+  json cfg;
+  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
+    if (name == "data/weights/model_weights_config.json") cfg = json::parse(data);
+  json& meta = cfg["config"]["fc3.bias"]["tensor_meta"];
+  REQUIRE(meta["sizes"].size() == 1);
+  meta["sizes"] = json::array({{{"as_int", 1}}, meta["sizes"][0]});
+  meta["strides"] = json::array({meta["sizes"][1], {{"as_int", 1}}});
+  auto r = scan_str(crafted({{"data/weights/model_weights_config.json", cfg.dump()}}));
+  INFO(dump_findings(r));
+  CHECK(r.verdict != Verdict::kClean);
+  const Finding* f = find_rule(r, Rule::kMalformed);
+  REQUIRE(f != nullptr);
+  CHECK(f->message.find("fc3.bias") != std::string::npos);
+  CHECK(code_of(r) == 1);
 }
