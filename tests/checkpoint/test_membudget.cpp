@@ -19,6 +19,7 @@
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "support/run_cli.hpp"
+#include "support/sanitizers.hpp"
 #include "support/zip_builder.hpp"
 
 using safeckpt::ErrorCode;
@@ -230,14 +231,6 @@ TEST_CASE("memory budget: the views bomb's tensors are fine under the budget whe
   REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().to_string()));
   CHECK(r->tensors().size() == 10);
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define SAFECKPT_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SAFECKPT_TEST_ASAN 1
-#endif
-#endif
 
 TEST_CASE("memory budget: the CLI refuses a 512 MiB deflate bomb under a 1.5 GiB address-space rlimit") {
 #ifdef SAFECKPT_TEST_ASAN

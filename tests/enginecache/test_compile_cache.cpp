@@ -25,6 +25,7 @@
 #include "safeckpt/zip.hpp"
 #include "support/fifo.hpp"
 #include "support/pt2_corpus.hpp"
+#include "support/sanitizers.hpp"
 #include "support/save_util.hpp"
 
 using namespace safeckpt;
@@ -532,14 +533,6 @@ TEST_CASE("enginecache: a FIFO at an entry's or the key's path is refused at onc
     CHECK_FALSE(w.had_to_unblock());
   }
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define SAFECKPT_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SAFECKPT_TEST_ASAN 1
-#endif
-#endif
 
 TEST_CASE("enginecache: a huge junk file at an entry's path is judged by its header, never allocated whole") {
 #ifdef SAFECKPT_TEST_ASAN

@@ -44,6 +44,12 @@ std::string crafted(const std::map<std::string, std::optional<std::string>>& edi
   return std::string(v.begin(), v.end());
 }
 
+// mlp.core.pt2's data/weights/model_weights_config.json.
+json mlp_weights_config() {
+  return json::parse(
+      test_support::archive_record(data_dir("pt2-2.11") + "mlp.core.pt2", "data/weights/model_weights_config.json"));
+}
+
 json mlp_json() {
   return json::parse(test_support::archive_record(data_dir("pt2-2.11") + "mlp.core.pt2", "models/model.json"));
 }
@@ -202,9 +208,7 @@ TEST_CASE("scan/pt2: a buffer mutation in the signature is SCK132") {
 }
 
 TEST_CASE("scan/pt2: a pickled weight naming os.system: SCK101 on its record, SCK133 for the archive") {
-  json cfg;
-  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
-    if (name == "data/weights/model_weights_config.json") cfg = json::parse(data);
+  json cfg = mlp_weights_config();
   auto& entry = cfg["config"].begin().value();
   entry["use_pickle"] = true;
   const std::string rec = "data/weights/" + entry["path_name"].get<std::string>();
@@ -226,9 +230,7 @@ TEST_CASE("scan/pt2: raw weight records are not sniffed as pickles; pickled samp
   // A raw record whose bytes happen to spell a pickle importing os.system is
   // tensor data to the engine (use_pickle: false): no import finding. The
   // same bytes as a sample-inputs record are scanned like any pickle.
-  json cfg;
-  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
-    if (name == "data/weights/model_weights_config.json") cfg = json::parse(data);
+  json cfg = mlp_weights_config();
   std::string bias_rec;
   std::size_t bias_bytes = 0;
   for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
@@ -298,9 +300,7 @@ TEST_CASE("scan/pt2: a decoy raw entry on a pickled record does not hide its pic
   // One record named by two config entries: use_pickle: true (PyTorch
   // torch.load()s it, weights_only=False) and use_pickle: false. The raw
   // entry must not exempt the record from the pickle scan.
-  json cfg;
-  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
-    if (name == "data/weights/model_weights_config.json") cfg = json::parse(data);
+  json cfg = mlp_weights_config();
   auto& entry = cfg["config"].begin().value();
   entry["use_pickle"] = true;
   const std::string path = entry["path_name"].get<std::string>();
@@ -321,9 +321,7 @@ TEST_CASE("scan/pt2: a decoy raw entry on a pickled record does not hide its pic
 TEST_CASE("scan/pt2: weights whose config meta disagrees with the program are not clean (review 2026-12-06)") {
   // fc3.bias's config tensor_meta made [1, 10] (record and program: [10]):
   // `run` refuses to bind it, so `scan` must not call the archive clean.
-  json cfg;
-  for (auto& [name, data] : records(data_dir("pt2-2.11") + "mlp.core.pt2"))
-    if (name == "data/weights/model_weights_config.json") cfg = json::parse(data);
+  json cfg = mlp_weights_config();
   json& meta = cfg["config"]["fc3.bias"]["tensor_meta"];
   REQUIRE(meta["sizes"].size() == 1);
   meta["sizes"] = json::array({{{"as_int", 1}}, meta["sizes"][0]});
