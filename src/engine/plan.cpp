@@ -399,6 +399,7 @@ Status Lowering::lower_pointwise(const std::string& op) {
 Status Lowering::lower_view(const std::string& op) {
   SAFECKPT_TRY(DevTensor x, tensor("self"));
   if (op == "aten::split.Tensor" || op == "aten::split_with_sizes") {
+    if (x.shape.empty()) return fail(ErrorCode::kMalformed, "split of a 0-d tensor");
     SAFECKPT_TRY(std::int64_t d0, integer("dim"));
     SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size()));
     std::vector<std::int64_t> sizes;
@@ -484,8 +485,10 @@ Status Lowering::lower_view(const std::string& op) {
     SAFECKPT_TRY(std::int64_t b0, integer("dim1"));
     SAFECKPT_TRY(std::int64_t a, norm_dim(a0, x.shape.size()));
     SAFECKPT_TRY(std::int64_t b, norm_dim(b0, x.shape.size()));
-    std::swap(t.shape[static_cast<std::size_t>(a)], t.shape[static_cast<std::size_t>(b)]);
-    std::swap(t.strides[static_cast<std::size_t>(a)], t.strides[static_cast<std::size_t>(b)]);
+    if (!x.shape.empty()) {  // a 0-d tensor (dims 0 / -1) is returned as it is, as in PyTorch
+      std::swap(t.shape[static_cast<std::size_t>(a)], t.shape[static_cast<std::size_t>(b)]);
+      std::swap(t.strides[static_cast<std::size_t>(a)], t.strides[static_cast<std::size_t>(b)]);
+    }
   } else if (op == "aten::unsqueeze") {
     SAFECKPT_TRY(std::int64_t d0, integer("dim"));
     SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size() + 1));
@@ -798,6 +801,7 @@ Status Lowering::lower_sym() {
   if (op == "aten::sym_size.int") {
     SAFECKPT_TRY(DevTensor x, tensor("self"));
     SAFECKPT_TRY(std::int64_t d0, integer("dim"));
+    if (x.shape.empty()) return fail(ErrorCode::kMalformed, "sym_size of a 0-d tensor");
     SAFECKPT_TRY(std::int64_t d, norm_dim(d0, x.shape.size()));
     v = x.shape[static_cast<std::size_t>(d)];
   } else if (op == "_operator.mul") {

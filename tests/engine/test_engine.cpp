@@ -231,6 +231,20 @@ TEST_CASE("engine: convolution layout names parse; unknown names are refused") {
   CHECK(bad.error().code() == ErrorCode::kInvalidArgument);
 }
 
+TEST_CASE("engine: a 0-d transpose plans (PyTorch's identity), no device") {
+  // Review of 2026-12-06: validation crashed on it, and once it passed, the
+  // lowering swapped elements of an empty shape the same way.
+  auto p = parse_program_json(test_support::mlp_with_scalar_transpose().dump(), "model");
+  REQUIRE_MESSAGE(p.has_value(), (p ? "" : p.error().to_string()));
+  Program prog = std::move(p).value();
+  auto st = validate(prog);
+  REQUIRE_MESSAGE(st.has_value(), (st ? "" : st.error().to_string()));
+  for (bool fuse : {true, false}) {
+    auto d = safeckpt::engine::detail::dry_plan(prog, {{2, 128}}, fuse, 90);
+    REQUIRE_MESSAGE(d.has_value(), (d ? "" : d.error().to_string()));
+  }
+}
+
 TEST_CASE("engine: generated pointwise kernels carry only op codes, dtypes and numbers") {
   using namespace safeckpt::engine::detail;
   FusedKernel k;

@@ -646,34 +646,7 @@ TEST_CASE("graph: malformed and refused programs, each with its exact ErrorCode"
     CHECK(program_code(j) == ErrorCode::kMalformed);
   }
   SUBCASE("transpose of a 0-d tensor: PyTorch's identity, no fault (review 2026-12-06: SIGSEGV)") {
-    // full([], 1.0) -> transpose(0, -1) -> add to the output's first element's
-    // row: the 0-d value broadcasts. Only the shape logic matters here.
-    json j = mlp;
-    json& g = j["graph_module"]["graph"];
-    const std::string out = g["outputs"][0]["as_tensor"]["name"];
-    json full = {{"target", "torch.ops.aten.full.default"},
-                 {"inputs", json::array({{{"name", "size"}, {"arg", {{"as_ints", json::array()}}}, {"kind", 1}},
-                                         {{"name", "fill_value"}, {"arg", {{"as_float", 1.0}}}, {"kind", 1}}})},
-                 {"outputs", json::array({{{"as_tensor", {{"name", "s0"}}}}})},
-                 {"metadata", json::object()},
-                 {"is_hop_single_tensor_return", nullptr},
-                 {"name", "s0"}};
-    json scalar_meta = g["tensor_values"][out];
-    scalar_meta["sizes"] = json::array();
-    scalar_meta["strides"] = json::array();
-    g["tensor_values"]["s0"] = scalar_meta;
-    g["tensor_values"]["s1"] = scalar_meta;
-    g["nodes"].push_back(full);
-    json tr = full;
-    tr["target"] = "torch.ops.aten.transpose.int";
-    tr["inputs"] = json::array({tensor_arg("self", "s0"),
-                                {{"name", "dim0"}, {"arg", {{"as_int", 0}}}, {"kind", 1}},
-                                {{"name", "dim1"}, {"arg", {{"as_int", -1}}}, {"kind", 1}}});
-    tr["outputs"] = json::array({{{"as_tensor", {{"name", "s1"}}}}});
-    tr["name"] = "s1";
-    g["nodes"].push_back(tr);
-    add_user_output(j, "s1");
-    CHECK(program_code(j) == ErrorCode::kOk);
+    CHECK(program_code(test_support::mlp_with_scalar_transpose()) == ErrorCode::kOk);
   }
   SUBCASE("unbacked (data-dependent) symbol: policy") {
     json j = gpt2;

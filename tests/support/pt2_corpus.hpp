@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -75,6 +76,44 @@ inline std::vector<std::uint8_t> crafted_mlp(const std::map<std::string, std::op
   }
   for (auto& [name, data] : extra) zb.add(name, data);
   return zb.finish();
+}
+
+// pt2-2.11/mlp.core's program JSON with two nodes added, full([], 1.0) ->
+// s0 and transpose.int(s0, 0, -1) -> s1, s1 returned as a second user
+// output: PyTorch returns a 0-d tensor from transpose unchanged. (A review of
+// 2026-12-06 crashed validate, run and scan with it: SIGSEGV.)
+inline nlohmann::json mlp_with_scalar_transpose() {
+  using nlohmann::json;
+  json j = json::parse(archive_record(test_data_dir() + "mlp.core.pt2", "models/model.json"));
+  json& g = j["graph_module"]["graph"];
+  const std::string out = g["outputs"][0]["as_tensor"]["name"];
+  auto node = [](const std::string& target, json inputs, const std::string& name) {
+    return json{{"target", target},
+                {"inputs", std::move(inputs)},
+                {"outputs", json::array({{{"as_tensor", {{"name", name}}}}})},
+                {"metadata", json::object()},
+                {"is_hop_single_tensor_return", nullptr},
+                {"name", name}};
+  };
+  auto pos = [](const std::string& name, json arg) {
+    return json{{"name", name}, {"arg", std::move(arg)}, {"kind", 1}};
+  };
+  json scalar_meta = g["tensor_values"][out];
+  scalar_meta["sizes"] = json::array();
+  scalar_meta["strides"] = json::array();
+  g["tensor_values"]["s0"] = scalar_meta;
+  g["tensor_values"]["s1"] = scalar_meta;
+  g["nodes"].push_back(
+      node("torch.ops.aten.full.default",
+           json::array({pos("size", {{"as_ints", json::array()}}), pos("fill_value", {{"as_float", 1.0}})}), "s0"));
+  g["nodes"].push_back(node("torch.ops.aten.transpose.int",
+                            json::array({pos("self", {{"as_tensor", {{"name", "s0"}}}}), pos("dim0", {{"as_int", 0}}),
+                                         pos("dim1", {{"as_int", -1}})}),
+                            "s1"));
+  j["graph_module"]["signature"]["output_specs"].push_back(
+      {{"user_output", {{"arg", {{"as_tensor", {{"name", "s1"}}}}}}}});
+  g["outputs"].push_back({{"as_tensor", {{"name", "s1"}}}});
+  return j;
 }
 
 // A program of tests/data/<dir>/, opened, its model "model" validated;
