@@ -266,7 +266,9 @@ void register_scan(CLI::App& app, int& exit_code) {
   add_verify_options(cmd, args->verify, false);
   cmd->callback([args, &exit_code] {
     // DCP directories (a `.metadata` inside) are audited as one checkpoint
-    // (cli/dcp.cpp), the other paths as files; the exit code is the worst.
+    // (cli/dcp.cpp), the other paths as files, and so are the entries of a
+    // DCP directory that are not its checkpoint (dcp_other_entries); the
+    // exit code is the worst.
     ScanArgs files = *args;
     files.paths.clear();
     int dcp_code = 0;
@@ -279,10 +281,12 @@ void register_scan(CLI::App& app, int& exit_code) {
         exit_code = 2;
         return;
       }
-      if (is_dcp_dir(p))
+      if (is_dcp_dir(p)) {
         dcp_code = std::max(dcp_code, scan_dcp(p, args->quiet));
-      else
+        for (auto& other : dcp_other_entries(p)) files.paths.push_back(std::move(other));
+      } else {
         files.paths.push_back(p);
+      }
     }
     exit_code = files.paths.empty() ? dcp_code : std::max(dcp_code, run_scan(files));
   });

@@ -208,6 +208,16 @@ Status DcpAccess::assemble(DcpParsed&& p, DcpCheckpoint& c) {
       SAFECKPT_TRY(ch.file, file_index(p.storage[e]));
       ch.offset = p.storage[e].offset;
       ch.length = p.storage[e].length;
+      // A chunk's payload is torch.save of the chunk (an uncompressed zip):
+      // never fewer bytes than its elements. Checked here, before anything
+      // sizes a buffer from the metadata: a 40 KB directory whose metadata
+      // declared a 4 GiB chunk on a 1.5 KB payload made `convert` allocate
+      // 4 GiB (2^37 elements: std::bad_alloc, SIGABRT; review 2026-12-06).
+      std::uint64_t n = 0, need = 0;
+      if (!numel_of(ch.sizes, n) || !util::checked_mul(n, dtype_size(t.dtype), need) || ch.length < need)
+        return malformed("chunk at " + dims_text(ch.offsets) + " of '" + t.fqn + "' is stored in " +
+                         std::to_string(ch.length) + " bytes, fewer than its " + dims_text(ch.sizes) +
+                         " elements need");
     }
   }
   for (auto& b : p.bytes_items) {

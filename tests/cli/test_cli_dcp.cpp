@@ -78,6 +78,23 @@ TEST_CASE("cli dcp: scan is clean on real directories and finds damaged ones") {
   fs::remove_all(d);
 }
 
+TEST_CASE("cli dcp: scan audits the files beside a DCP checkpoint too (a pickle there is not passed over)") {
+  // Review 2026-12-06: a real directory plus an os.system pickle scanned
+  // clean, since only what .metadata names was read.
+  const fs::path d = copy_dir(kDcp / "uneven-ws4" / "dcp", "extra");
+  fs::copy_file(fs::path(SAFECKPT_TEST_DATA) / "corpus" / "torch-2.11" / "mal_os_system.pt", d / "evil.pt");
+  auto r = test_support::run_cli("scan " + d.string());
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("DCP directory: clean") != std::string::npos);  // the checkpoint itself
+  CHECK(r.out.find("evil.pt") != std::string::npos);
+  CHECK(r.out.find("os.system") != std::string::npos);
+  fs::remove(d / "evil.pt");
+  r = test_support::run_cli("scan " + d.string());
+  CHECK(r.code == 0);
+  fs::remove_all(d);
+}
+
 TEST_CASE("cli dcp: convert DIR OUT.safetensors equals PyTorch's full tensors") {
   const fs::path out = fs::temp_directory_path() / "safeckpt_cli_dcp_fsdp2.safetensors";
   fs::remove(out);

@@ -185,6 +185,16 @@ TEST_CASE("dcp refusals: chunks that overlap, leave a gap, or lie outside") {
                "two storage entries for 'w' at [0, 0]");
 }
 
+TEST_CASE("dcp refusals: a chunk stored in fewer bytes than its elements, refused before any buffer is sized") {
+  // Review 2026-12-06: metadata declaring a [2^37] chunk on a 1577-byte
+  // payload made `convert` allocate for it (std::bad_alloc, SIGABRT); a
+  // [2^30] one, 4 GiB of RSS from a 40 KB directory. A torch.save payload
+  // (an uncompressed zip) is never smaller than its elements.
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}, "__0_0.distcp", 0, 47}})})), ErrorCode::kMalformed,
+               "fewer than its [4, 3] elements need");
+  CHECK(parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}, "__0_0.distcp", 0, 48}})})).has_value());
+}
+
 TEST_CASE("dcp refusals: file names that leave the directory") {
   for (const char* bad : {"../x.distcp", "/etc/passwd", "a/b.distcp", "..", ".metadata", ""}) {
     CAPTURE(bad);

@@ -10,6 +10,7 @@
 #include "safeckpt/hash.hpp"
 #include "safeckpt/safetensors.hpp"
 #include "safeckpt/save.hpp"
+#include "support/fifo.hpp"
 #include "support/save_util.hpp"
 
 using namespace safeckpt;
@@ -388,4 +389,19 @@ TEST_CASE("safetensors: files made by the reference implementation (tests/data/s
   REQUIRE_MESSAGE(idx.has_value(), (idx ? "" : idx.error().to_string()));
   CHECK(idx->state_dict().size() == 3);
   CHECK(files >= 5);
+}
+
+TEST_CASE("safetensors: a FIFO shard of an index is refused at once, not waited on") {
+  // Review 2026-12-06: `inspect model.safetensors.index.json` hung for good
+  // on a shard that was a FIFO (or a link to one).
+  TempDir dir;
+  const fs::path ref = fs::path(SAFECKPT_TEST_DATA) / "safetensors-ref";
+  for (const char* f : {"model.safetensors.index.json", "model-00001-of-00002.safetensors"})
+    fs::copy_file(ref / f, dir.path / f);
+  test_support::FifoWatchdog w(dir.path / "model-00002-of-00002.safetensors");
+  REQUIRE(w.ok());
+  auto c = load_safetensors_index(dir.path / "model.safetensors.index.json");
+  REQUIRE_FALSE(c.has_value());
+  CHECK(c.error().message().find("not a regular file") != std::string::npos);
+  CHECK_FALSE(w.had_to_unblock());
 }
