@@ -2390,7 +2390,8 @@ Result<std::vector<HostTensor>> run_cpu(const Program& program, const WeightMap&
 
 Status check_weights(const Program& program, const WeightMap& weights, const GraphLimits& limits) {
   SAFECKPT_CHECK(require_validated(program));
-  Ctx c{program, limits, {}, {}, {}, 0, nullptr, true, {}};
+  // Not meta: bind_input also checks each weight's bytes against its shape.
+  Ctx c{program, limits, {}, {}, {}, 0, nullptr, false, {}};
   c.vals.resize(program.values.size());
   c.syms.resize(program.sym_values.size());
   std::vector<std::pair<std::size_t, std::size_t>> deferred;

@@ -792,6 +792,11 @@ TEST_CASE("graph: check_weights binds an archive's weights as run_cpu does, nami
   REQUIRE_FALSE(st.has_value());
   CHECK(st.error().code() == ErrorCode::kInvalidArgument);
   CHECK(st.error().message().find("fc3.bias") != std::string::npos);
+  WeightMap short_bytes = *w;
+  short_bytes.at("fc3.bias").data = std::make_shared<std::vector<std::uint8_t>>(4);  // one float of ten
+  st = check_weights(l.program, short_bytes);
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().message().find("bytes do not match") != std::string::npos);
   WeightMap missing = *w;
   missing.erase("fc3.bias");
   st = check_weights(l.program, missing);
