@@ -90,13 +90,12 @@ int inspect_pt2(const std::string& path, Bytes file, bool json);
 // 1 finding, 2 not scanned; convert: .safetensors (flat FQNs) or .pt (nested, like dcp_to_torch_save).
 bool is_dcp_dir(const std::string& path);
 int inspect_dcp(const std::string& dir, bool json);
-int scan_dcp(const std::string& dir, bool quiet);
-// The entries of DCP directory `dir` that are neither `.metadata` nor a data
-// file its metadata names (every `*.distcp` when the metadata does not
-// open): `scan` audits them as ordinary paths, so a pickle dropped beside
-// the checkpoint is never passed over (review 2026-12-06: a directory with
-// an os.system pickle in it scanned clean).
-std::vector<std::string> dcp_other_entries(const std::string& dir);
+// scan_dcp also puts in `others` the entries of `dir` that are neither
+// `.metadata` nor a data file its metadata names (every `*.distcp` when the
+// metadata does not open): `scan` audits them as ordinary paths, so a pickle
+// dropped beside the checkpoint is never passed over (review 2026-12-06: a
+// directory with an os.system pickle in it scanned clean).
+int scan_dcp(const std::string& dir, bool quiet, std::vector<std::string>& others);
 int convert_dcp(const std::string& in, const std::string& out, bool force, bool fsync);
 
 }  // namespace safeckpt::cli

@@ -104,10 +104,32 @@ int inspect_dcp(const std::string& dir, bool json) {
   return 0;
 }
 
-int scan_dcp(const std::string& dir, bool quiet) {
+namespace {
+// The entries of `dir` that the DCP verdict does not cover (commands.hpp);
+// `c` is the opened checkpoint, null when it did not open.
+std::vector<std::string> other_entries(const std::string& dir, const DcpCheckpoint* c) {
+  std::set<std::string> covered{".metadata"};
+  if (c != nullptr)
+    for (const auto& f : c->files()) covered.insert(f.name);
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (covered.count(name) != 0) continue;
+    if (c == nullptr && name.size() > 7 && name.compare(name.size() - 7, 7, ".distcp") == 0) continue;
+    out.push_back(it->path().string());
+  }
+  if (ec) out.push_back(dir);  // unlistable: the file scan reports it (fail closed)
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+int scan_dcp(const std::string& dir, bool quiet, std::vector<std::string>& others) {
   // Clean exactly when the loader accepts: the metadata, the layout, every
   // chunk payload and every byte item through the weights-only loader.
   auto r = DcpCheckpoint::open(dir);
+  others = other_entries(dir, r ? &*r : nullptr);
   Status st;
   if (!r) st = unexpected(r.error());
   std::size_t chunks = 0;
@@ -146,24 +168,6 @@ int scan_dcp(const std::string& dir, bool quiet) {
     std::printf("%s: DCP directory: clean (%zu tensors in %zu chunks, %zu other items, %zu files)\n", dir.c_str(),
                 r->tensors().size(), chunks, r->bytes_items().size(), r->files().size());
   return 0;
-}
-
-std::vector<std::string> dcp_other_entries(const std::string& dir) {
-  std::set<std::string> covered{".metadata"};
-  auto r = DcpCheckpoint::open(dir);
-  if (r)
-    for (const auto& f : r->files()) covered.insert(f.name);
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (covered.count(name) != 0) continue;
-    if (!r && name.size() > 7 && name.compare(name.size() - 7, 7, ".distcp") == 0) continue;  // the DCP verdict's
-    out.push_back(it->path().string());
-  }
-  if (ec) out.push_back(dir);  // unlistable: the file scan reports it (fail closed)
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 int convert_dcp(const std::string& in, const std::string& out, bool force, bool fsync) {

@@ -267,7 +267,7 @@ void register_scan(CLI::App& app, int& exit_code) {
   cmd->callback([args, &exit_code] {
     // DCP directories (a `.metadata` inside) are audited as one checkpoint
     // (cli/dcp.cpp), the other paths as files, and so are the entries of a
-    // DCP directory that are not its checkpoint (dcp_other_entries); the
+    // DCP directory that are not its checkpoint (scan_dcp's `others`); the
     // exit code is the worst.
     ScanArgs files = *args;
     files.paths.clear();
@@ -282,8 +282,9 @@ void register_scan(CLI::App& app, int& exit_code) {
         return;
       }
       if (is_dcp_dir(p)) {
-        dcp_code = std::max(dcp_code, scan_dcp(p, args->quiet));
-        for (auto& other : dcp_other_entries(p)) files.paths.push_back(std::move(other));
+        std::vector<std::string> others;
+        dcp_code = std::max(dcp_code, scan_dcp(p, args->quiet, others));
+        for (auto& other : others) files.paths.push_back(std::move(other));
       } else {
         files.paths.push_back(p);
       }

@@ -61,7 +61,9 @@ class MappedFile {
   static Result<MappedFile> open(const std::filesystem::path& path);
   // Maps (or reads, as open()) an already open descriptor, taking ownership
   // of `fd` (closed on every error too). `path` only names the file in
-  // messages and path(). Errors: as open().
+  // messages and path(). Open it with O_NONBLOCK so that a FIFO cannot block
+  // the open: anything but a regular file is refused here, and the flag is
+  // cleared on the one kept. Errors: as open().
   static Result<MappedFile> adopt(int fd, const std::filesystem::path& path);
   // Reads everything from `read` (returns bytes read, 0 at end, -1 on error)
   // into an owned buffer of at most `max_bytes`. Errors: kIo, kLimitExceeded.

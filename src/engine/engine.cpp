@@ -199,7 +199,8 @@ std::optional<std::vector<std::uint8_t>> EngineImpl::find_choice(const std::stri
   *from_cache = false;
   if (auto it = choices.find(choice); it != choices.end()) return it->second;
   if (!cache) return std::nullopt;
-  auto found = cache->load(choice_cache_key(choice, facts));
+  const enginecache::CacheKey key = choice_cache_key(choice, facts);
+  auto found = cache->load(key);
   if (!found) {  // a read error: a miss with a warning, as in module_for
     warn("compile cache: " + found.error().to_string() + "; choosing again", nullptr);
     return std::nullopt;
@@ -211,9 +212,7 @@ std::optional<std::vector<std::uint8_t>> EngineImpl::find_choice(const std::stri
   }
   auto b = found->entry->blobs.find(kChoiceBlob);
   if (b == found->entry->blobs.end() || b->second.empty()) {
-    warn("compile cache: " + cache->entry_path(choice_cache_key(choice, facts)).string() +
-             " has no choice; choosing again",
-         nullptr);
+    warn("compile cache: " + cache->entry_path(key).string() + " has no choice; choosing again", nullptr);
     return std::nullopt;
   }
   *from_cache = true;

@@ -405,7 +405,6 @@ Result<MappedFile> open_shard(int dirfd, const std::filesystem::path& dir_real, 
   // 2026-12-06: `inspect model.safetensors.index.json` hung on a FIFO shard).
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (link ? 0 : O_NOFOLLOW));
   if (fd < 0) return make_error(ErrorCode::kIo, "cannot open shard " + shown.string() + ": " + std::strerror(errno));
-  if (const int fl = ::fcntl(fd, F_GETFL); fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   if (link) {
     std::error_code ec;
     const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);

@@ -61,11 +61,10 @@ void MappedFile::reset() noexcept {
 Result<MappedFile> MappedFile::open(const std::filesystem::path& path) {
   // O_NONBLOCK: opening a FIFO (one a hostile archive unpacked where a
   // checkpoint was expected) must not wait for a writer; adopt() then
-  // refuses anything but a regular file, for which the flag means nothing
-  // (it is cleared anyway). O_NOCTTY: a terminal named here stays ours.
+  // refuses anything but a regular file and clears the flag. O_NOCTTY: a
+  // terminal named here stays ours.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return make_error(ErrorCode::kIo, "cannot open " + path.string() + ": " + std::strerror(errno));
-  if (const int fl = ::fcntl(fd, F_GETFL); fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   return adopt(fd, path);
 }
 
@@ -80,6 +79,10 @@ Result<MappedFile> MappedFile::adopt(int fd, const std::filesystem::path& path) 
     ::close(fd);
     return make_error(ErrorCode::kIo, path.string() + " is not a regular file");
   }
+  // A caller that opened with O_NONBLOCK (so that a FIFO could not block
+  // the open) gets an ordinary descriptor back from here on.
+  if (const int fl = ::fcntl(fd, F_GETFL); fl >= 0 && (fl & O_NONBLOCK) != 0)
+    (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   MappedFile f;
   f.fd_ = fd;
   f.path_ = path;
