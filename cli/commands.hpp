@@ -85,17 +85,12 @@ void register_bench_engine(CLI::App& app, int& exit_code);
 // `safeckpt inspect` on a PT2 archive: what `inspect-program` prints for the
 // mapped bytes `file` (borrowed), text or JSON; its exit code.
 int inspect_pt2(const std::string& path, Bytes file, bool json);
-// torch.distributed.checkpoint directories (cli/dcp.cpp): a directory with a
-// `.metadata` file. inspect: 0 / 1 policy / 2 other refusal; scan: 0 clean,
-// 1 finding, 2 not scanned; convert: .safetensors (flat FQNs) or .pt (nested, like dcp_to_torch_save).
-bool is_dcp_dir(const std::string& path);
+// torch.distributed.checkpoint directories (cli/dcp.cpp; a directory with a
+// `.metadata` file: safeckpt::is_dcp_directory; `scan` reports them through
+// the scanner, scan::scan_walk). inspect: 0 / 1 policy / 2 other refusal,
+// after reading every chunk and item payload; convert: .safetensors (flat
+// FQNs) or .pt (nested, like dcp_to_torch_save).
 int inspect_dcp(const std::string& dir, bool json);
-// scan_dcp also puts in `others` the entries of `dir` that are neither
-// `.metadata` nor a data file its metadata names (every `*.distcp` when the
-// metadata does not open): `scan` audits them as ordinary paths, so a pickle
-// dropped beside the checkpoint is never passed over (review 2026-12-06: a
-// directory with an os.system pickle in it scanned clean).
-int scan_dcp(const std::string& dir, bool quiet, std::vector<std::string>& others);
 int convert_dcp(const std::string& in, const std::string& out, bool force, bool fsync);
 
 }  // namespace safeckpt::cli

@@ -178,7 +178,7 @@ int run_convert(ConvertArgs a) {
     in = gather_ranks(a, notes);
     if (!in) return fail("cannot gather the rank files", in.error());
   } else {
-    if (is_dcp_dir(a.in)) return convert_dcp(a.in, a.out, a.force, !a.no_fsync);
+    if (is_dcp_directory(a.in)) return convert_dcp(a.in, a.out, a.force, !a.no_fsync);
     Allowlist allow = Allowlist::default_policy();
     if (auto st = add_allow_args(allow, a.allow_files); !st) return fail("bad --allow", st.error());
     in = read_input(a, allow);

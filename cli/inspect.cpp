@@ -12,6 +12,7 @@
 #include "allow_arg.hpp"
 #include "commands.hpp"
 #include "safeckpt/checkpoint.hpp"
+#include "safeckpt/dcp.hpp"
 #include "safeckpt/detect.hpp"
 #include "safeckpt/json.hpp"
 #include "safeckpt/mapped_file.hpp"
@@ -61,7 +62,7 @@ int run_inspect(const InspectArgs& a) {
   opt.allowlist = &allow;
   opt.verify_storage_crc = !a.no_verify_data;
   apply_max_memory(a.max_memory_mib, opt.limits);
-  if (is_dcp_dir(a.file)) return inspect_dcp(a.file, a.format == "json");
+  if (is_dcp_directory(a.file)) return inspect_dcp(a.file, a.format == "json");
   // Every format by content, one open (safeckpt/open.hpp); a PT2 program is
   // described by the engine's reader over the same mapping.
   auto mf = MappedFile::open(a.file);

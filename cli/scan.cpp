@@ -26,6 +26,7 @@
 
 #include "allow_arg.hpp"
 #include "commands.hpp"
+#include "safeckpt/dcp.hpp"
 #include "safeckpt/version.hpp"
 
 namespace safeckpt::cli {
@@ -177,25 +178,24 @@ int run_scan(const ScanArgs& a) {
   // Progress goes to stderr only: on a terminal for scans of several files,
   // or when asked (--progress: plain lines when stderr is not a terminal).
   const bool err_tty = ::isatty(STDERR_FILENO) == 1;
-  const bool progress = !a.quiet && (a.progress || (err_tty && walk.files.size() >= kProgressMinFiles));
-  std::vector<scan::FileReport> reports;
-  reports.reserve(walk.files.size() + walk.errors.size());
-  for (std::size_t i = 0; i < walk.files.size(); ++i) {
-    if (progress) {
-      std::string p = walk.files[i].string();
+  const bool progress =
+      !a.quiet && (a.progress || (err_tty && walk.files.size() + walk.dcp_dirs.size() >= kProgressMinFiles));
+  scan::ScanProgress on_progress;
+  if (progress)
+    on_progress = [err_tty](std::size_t i, std::size_t n, const std::string& path) {
+      std::string p = path;
       if (err_tty) {
         if (p.size() > 60) p = "..." + p.substr(p.size() - 57);
-        std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", i + 1, walk.files.size(), p.c_str());
+        std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", i, n, p.c_str());
       } else {
-        std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, walk.files.size(), p.c_str());
+        std::fprintf(stderr, "[%zu/%zu] %s\n", i, n, p.c_str());
       }
       std::fflush(stderr);
-    }
-    reports.push_back(scan::scan_file(walk.files[i], so));
-  }
+    };
+  // DCP directories as one report each, the other files one by one, and
+  // every path that was not scanned as a report: counted once, in every format.
+  std::vector<scan::FileReport> reports = scan::scan_walk(walk, so, on_progress);
   if (progress && err_tty) std::fprintf(stderr, "\r\033[K");
-  // Every path that was not scanned becomes a report: counted once, in every format.
-  for (const auto& e : walk.errors) reports.push_back(scan::unscanned_report(e.path, e.reason));
   if (signed_scan) (void)scan::add_signature_findings(reports, check);
   scan::apply_ignores(reports, ignores, ro.base_dir);
   if (reports.empty()) std::fprintf(stderr, "safeckpt scan: no files to scan\n");
@@ -265,31 +265,19 @@ void register_scan(CLI::App& app, int& exit_code) {
   // The options of `safeckpt verify` (one parser): the PATH is then the signed model.
   add_verify_options(cmd, args->verify, false);
   cmd->callback([args, &exit_code] {
-    // DCP directories (a `.metadata` inside) are audited as one checkpoint
-    // (cli/dcp.cpp), the other paths as files, and so are the entries of a
-    // DCP directory that are not its checkpoint (scan_dcp's `others`); the
-    // exit code is the worst.
-    ScanArgs files = *args;
-    files.paths.clear();
-    int dcp_code = 0;
-    for (const auto& p : args->paths) {
-      if (is_dcp_dir(p) && !args->verify.signature.empty()) {
-        std::fprintf(stderr,
-                     "safeckpt scan: --signature with a torch.distributed.checkpoint directory (%s) is not "
-                     "supported; run `safeckpt verify` and `safeckpt scan` on it separately\n",
-                     p.c_str());
-        exit_code = 2;
-        return;
-      }
-      if (is_dcp_dir(p)) {
-        std::vector<std::string> others;
-        dcp_code = std::max(dcp_code, scan_dcp(p, args->quiet, others));
-        for (auto& other : others) files.paths.push_back(std::move(other));
-      } else {
-        files.paths.push_back(p);
-      }
-    }
-    exit_code = files.paths.empty() ? dcp_code : std::max(dcp_code, run_scan(files));
+    // A torch.distributed.checkpoint directory is one report (scan_walk); a
+    // signature over one is not supported yet.
+    if (!args->verify.signature.empty())
+      for (const auto& p : args->paths)
+        if (is_dcp_directory(p)) {
+          std::fprintf(stderr,
+                       "safeckpt scan: --signature with a torch.distributed.checkpoint directory (%s) is not "
+                       "supported; run `safeckpt verify` and `safeckpt scan` on it separately\n",
+                       p.c_str());
+          exit_code = 2;
+          return;
+        }
+    exit_code = run_scan(*args);
   });
 }
 

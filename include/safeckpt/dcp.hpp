@@ -33,6 +33,11 @@
 //    boundaries make); empty chunks (uneven Shard over many ranks) are allowed;
 //  - every chunk and byte item has exactly one storage entry (MetadataIndex
 //    fqn + offset; duplicates are kMalformed) and no entry is left over;
+//  - no two non-empty byte ranges of one data file overlap: FileSystemWriter
+//    writes every item once, back to back (filesystem.py _write_files_from_queue),
+//    so a shared or partly shared range is never PyTorch's own output, and a
+//    directory whose N chunks all name one large range made every consumer
+//    assemble N times the bytes it stores (review 2026-12-06);
 //  - relative_path is a plain file name (no '/', no "..", not ".metadata")
 //    of a regular file in the directory (symlinks refused: opened with
 //    O_NOFOLLOW), and offset + length <= its size;
@@ -54,6 +59,7 @@
 #include <string_view>
 #include <vector>
 
+#include "safeckpt/allowlist.hpp"
 #include "safeckpt/checkpoint.hpp"
 #include "safeckpt/dtype.hpp"
 #include "safeckpt/error.hpp"
@@ -79,7 +85,24 @@ struct DcpOptions {
   Limits limits;  // for the pickle machine and every torch.save payload
   DcpLimits dcp;
   bool verify_storage_crc = true;  // passed to load_bytes for each chunk
+  // Safe globals for the chunk and non-tensor item payloads (load_bytes's
+  // LoadOptions::allowlist; torch: add_safe_globals before dcp.load);
+  // nullptr = Allowlist::default_policy(). Borrowed: must outlive the
+  // DcpCheckpoint. Never used for `.metadata`, whose globals are the fixed
+  // set above.
+  const Allowlist* allowlist = nullptr;
 };
+
+// True when `path` is a directory holding a regular file `.metadata` (after
+// symlinks): what `safeckpt inspect|scan|convert` and the scanner's walk
+// treat as one torch.distributed.checkpoint. Whether it IS one is
+// DcpCheckpoint::open's to say. Never fails (an unreadable path is false).
+bool is_dcp_directory(const std::filesystem::path& path) noexcept;
+
+// The globals `.metadata` may name besides torch.<dtype> (the set above), as
+// "module.qualname": what the scanner counts as allowed when it lists the
+// metadata pickle's imports (scanner/src/scan_dcp.cpp). Static storage.
+const std::vector<std::string_view>& dcp_metadata_globals();
 
 // One piece of a tensor as one writer saved it (ChunkStorageMetadata + _StorageInfo).
 struct DcpChunk {
@@ -138,6 +161,11 @@ class DcpCheckpoint {
   // symlink), kDisallowedGlobal / kDisallowedOperation (metadata names
   // anything outside the set above), kLimitExceeded, kUnsupported.
   static Result<DcpCheckpoint> open(const std::filesystem::path& dir, const DcpOptions& options = {});
+  // As open(), and hands over the mapped `.metadata` in `metadata` whenever
+  // it was read, also when its parse or the layout was refused (the scanner
+  // scans those bytes without opening the file again).
+  static Result<DcpCheckpoint> open(const std::filesystem::path& dir, const DcpOptions& options,
+                                    std::optional<MappedFile>& metadata);
   // The same for a .metadata pickle in memory whose data files are not
   // opened: layout checks except file existence and sizes (fuzzing, tests).
   static Result<DcpCheckpoint> parse_metadata(Bytes metadata, const DcpOptions& options = {});

@@ -16,8 +16,9 @@
 //       -> DcpCheckpoint::open + dcp_to_checkpoint (safeckpt/dcp.hpp): the
 //       consolidated nested state dict (dcp_to_torch_save's layout), tensor
 //       bytes in an unlinked scratch file in the temporary directory; the
-//       options' allowlist is not used (DCP metadata has its own fixed set;
-//       non-tensor items use the default weights-only policy);
+//       options' allowlist is used for the chunk and non-tensor item
+//       payloads (DcpOptions::allowlist), never for `.metadata` (its own
+//       fixed set);
 //   PT2 program (torch.export / AOTInductor zip) -> kUnsupported: a program,
 //       not a checkpoint; read it with graph::Pt2Archive (safeckpt/graph.hpp;
 //       `safeckpt inspect` routes it there); TorchScript, tar, compressed wrappers and

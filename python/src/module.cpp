@@ -439,7 +439,8 @@ py::dict scan_path(const std::string& path, const std::vector<std::pair<std::str
   o.allowlist = &a;
   scan::FileReport r = [&] {
     py::gil_scoped_release nogil;
-    return scan::scan_file(path, o);
+    // A torch.distributed.checkpoint directory is one report, as in `safeckpt scan`.
+    return is_dcp_directory(path) ? scan::scan_dcp_dir(path, o) : scan::scan_file(path, o);
   }();
   py::dict d;
   d["path"] = r.path;

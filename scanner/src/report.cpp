@@ -423,8 +423,9 @@ std::string to_json(const std::vector<FileReport>& reports, const ReportOptions&
     if (r.loader.ran) {
       json l;
       // Who decided: safeckpt::load() for checkpoints, the graph engine's
-      // reader and validator for PT2 archives (scanner/README.md).
-      l["by"] = r.format == "pt2_archive" ? "engine" : "load";
+      // reader and validator for PT2 archives, the DCP reader for a
+      // torch.distributed.checkpoint directory (scanner/README.md).
+      l["by"] = r.format == "pt2_archive" ? "engine" : r.format == "dcp_directory" ? "dcp" : "load";
       l["ok"] = r.loader.ok;
       if (!r.loader.ok) {
         l["error"] = {{"code", std::string(error_code_name(r.loader.code))},

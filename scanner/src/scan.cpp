@@ -230,20 +230,28 @@ void Scanner::run_loader(Bytes data) {
     rep.loader.ok = true;
     return;
   }
-  const Error& e = r.error();
-  rep.loader.ok = false;
-  rep.loader.code = e.code();
-  rep.loader.message = e.message();
-  rep.loader.record = e.where().record;
-  rep.loader.offset = e.where().offset;
-  rep.loader.opcode = e.where().opcode;
+  add_refusal(r.error(), r.error().where().record);
+}
+
+void Scanner::add_refusal(const Error& e, const std::string& member, std::string_view what) {
+  FileReport& rep = sink_.report();
+  if (rep.loader.code == ErrorCode::kOk) {  // the first refusal is the report's loader verdict
+    rep.loader.ran = true;
+    rep.loader.ok = false;
+    rep.loader.code = e.code();
+    rep.loader.message = e.message();
+    rep.loader.record = e.where().record;
+    rep.loader.offset = e.where().offset;
+    rep.loader.opcode = e.where().opcode;
+  }
   Finding f;
   f.rule = Rule::kLoaderRefused;
   f.severity = is_policy_error(e.code()) ? Severity::kHigh : Severity::kMedium;
-  f.member = e.where().record;
+  f.member = member;
   f.offset = e.where().offset;
   f.opcode = e.where().opcode;
-  f.message = "the loader refuses this file: " + std::string(error_code_name(e.code())) + ": " + e.message();
+  f.message =
+      "the loader refuses " + std::string(what) + ": " + std::string(error_code_name(e.code())) + ": " + e.message();
   f.why = is_policy_error(e.code()) ? "safeckpt load / torch.load(weights_only=True) would stop here"
                                     : "the file is not a checkpoint the loader can read as is";
   sink_.add(std::move(f));
@@ -322,7 +330,8 @@ void Scanner::finish() {
   bool unsafe = false, incomplete = false, unscannable = false;
   for (const Finding& f : rep.findings) {
     Klass k = klass_of(f);
-    if (f.rule == Rule::kLoaderRefused && is_policy_error(rep.loader.code)) k = Klass::kUnsafe;
+    // add_refusal: severity kHigh exactly for a policy refusal.
+    if (f.rule == Rule::kLoaderRefused && f.severity == Severity::kHigh) k = Klass::kUnsafe;
     if (k == Klass::kUnsafe) unsafe = true;
     if (k == Klass::kIncomplete) incomplete = true;
     if (k == Klass::kUnscannable) unscannable = true;
@@ -422,9 +431,60 @@ FileReport scan_bytes(Bytes data, std::string_view name, const ScanOptions& opti
   return rep;
 }
 
+namespace {
+
+// A sharded safetensors index (scan.hpp): the verdict is the index loader's,
+// which opens and validates every shard it names.
+FileReport scan_safetensors_index(MappedFile index, const ScanOptions& options) {
+  FileReport rep;
+  rep.path = index.path().string();
+  rep.size = index.size();
+  rep.format = std::string(file_format_name(FileFormat::kSafetensorsIndex));
+  const Allowlist& allow = options.allowlist != nullptr ? *options.allowlist : Allowlist::default_policy();
+  Scanner s(options, allow, rep);
+  SafetensorsOptions so;
+  so.limits = options.limits;
+  const Bytes b = index.bytes();
+  auto parsed = parse_safetensors_index(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()), so);
+  std::vector<std::string> others;
+  if (parsed)
+    for (const auto& shard : parsed->shards)
+      if (!shard.ends_with(".safetensors")) others.push_back(shard);
+  if (parsed && !others.empty()) {
+    // pytorch_model.bin.index.json and the like: the shards are another
+    // format, read by their own loaders; each is scanned as a file.
+    Finding f;
+    f.rule = Rule::kUnsupported;
+    f.severity = Severity::kInfo;
+    f.message = "index of shards that are not safetensors files (" + others.front() +
+                (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string()) +
+                "): not followed";
+    f.why = "scan the shard files themselves (scan the directory)";
+    rep.findings.push_back(std::move(f));
+    s.finish();
+    rep.verdict = Verdict::kNotModel;
+    return rep;
+  }
+  ++rep.members;
+  auto loaded = load_safetensors_index_file(std::move(index), so);
+  if (loaded) {
+    rep.loader.ran = true;
+    rep.loader.ok = true;
+    if (parsed) rep.members += parsed->shards.size();
+  } else {
+    s.add_refusal(loaded.error(), loaded.error().where().record, "this sharded index");
+  }
+  s.finish();
+  return rep;
+}
+
+}  // namespace
+
 FileReport scan_file(const std::filesystem::path& path, const ScanOptions& options) {
   auto mf = MappedFile::open(path);
   if (!mf) return unscanned_report(path.string(), mf.error().message());
+  if (sniff_format(mf->bytes()) == FileFormat::kSafetensorsIndex)
+    return scan_safetensors_index(std::move(*mf), options);
   return scan_bytes(mf->bytes(), path.string(), options);
 }
 

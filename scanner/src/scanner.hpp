@@ -61,6 +61,15 @@ class Scanner {
   void scan_top(Bytes data);
   void finish();
 
+  // For reports made of several payloads (a DCP directory, scan_dcp.cpp):
+  // scans `data` as one member (by content, as a nested payload), records a
+  // refusal of the reader that decides the verdict as a kLoaderRefused
+  // finding (the first one also fills FileReport::loader), and flushes the
+  // report caps of a scanner whose report another scanner finishes.
+  void scan_member(Bytes data, const std::string& member) { dispatch(data, member, 0, false); }
+  void add_refusal(const Error& e, const std::string& member, std::string_view what = "this file");
+  void flush() { sink_.finish(); }
+
  private:
   // Dispatch by content. `member` names where `data` lives ("" = the file).
   void dispatch(Bytes data, const std::string& member, int depth, bool top);

@@ -3,7 +3,9 @@
 // the user's explicit choice. No recursion on the directory tree: an explicit
 // stack. Symlinks inside directories are skipped unless follow_symlinks; when
 // followed, directories already visited (device, inode) are not entered again
-// (no loops).
+// (no loops). A directory holding `.metadata` (safeckpt::is_dcp_directory)
+// is also listed as a DCP checkpoint; scan_walk scans it as one report and
+// the files it covers not again.
 #include <fnmatch.h>
 #include <sys/stat.h>
 
@@ -12,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "safeckpt/dcp.hpp"
 #include "safeckpt/scan.hpp"
 
 namespace safeckpt::scan {
@@ -46,8 +49,16 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
       continue;
     }
     visited.insert({st.st_dev, st.st_ino});
+    if (is_dcp_directory(root)) out.dcp_dirs.push_back(root);
     std::vector<fs::path> stack{root};
     std::vector<fs::path> found;
+    // The globs, on the path relative to `root` and on the name.
+    auto selected = [&](const fs::path& p) {
+      const std::string rel = p.lexically_relative(root).generic_string();
+      const std::string base = p.filename().string();
+      if (!options.include.empty() && !glob_match(options.include, rel, base)) return false;
+      return !glob_match(options.exclude, rel, base);
+    };
     while (!stack.empty()) {
       fs::path dir = std::move(stack.back());
       stack.pop_back();
@@ -90,12 +101,9 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
             continue;
           }
           subdirs.push_back(p);
+          if (is_dcp_directory(p) && selected(p)) out.dcp_dirs.push_back(p);
         } else if (S_ISREG(ts.st_mode)) {
-          std::string rel = p.lexically_relative(root).generic_string();
-          std::string base = p.filename().string();
-          if (!options.include.empty() && !glob_match(options.include, rel, base)) continue;
-          if (glob_match(options.exclude, rel, base)) continue;
-          found.push_back(p);
+          if (selected(p)) found.push_back(p);
         } else {
           out.skipped.push_back({p.string(), "not a regular file"});
         }
@@ -107,6 +115,31 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
     out.files.insert(out.files.end(), found.begin(), found.end());
   }
   return out;
+}
+
+std::vector<FileReport> scan_walk(const WalkResult& walk, const ScanOptions& options, const ScanProgress& progress) {
+  namespace fs = std::filesystem;
+  std::vector<FileReport> reports;
+  reports.reserve(walk.dcp_dirs.size() + walk.files.size() + walk.errors.size());
+  std::set<fs::path> covered;
+  std::size_t done = 0;
+  std::set<fs::path> scanned;
+  for (const fs::path& dir : walk.dcp_dirs) {
+    if (!scanned.insert(dir.lexically_normal()).second) continue;  // named and found: once
+    if (progress) progress(++done, walk.dcp_dirs.size() + walk.files.size(), dir.string());
+    std::vector<fs::path> mine;
+    reports.push_back(scan_dcp_dir(dir, options, &mine));
+    for (const fs::path& p : mine) covered.insert(p.lexically_normal());
+  }
+  std::vector<const fs::path*> rest;
+  for (const fs::path& f : walk.files)
+    if (covered.count(f.lexically_normal()) == 0) rest.push_back(&f);
+  for (const fs::path* f : rest) {
+    if (progress) progress(++done, walk.dcp_dirs.size() + rest.size(), f->string());
+    reports.push_back(scan_file(*f, options));
+  }
+  for (const auto& e : walk.errors) reports.push_back(unscanned_report(e.path, e.reason));
+  return reports;
 }
 
 }  // namespace safeckpt::scan

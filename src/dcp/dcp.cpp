@@ -168,6 +168,47 @@ DcpCheckpoint::~DcpCheckpoint() = default;
 DcpCheckpoint::DcpCheckpoint(DcpCheckpoint&&) noexcept = default;
 DcpCheckpoint& DcpCheckpoint::operator=(DcpCheckpoint&&) noexcept = default;
 
+namespace {
+
+// No two non-empty byte ranges of one file overlap (dcp.hpp): a range read
+// by several chunks would multiply what a consumer assembles from the bytes
+// the directory stores.
+Status check_disjoint(const DcpParsed& p, const std::vector<DcpFile>& files) {
+  struct Range {
+    std::uint32_t file;
+    std::uint64_t offset, length;
+    const std::string* fqn;
+  };
+  std::vector<Range> ranges;
+  for (const auto& t : p.tensors)
+    for (const auto& ch : t.chunks)
+      if (ch.length > 0) ranges.push_back({ch.file, ch.offset, ch.length, &t.fqn});
+  for (const auto& b : p.bytes_items)
+    if (b.length > 0) ranges.push_back({b.file, b.offset, b.length, &b.fqn});
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
+  for (std::size_t i = 1; i < ranges.size(); ++i) {
+    const Range& a = ranges[i - 1];
+    const Range& b = ranges[i];
+    // a.offset <= b.offset; they overlap when b starts before a ends.
+    if (a.file == b.file && b.offset - a.offset < a.length)
+      return malformed("'" + *b.fqn + "' and '" + *a.fqn + "' are stored in overlapping bytes of " +
+                       files[a.file].name + " ([" + std::to_string(b.offset) + ", +" + std::to_string(b.length) +
+                       ") and [" + std::to_string(a.offset) + ", +" + std::to_string(a.length) +
+                       ")); PyTorch writes every item once, in a range of its own");
+  }
+  return {};
+}
+
+}  // namespace
+
+bool is_dcp_directory(const std::filesystem::path& path) noexcept {
+  struct stat d {
+  }, m{};
+  return ::stat(path.c_str(), &d) == 0 && S_ISDIR(d.st_mode) && ::stat((path / ".metadata").c_str(), &m) == 0 &&
+         S_ISREG(m.st_mode);
+}
+
 Status DcpAccess::assemble(DcpParsed&& p, DcpCheckpoint& c) {
   const DcpOptions& o = c.options_;
   std::map<std::string, std::size_t> index;  // storage key -> entry
@@ -230,6 +271,7 @@ Status DcpAccess::assemble(DcpParsed&& p, DcpCheckpoint& c) {
   }
   for (std::size_t i = 0; i < used.size(); ++i)
     if (!used[i]) return malformed("storage entry for '" + p.storage[i].fqn + "' names no chunk or item");
+  SAFECKPT_CHECK(check_disjoint(p, c.files_));
   // Names unique across tensors and byte items (state_dict_metadata is a dict, so they are).
   c.tensors_ = std::move(p.tensors);
   for (std::size_t i = 0; i < c.tensors_.size(); ++i) c.by_fqn_.emplace(c.tensors_[i].fqn, i);
@@ -265,6 +307,13 @@ Result<DcpCheckpoint> DcpCheckpoint::parse_metadata(Bytes metadata, const DcpOpt
 }
 
 Result<DcpCheckpoint> DcpCheckpoint::open(const std::filesystem::path& dir, const DcpOptions& options) {
+  std::optional<MappedFile> md;
+  return open(dir, options, md);
+}
+
+Result<DcpCheckpoint> DcpCheckpoint::open(const std::filesystem::path& dir, const DcpOptions& options,
+                                          std::optional<MappedFile>& metadata) {
+  metadata.reset();
   int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0)
     return make_error(ErrorCode::kIo, "DCP: cannot open directory " + dir.string() + ": " + std::strerror(errno));
@@ -273,10 +322,11 @@ Result<DcpCheckpoint> DcpCheckpoint::open(const std::filesystem::path& dir, cons
     ~Closer() { ::close(fd); }
   } closer{dirfd};
   SAFECKPT_TRY(MappedFile md, map_in_dir(dirfd, dir, ".metadata", "the DCP metadata"));
+  const MappedFile& kept = metadata.emplace(std::move(md));
   DcpCheckpoint c;
   c.options_ = options;
   DcpParsed p;
-  Status st = parse_dcp_metadata(md.bytes(), options, p);
+  Status st = parse_dcp_metadata(kept.bytes(), options, p);
   if (!st) return unexpected(std::move(st).error().at_record((dir / ".metadata").string()));
   SAFECKPT_CHECK(DcpAccess::assemble(std::move(p), c));
   // One item stored in each file, for the messages.
@@ -311,6 +361,7 @@ Result<Checkpoint> DcpCheckpoint::load_chunk(const DcpTensor& t, const DcpChunk&
   LoadOptions lo;
   lo.limits = options_.limits;
   lo.verify_storage_crc = options_.verify_storage_crc;
+  lo.allowlist = options_.allowlist;
   const std::string where = files_[c.file].name + " @" + std::to_string(c.offset) + " (chunk " + dims_text(c.offsets) +
                             " of '" + t.fqn + "')";
   auto ck = load_bytes(all.subspan(c.offset, c.length), lo);
@@ -342,6 +393,7 @@ Result<Checkpoint> DcpCheckpoint::load_bytes_item(const DcpBytesItem& item) cons
   LoadOptions lo;
   lo.limits = options_.limits;
   lo.verify_storage_crc = options_.verify_storage_crc;
+  lo.allowlist = options_.allowlist;
   auto ck = load_bytes(all.subspan(item.offset, item.length), lo);
   if (!ck) {
     Error e = std::move(ck).error();

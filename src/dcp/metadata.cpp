@@ -396,4 +396,14 @@ Status parse_dcp_metadata(Bytes data, const DcpOptions& options, DcpParsed& out)
   return {};
 }
 
+const std::vector<std::string_view>& dcp_metadata_globals() {
+  static const std::vector<std::string_view> kAll = [] {
+    std::vector<std::string_view> v(kDataclasses.begin(), kDataclasses.end());
+    v.push_back(kStorageInfo);
+    v.insert(v.end(), kCallables.begin(), kCallables.end());
+    return v;
+  }();
+  return kAll;
+}
+
 }  // namespace safeckpt

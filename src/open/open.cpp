@@ -21,6 +21,7 @@ Result<Checkpoint> open(const std::filesystem::path& path, const LoadOptions& op
     DcpOptions d;
     d.limits = options.limits;
     d.verify_storage_crc = options.verify_storage_crc;
+    d.allowlist = options.allowlist;
     SAFECKPT_TRY(DcpCheckpoint c, DcpCheckpoint::open(path, d));
     return dcp_to_checkpoint(c, std::filesystem::temp_directory_path(ec));
   }

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -73,8 +75,68 @@ TEST_CASE("cli dcp: scan is clean on real directories and finds damaged ones") {
   fs::resize_file(d / "__0_0.distcp", fs::file_size(d / "__0_0.distcp") - 100);
   auto r = test_support::run_cli("scan " + d.string());
   CHECK(r.code == 1);
-  CHECK(r.out.find("FINDING") != std::string::npos);
+  CHECK(r.out.find("INCOMPLETE [dcp_directory") != std::string::npos);
   CHECK(r.out.find("__0_0.distcp") != std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST_CASE("cli dcp: scan reports a DCP directory in every format, with -o, --fail-on and --quiet") {
+  // Review 2026-12-06: a DCP directory got one text line whatever --format,
+  // -o or --fail-on said, so a CI step reading the JSON report saw nothing.
+  const fs::path base = fs::temp_directory_path() / "safeckpt_cli_dcp_formats";
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const fs::path real = kDcp / "placements-ws2" / "dcp";
+  auto j = test_support::run_cli("scan --format json -o " + (base / "r.json").string() + " " + real.string());
+  CHECK(j.code == 0);
+  {
+    std::ifstream in(base / "r.json");
+    const auto doc = nlohmann::json::parse(in);
+    REQUIRE(doc["files"].size() == 1);
+    CHECK(doc["files"][0]["format"] == "dcp_directory");
+    CHECK(doc["files"][0]["verdict"] == "clean");
+    CHECK(doc["files"][0]["loader"]["by"] == "dcp");
+    CHECK(doc["summary"]["exit_code"] == 0);
+  }
+  const fs::path bad = copy_dir(real, "formats_bad");
+  fs::resize_file(bad / "__1_0.distcp", fs::file_size(bad / "__1_0.distcp") - 1);
+  auto sarif = test_support::run_cli("scan --format sarif " + bad.string());
+  CHECK(sarif.code == 1);
+  {
+    const auto doc = nlohmann::json::parse(sarif.out);
+    CHECK(doc["version"] == "2.1.0");
+    CHECK(doc["runs"][0]["results"].size() >= 1);
+    CHECK(doc["runs"][0]["results"][0]["ruleId"] == "SCK180");
+  }
+  // The damage is a medium finding (incomplete): --fail-on high passes it, as for any file.
+  CHECK(test_support::run_cli("scan --fail-on high " + bad.string()).code == 0);
+  auto quiet = test_support::run_cli("scan -q " + bad.string());
+  CHECK(quiet.code == 1);
+  CHECK(quiet.out.empty());
+  fs::remove_all(bad);
+  fs::remove_all(base);
+}
+
+TEST_CASE("cli dcp: inspect reads every payload: a chunk that is not its tensor is refused") {
+  // Review 2026-12-06: inspect parsed .metadata only and exited 0 on a
+  // directory that scan and convert refuse. Two equal-length payloads of
+  // __0_0.distcp swapped (a float16 [6, 2] chunk and an int64 [5] one:
+  // placements-ws2/metadata_repr.txt): every range still lies in the file.
+  const fs::path d = copy_dir(kDcp / "placements-ws2" / "dcp", "inspect_swap");
+  std::string bytes;
+  {
+    std::ifstream in(d / "__0_0.distcp", std::ios::binary);
+    bytes.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(bytes.size() > 3154);
+  bytes = bytes.substr(1577, 1577) + bytes.substr(0, 1577) + bytes.substr(3154);
+  std::ofstream(d / "__0_0.distcp", std::ios::binary | std::ios::trunc) << bytes;
+  auto r = test_support::run_cli("inspect " + d.string(), true);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("dtype") != std::string::npos);
+  auto ok = test_support::run_cli("inspect " + (kDcp / "placements-ws2" / "dcp").string());
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find("payloads: ") != std::string::npos);
   fs::remove_all(d);
 }
 
@@ -86,7 +148,7 @@ TEST_CASE("cli dcp: scan audits the files beside a DCP checkpoint too (a pickle 
   auto r = test_support::run_cli("scan " + d.string());
   INFO(r.out);
   CHECK(r.code == 1);
-  CHECK(r.out.find("DCP directory: clean") != std::string::npos);  // the checkpoint itself
+  CHECK(r.out.find("CLEAN [dcp_directory") != std::string::npos);  // the checkpoint itself
   CHECK(r.out.find("evil.pt") != std::string::npos);
   CHECK(r.out.find("os.system") != std::string::npos);
   fs::remove(d / "evil.pt");

@@ -1,5 +1,5 @@
-// DCP refusals: hand-written .metadata pickles (a small protocol-2 writer
-// below, the shapes of PyTorch 2.11's pickle: NEWOBJ + BUILD dataclasses,
+// DCP refusals: hand-written .metadata pickles (a small protocol-2 writer,
+// tests/support/dcp_metadata.hpp: the shapes of PyTorch 2.11's pickle: NEWOBJ + BUILD dataclasses,
 // TensorProperties' 5-tuple state) and damaged copies of a real directory.
 // Each case is one error code naming what and where.
 #include <doctest/doctest.h>
@@ -12,123 +12,16 @@
 #include <vector>
 
 #include "safeckpt/dcp.hpp"
+#include "support/dcp_metadata.hpp"
 
 using namespace safeckpt;
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kMd = "torch.distributed.checkpoint.metadata";
-
-struct Chunk {
-  std::vector<std::int64_t> offsets, sizes;
-  std::string file = "__0_0.distcp";
-  std::int64_t offset = 0, length = 64;
-};
-struct Tensor {
-  std::string fqn;
-  std::vector<std::int64_t> shape;
-  std::vector<Chunk> chunks;
-};
-
-// Protocol-2 pickle text of a Metadata (no memo, no frames).
-class Writer {
- public:
-  std::string s = "\x80\x02";
-  void global(const std::string& mod, const std::string& name) { s += "c" + mod + "\n" + name + "\n"; }
-  void str(const std::string& v) {
-    s += 'X';
-    const auto n = static_cast<std::uint32_t>(v.size());
-    for (int i = 0; i < 4; ++i) s += static_cast<char>((n >> (8 * i)) & 0xff);
-    s += v;
-  }
-  void integer(std::int64_t v) {
-    s += 'J';
-    const auto u = static_cast<std::uint32_t>(static_cast<std::int32_t>(v));
-    for (int i = 0; i < 4; ++i) s += static_cast<char>((u >> (8 * i)) & 0xff);
-  }
-  void size(const std::vector<std::int64_t>& v) {
-    global("torch", "Size");
-    s += '(';
-    for (auto x : v) integer(x);
-    s += "t\x85R";  // TUPLE, TUPLE1, REDUCE
-  }
-  // NEWOBJ of metadata class `cls`, then BUILD with a dict made by `fields`.
-  template <class F>
-  void dataclass(const std::string& mod, const std::string& cls, F fields) {
-    global(mod, cls);
-    s += ")\x81}(";  // EMPTY_TUPLE NEWOBJ EMPTY_DICT MARK
-    fields();
-    s += "ub";  // SETITEMS BUILD
-  }
-  void properties() {
-    global(kMd, "TensorProperties");
-    s += ")\x81(";
-    global("torch", "float32");
-    global("torch.serialization", "_get_layout");
-    str("torch.strided");
-    s += "\x85R\x89";  // TUPLE1 REDUCE NEWFALSE
-    global(kMd, "_MEM_FORMAT_ENCODING");
-    integer(0);
-    s += "\x85R\x89tb";  // TUPLE1 REDUCE NEWFALSE TUPLE BUILD
-  }
-};
-
-std::string metadata(const std::vector<Tensor>& tensors, const std::string& extra_global = "") {
-  Writer w;
-  w.dataclass(kMd, "Metadata", [&] {
-    w.str("state_dict_metadata");
-    w.s += "}(";
-    for (const auto& t : tensors) {
-      w.str(t.fqn);
-      w.dataclass(kMd, "TensorStorageMetadata", [&] {
-        w.str("properties");
-        w.properties();
-        w.str("size");
-        w.size(t.shape);
-        w.str("chunks");
-        w.s += "](";
-        for (const auto& c : t.chunks)
-          w.dataclass(kMd, "ChunkStorageMetadata", [&] {
-            w.str("offsets");
-            w.size(c.offsets);
-            w.str("sizes");
-            w.size(c.sizes);
-          });
-        w.s += "e";  // APPENDS
-      });
-    }
-    w.s += "u";
-    w.str("storage_data");
-    w.s += "}(";
-    for (const auto& t : tensors)
-      for (const auto& c : t.chunks) {
-        w.dataclass(kMd, "MetadataIndex", [&] {
-          w.str("fqn");
-          w.str(t.fqn);
-          w.str("offset");
-          w.size(c.offsets);
-          w.str("index");
-          w.s += 'N';
-        });
-        w.dataclass("torch.distributed.checkpoint.filesystem", "_StorageInfo", [&] {
-          w.str("relative_path");
-          w.str(c.file);
-          w.str("offset");
-          w.integer(c.offset);
-          w.str("length");
-          w.integer(c.length);
-        });
-      }
-    w.s += "u";
-    if (!extra_global.empty()) {
-      w.str("version");
-      w.global(extra_global.substr(0, extra_global.rfind('.')), extra_global.substr(extra_global.rfind('.') + 1));
-    }
-  });
-  w.s += '.';
-  return w.s;
-}
+using dcp_test::Chunk;
+using dcp_test::metadata;
+using dcp_test::Tensor;
 
 Result<DcpCheckpoint> parse(const std::string& md) {
   return DcpCheckpoint::parse_metadata(Bytes(reinterpret_cast<const std::uint8_t*>(md.data()), md.size()));
@@ -193,6 +86,25 @@ TEST_CASE("dcp refusals: a chunk stored in fewer bytes than its elements, refuse
   expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}, "__0_0.distcp", 0, 47}})})), ErrorCode::kMalformed,
                "fewer than its [4, 3] elements need");
   CHECK(parse(metadata({two_rows({Chunk{{0, 0}, {4, 3}, "__0_0.distcp", 0, 48}})})).has_value());
+}
+
+TEST_CASE("dcp refusals: two items stored in one byte range, or in overlapping ones") {
+  // Review 2026-12-06: N chunks naming one large range made every consumer
+  // assemble N times the bytes the directory stores. PyTorch's writer never
+  // shares a range; adjacent ranges in one file are its layout.
+  const std::string f = "__0_0.distcp";
+  CHECK(parse(metadata({two_rows({Chunk{{0, 0}, {2, 3}, f, 0, 64}, Chunk{{2, 0}, {2, 3}, f, 64, 64}})})).has_value());
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {2, 3}, f, 0, 64}, Chunk{{2, 0}, {2, 3}, f, 0, 64}})})),
+               ErrorCode::kMalformed, "overlapping bytes of __0_0.distcp");
+  expect_error(parse(metadata({two_rows({Chunk{{0, 0}, {2, 3}, f, 0, 64}, Chunk{{2, 0}, {2, 3}, f, 63, 64}})})),
+               ErrorCode::kMalformed, "overlapping bytes");
+  // Across tensors too, and a range inside another.
+  expect_error(parse(metadata({Tensor{"a", {4, 3}, {Chunk{{0, 0}, {4, 3}, f, 0, 200}}},
+                               Tensor{"b", {2, 3}, {Chunk{{0, 0}, {2, 3}, f, 100, 50}}}})),
+               ErrorCode::kMalformed, "'b' and 'a'");
+  // The same offsets in different files do not overlap.
+  CHECK(parse(metadata({two_rows({Chunk{{0, 0}, {2, 3}, f, 0, 64}, Chunk{{2, 0}, {2, 3}, "__1_0.distcp", 0, 64}})}))
+            .has_value());
 }
 
 TEST_CASE("dcp refusals: file names that leave the directory") {

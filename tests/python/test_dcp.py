@@ -169,3 +169,17 @@ def test_dtensor_rank_file_is_not_passed_off_as_whole_tensors():
         safeckpt.load(path, allow=DTENSOR_GLOBALS)
     with pytest.raises(safeckpt.UnsafeGlobalError, match="is part of a DTensor"):
         safeckpt.load(path)
+
+
+def test_scan_reports_a_dcp_directory_as_one_checkpoint(tmp_path):
+    """safeckpt.scan(DIR) is `safeckpt scan DIR`: the DCP reader decides; a .metadata that
+    imports os.system (PyTorch unpickles it with weights_only=False) is unsafe."""
+    rep = safeckpt.scan(DCP / "placements-ws2" / "dcp")
+    assert rep.format == "dcp_directory"
+    assert rep.verdict == "clean"
+    bad = tmp_path / "dcp"
+    shutil.copytree(DCP / "placements-ws2" / "dcp", bad)
+    shutil.copyfile(DATA / "corpus" / "torch-2.11" / "mal_raw_pickle.pkl", bad / ".metadata")
+    rep = safeckpt.scan(bad)
+    assert rep.verdict == "unsafe"
+    assert "os.system" in rep.globals

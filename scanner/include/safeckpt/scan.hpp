@@ -205,6 +205,36 @@ FileReport scan_file(const std::filesystem::path& path, const ScanOptions& optio
 // ignore file can never suppress them (issue 11 item 4).
 FileReport unscanned_report(std::string path, std::string reason);
 
+// ---- torch.distributed.checkpoint directories (safeckpt/dcp.hpp) -----------
+// A DCP directory (safeckpt::is_dcp_directory: a `.metadata` inside) is ONE
+// report: path = the directory, format "dcp_directory", size = the bytes of
+// `.metadata` and of the data files it names, members = `.metadata` plus the
+// payloads examined. What is looked at:
+//  - `.metadata` is scanned as a pickle (member ".metadata"); its imports are
+//    listed against ScanOptions::allowlist plus the DCP reader's classes
+//    (safeckpt::dcp_metadata_globals()). PyTorch unpickles it with
+//    weights_only=False (FileSystemReader.read_metadata), so an import
+//    outside that set runs on dcp.load: a finding like any other;
+//  - DcpCheckpoint::open (ScanOptions::limits) checks the metadata, the
+//    layout and the byte ranges;
+//  - every tensor chunk and non-tensor item payload (a torch.save zip) is
+//    scanned like a file, member "<data file>@<byte offset>" (nested members
+//    after '!'), and read by DcpCheckpoint::load_chunk / load_bytes_item with
+//    ScanOptions::allowlist (storage CRC only with verify_data).
+// Every refusal of the DCP reader is an SCK180 finding (severity high for a
+// policy refusal, which makes the report unsafe; else medium: incomplete);
+// the first fills FileReport::loader (JSON "by": "dcp"). Clean exactly when
+// the reader accepts the directory and every payload (what `safeckpt
+// convert` and load_dcp need) and nothing else was found. `.metadata` that
+// cannot be opened: unscanned_report (exit 2).
+// `covered` (optional) receives the paths the report speaks for:
+// `.metadata` and every data file the metadata names, or, when the metadata
+// is refused, every `*.distcp` entry of `dir`. Other entries of the
+// directory (a stray pickle beside the checkpoint) are not covered: scan them
+// as files, as scan_walk does.
+FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& options = {},
+                        std::vector<std::filesystem::path>* covered = nullptr);
+
 // ---- signatures (OpenSSF Model Signing, safeckpt/sign.hpp) -----------------
 // `safeckpt scan MODEL --signature BUNDLE (--public-key PEM | --certificate-chain PEM...)`:
 // the model is verified against the bundle with sign::verify_model (the same
@@ -266,10 +296,24 @@ struct PathProblem {
 };
 struct WalkResult {
   std::vector<std::filesystem::path> files;
+  // DCP directories (safeckpt::is_dcp_directory): a named directory, or one
+  // found whose path passes the globs as a file's would. Their entries are
+  // in `files` too (scan_walk leaves out those a DCP report covers).
+  std::vector<std::filesystem::path> dcp_dirs;
   std::vector<PathProblem> errors;
   std::vector<PathProblem> skipped;
 };
 WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const WalkOptions& options);
+
+// Called before each scan of scan_walk: (1-based index, total, path). The
+// total counts the files a DCP report may still cover while DCP directories
+// are scanned, then the exact number.
+using ScanProgress = std::function<void(std::size_t index, std::size_t total, const std::string& path)>;
+// Scans what expand_paths found: every DCP directory once (scan_dcp_dir),
+// then every file no DCP report covers (scan_file), then one
+// unscanned_report per walk error, in that order. `safeckpt scan` is this.
+std::vector<FileReport> scan_walk(const WalkResult& walk, const ScanOptions& options = {},
+                                  const ScanProgress& progress = {});
 
 // ---- accepted findings (ignore file) ---------------------------------------
 // One line of an ignore file: `PATH_GLOB RULE`. RULE is a rule id ("SCK102")

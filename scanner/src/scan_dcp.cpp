@@ -1,0 +1,116 @@
+// torch.distributed.checkpoint directories (safeckpt/dcp.hpp) as one report
+// (scan.hpp "torch.distributed.checkpoint directories"). What decides is the
+// DCP reader itself: DcpCheckpoint::open for the metadata and the layout,
+// load_chunk / load_bytes_item for every payload, so that "clean" means
+// exactly "`safeckpt convert` and load_dcp accept it". The findings come
+// from the ordinary scan of every pickle involved: `.metadata` (PyTorch
+// unpickles it with weights_only=False: an import there runs on dcp.load)
+// and each payload, a torch.save zip.
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "safeckpt/dcp.hpp"
+#include "scanner.hpp"
+
+namespace safeckpt::scan {
+namespace {
+
+// The policy the metadata's imports are listed against: the scan's own
+// allowlist plus the classes the DCP reader builds. The reader, not this
+// list, decides: a default-policy global it does not accept is still its
+// refusal (an SCK180 finding).
+Allowlist metadata_allowlist(const Allowlist& base) {
+  Allowlist a = base;
+  for (std::string_view g : dcp_metadata_globals()) (void)a.add(g, {}, "DCP metadata reader (safeckpt/dcp.hpp)");
+  return a;
+}
+
+std::string payload_member(const DcpCheckpoint& c, std::uint32_t file, std::uint64_t offset) {
+  return c.files()[file].name + "@" + std::to_string(offset);
+}
+
+}  // namespace
+
+FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& options,
+                        std::vector<std::filesystem::path>* covered) {
+  FileReport rep;
+  rep.path = dir.string();
+  rep.format = "dcp_directory";
+  const Allowlist& allow = options.allowlist != nullptr ? *options.allowlist : Allowlist::default_policy();
+  DcpOptions dopt;
+  dopt.limits = options.limits;
+  dopt.verify_storage_crc = options.verify_data;
+  dopt.allowlist = &allow;
+  std::optional<MappedFile> metadata;
+  auto ckpt = DcpCheckpoint::open(dir, dopt, metadata);
+  if (!metadata && !ckpt && ckpt.error().code() == ErrorCode::kIo)
+    return unscanned_report(rep.path, ckpt.error().message());
+
+  if (covered != nullptr) {
+    covered->push_back(dir / ".metadata");
+    if (ckpt) {
+      for (const DcpFile& f : ckpt->files()) covered->push_back(dir / f.name);
+    } else {
+      // Refused before its data files were known: every data file is the
+      // report's (its refusal already fails the run).
+      std::error_code ec;
+      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (it->path().extension() == ".distcp") covered->push_back(it->path());
+    }
+  }
+  try {
+    if (metadata) {
+      const Allowlist meta_allow = metadata_allowlist(allow);
+      Scanner m(options, meta_allow, rep);
+      m.scan_member(metadata->bytes(), ".metadata");
+      m.flush();
+      rep.size += metadata->size();
+      ++rep.members;
+    }
+    Scanner s(options, allow, rep);
+    if (!ckpt) {
+      s.add_refusal(ckpt.error(), ".metadata", "this DCP directory");
+    } else {
+      const DcpCheckpoint& c = *ckpt;
+      for (const DcpFile& f : c.files()) rep.size += f.size;
+      auto payload = [&](std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+        return c.data_file(file)->bytes().subspan(offset, length);
+      };
+      for (const DcpTensor& t : c.tensors())
+        for (const DcpChunk& ch : t.chunks) {
+          const std::string member = payload_member(c, ch.file, ch.offset);
+          s.scan_member(payload(ch.file, ch.offset, ch.length), member);
+          ++rep.members;
+          if (auto r = c.load_chunk(t, ch); !r) s.add_refusal(r.error(), member, "this chunk");
+        }
+      for (const DcpBytesItem& b : c.bytes_items()) {
+        const std::string member = payload_member(c, b.file, b.offset);
+        s.scan_member(payload(b.file, b.offset, b.length), member);
+        ++rep.members;
+        if (auto r = c.load_bytes_item(b); !r) s.add_refusal(r.error(), member, "this item");
+      }
+      if (!rep.loader.ran) {  // no refusal: the reader accepted every payload
+        rep.loader.ran = true;
+        rep.loader.ok = true;
+      }
+    }
+    s.finish();
+  } catch (const std::exception& e) {
+    // As scan_bytes: the report stays, fails closed (unsafe stays unsafe).
+    Finding f;
+    f.rule = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ? Rule::kLimit : Rule::kMalformed;
+    f.message = f.rule == Rule::kLimit ? std::string("out of memory while scanning")
+                                       : std::string("internal error while scanning: ") + e.what();
+    f.why = kIncompleteWhy;
+    rep.findings.push_back(std::move(f));
+    const bool unsafe = std::any_of(rep.findings.begin(), rep.findings.end(),
+                                    [](const Finding& x) { return klass_of(x) == Klass::kUnsafe; });
+    rep.verdict = unsafe ? Verdict::kUnsafe : Verdict::kIncomplete;
+    rep.complete = false;
+  }
+  return rep;
+}
+
+}  // namespace safeckpt::scan
