@@ -37,7 +37,10 @@
 //    writes every item once, back to back (filesystem.py _write_files_from_queue),
 //    so a shared or partly shared range is never PyTorch's own output, and a
 //    directory whose N chunks all name one large range made every consumer
-//    assemble N times the bytes it stores (review 2026-12-06);
+//    assemble N times the bytes it stores (review 2026-12-06); and the ranges
+//    cover every byte of the file: bytes no item names are bytes no reader
+//    of the directory examines (a pickle ahead of the chunks ran under
+//    torch.load of the data file while the directory scanned clean);
 //  - relative_path is a plain file name (no '/', no "..", not ".metadata")
 //    of a regular file in the directory (symlinks refused: opened with
 //    O_NOFOLLOW), and offset + length <= its size;

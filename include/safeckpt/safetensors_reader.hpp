@@ -165,4 +165,24 @@ Result<Checkpoint> load_safetensors_index(const std::filesystem::path& index_pat
 // directory of the shards); the Checkpoint takes it over.
 Result<Checkpoint> load_safetensors_index_file(MappedFile index, const SafetensorsOptions& options = {});
 
+// Opens every distinct shard of `idx` (the index at `index_path`) once, by
+// the rules above (plain names in the index's directory; a symlink only into
+// that directory or the Hugging Face cache's blobs, checked on the opened
+// descriptor; regular files only, O_NONBLOCK), without reading them: what
+// load_safetensors_index_file reads, and what the scanner scans when an
+// index names shards of another format (pytorch_model.bin.index.json).
+// Errors: kIo (the directory or a shard cannot be opened), kMalformed (a
+// symlink out of the directory). Each error names the index (record).
+struct IndexShard {
+  std::string name;  // as the index names it
+  MappedFile file;
+};
+Result<std::vector<IndexShard>> open_index_shards(const std::filesystem::path& index_path, const SafetensorsIndex& idx);
+// The second half of load_safetensors_index_file: `opened` = open_index_shards(index.path(), idx)
+// (taken over; a caller may read their bytes first, as the scanner does, and
+// the verdict is then on those same bytes). Errors: as load_safetensors_index_file.
+Result<Checkpoint> load_safetensors_index_shards(MappedFile index, const SafetensorsIndex& idx,
+                                                 std::vector<IndexShard> opened,
+                                                 const SafetensorsOptions& options = {});
+
 }  // namespace safeckpt

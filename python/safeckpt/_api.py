@@ -288,6 +288,11 @@ class _Materializer:
             r = _torch.empty_strided(t["shape"], t["stride"], dtype=dt, device="meta")
         elif layout == "sparse_coo":
             idx, vals = (self.tensor(p) for p in t["sparse_parts"])
+            # Indices within the shape, checked here: torch >= 2.1's constructor
+            # skips it by default and torch.load validates after loading
+            # (_validate_loaded_sparse_tensors); an index out of range writes out
+            # of bounds in to_dense(). RuntimeError, as torch.load's.
+            _torch._validate_sparse_coo_tensor_args(idx, vals, t["shape"])
             try:
                 r = _torch.sparse_coo_tensor(idx, vals, t["shape"], is_coalesced=t["coalesced"])
             except TypeError:  # torch < 2.1 has no is_coalesced
@@ -296,6 +301,7 @@ class _Materializer:
                     r = r._coalesced_(True)
         elif layout != "strided":
             ci, pi, vals = (self.tensor(p) for p in t["sparse_parts"])
+            _torch._validate_sparse_compressed_tensor_args(ci, pi, vals, t["shape"], getattr(_torch, layout))
             r = _torch.sparse_compressed_tensor(ci, pi, vals, t["shape"], layout=getattr(_torch, layout))
         else:
             r = self._strided_torch(t, dt)
@@ -415,6 +421,8 @@ def _open_native(f, allow_pairs, cuda_target=None):
             if cuda_target is not None:
                 return _native.load_cuda(path, allow_pairs, cuda_target)
             return _native.load_path(path, allow_pairs)
+        if isinstance(f, memoryview) and not f.c_contiguous:
+            f = f.tobytes()  # a strided view: its bytes in order (the native side takes flat buffers only)
         if isinstance(f, (bytes, bytearray, memoryview)):
             return _native.load_bytes(f, allow_pairs)
         read = getattr(f, "read", None)
@@ -458,9 +466,14 @@ def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, fram
       UnsupportedCheckpointError for a location the file recorded.
     weights_only: must be True (or None): safeckpt never executes a file;
     False raises ValueError.
-    mmap: None or True: tensors are zero-copy views of a copy-on-write
-    private mapping of the file (writes stay in this process); False: each
-    storage is copied into memory the process owns. Deflated and
+    mmap: None or False (torch.load's default): each storage is copied into
+    memory the process owns, so nothing done to the file afterwards (a
+    torch.save to the same path truncates it) can change or fault the
+    tensors; True (as torch.load(mmap=True)): tensors are zero-copy views
+    of a private copy-on-write mapping of the file. Writes through them stay
+    in this process, but another writer's changes to pages not yet written
+    here show through, and touching a tensor after the file was truncated
+    kills the process with SIGBUS, as with torch's mmap=True. Deflated and
     byte-swapped records are always copies.
     allow: extra safe globals for this call only (as add_safe_globals).
     framework: "pt" (torch.Tensor), "np" (numpy arrays; dtypes numpy lacks
@@ -482,7 +495,7 @@ def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, fram
     if fw != "pt" and (where.fn is not None or where.constant not in (None, "cpu")):
         raise ValueError("map_location other than 'cpu' needs framework='pt' (torch)")
     pairs, names = _globals.current(allow)
-    zero_copy = mmap is not False
+    zero_copy = mmap is True
     if (where.constant is not None and where.constant.startswith("cuda") and _native.has_cuda
             and isinstance(f, (str, os.PathLike))):
         ck = _open_native(f, pairs, _resolve_cuda(where.constant))
@@ -612,12 +625,13 @@ class safe_open:
 
     The file is mapped and its metadata validated once (the pickle is parsed
     with every safeckpt.load rule); a tensor's bytes are touched only when
-    get_tensor() asks for it (zero-copy, copy-on-write). keys(): the
+    get_tensor() asks for it (its storage copied out of the mapping). keys(): the
     state_dict names of every tensor (nested dicts joined with '.').
     metadata(): safetensors' __metadata__ dict, or None (always None for
     PyTorch files). device: "cpu" (default), "cuda", "cuda:N", an int N (=
     "cuda:N", as safetensors takes it) or a torch.device of those:
-    get_tensor() builds the host tensor (zero-copy) and copies just that
+    get_tensor() builds the host tensor (a copy of its storage, so it never
+    depends on the file afterwards) and copies just that
     tensor to the device (framework="pt" only; no GPU: RuntimeError as
     torch.load's). For a whole checkpoint on the GPU, load(path,
     map_location="cuda") streams every storage at once."""
@@ -630,7 +644,10 @@ class safe_open:
         with native_errors():
             self._names = dict(self._ck.named_tensors())
             tensors = self._ck.tensors()
-        self._m = _Materializer(self._ck, self._fw, True, _Scalars(self._fw, names, tensors))
+        # Copies (review 2026-12-06): a zero-copy tensor outlived a truncation
+        # of the file as SIGBUS. The file stays mapped; each get_tensor copies
+        # the storage it needs out of it.
+        self._m = _Materializer(self._ck, self._fw, False, _Scalars(self._fw, names, tensors))
 
     def __enter__(self):
         return self

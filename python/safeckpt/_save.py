@@ -87,6 +87,11 @@ class _Writer:
                             f"{'quantized ' if t.is_quantized else ''}{t.device.type} tensors")
         if type(t) not in (_torch.Tensor, _torch.nn.Parameter):
             raise TypeError(f"safeckpt.save does not write tensor subclass {type(t).__qualname__}")
+        if t.is_conj() or t.is_neg():
+            # Its storage holds the values before conjugation / negation: written
+            # as is they would read back as other numbers (review 2026-12-06).
+            raise TypeError("safeckpt.save does not write conjugate or negative views (x.conj(), "
+                            "torch._neg_view); save x.resolve_conj().resolve_neg() instead")
         s = self._storage(t)
         offset = t.storage_offset()  # in elements of the tensor's dtype, as TensorInfo
         return self.b.add_tensor(_dtype_name(t.dtype), list(t.shape), list(t.stride()), offset, s,

@@ -78,6 +78,21 @@ void check(const Status& s) {
   }
 }
 
+// The bytes of a buffer the caller hands in, copied. Only a C-contiguous
+// buffer is accepted (PyBUF_C_CONTIGUOUS): a strided view such as
+// memoryview(b)[::-1] has no flat span of size x itemsize bytes at its
+// pointer (review 2026-12-06: copying one read past the buffer). Raises
+// BufferError for others; _api.py passes bytes(view) for those.
+std::vector<std::uint8_t> contiguous_bytes(const py::buffer& data) {
+  struct View {
+    Py_buffer b{};
+    ~View() { PyBuffer_Release(&b); }
+  } view;
+  if (PyObject_GetBuffer(data.ptr(), &view.b, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+  const auto* p = static_cast<const std::uint8_t*>(view.b.buf);
+  return std::vector<std::uint8_t>(p, p + view.b.len);
+}
+
 // Python text from bytes the loader stored as UTF-8; pickles may carry lone
 // surrogates (Python str allows them), which the loader keeps as WTF-8.
 py::object text_of(const std::string& s) {
@@ -299,7 +314,7 @@ class PyCheckpoint {
       d["sparse_parts"] = t.sparse_parts;
       d["coalesced"] = t.coalesced;
       d["python_state"] = t.python_state == kNoNode ? py::int_(-1) : py::int_(t.python_state);
-      d["subclass"] = t.subclass;
+      d["subclass"] = text_of(t.subclass);
       d["dtensor"] = t.dtensor != nullptr;  // a DTensor's local shard (safeckpt/tensor.hpp DTensorInfo)
       out.append(d);
     }
@@ -312,8 +327,8 @@ class PyCheckpoint {
       py::dict d;
       d["dtype"] = std::string(dtype_name(s.dtype));
       d["nbytes"] = s.nbytes;
-      d["location"] = s.location;
-      d["key"] = s.key;
+      d["location"] = text_of(s.location);
+      d["key"] = text_of(s.key);
       out.append(d);
     }
     return out;
@@ -423,9 +438,7 @@ PyCheckpoint load_path(const std::string& path, const std::vector<std::pair<std:
 
 PyCheckpoint load_bytes_copy(const py::buffer& data, const std::vector<std::pair<std::string, std::string>>& allow) {
   Allowlist a = make_allowlist(allow);
-  py::buffer_info info = data.request();
-  const auto* p = static_cast<const std::uint8_t*>(info.ptr);
-  std::vector<std::uint8_t> copy(p, p + info.size * info.itemsize);
+  std::vector<std::uint8_t> copy = contiguous_bytes(data);
   Result<Checkpoint> r = [&] {
     py::gil_scoped_release nogil;
     return load_buffer(std::move(copy), load_options(a));
@@ -443,7 +456,7 @@ py::dict scan_path(const std::string& path, const std::vector<std::pair<std::str
     return is_dcp_directory(path) ? scan::scan_dcp_dir(path, o) : scan::scan_file(path, o);
   }();
   py::dict d;
-  d["path"] = r.path;
+  d["path"] = text_of(r.path);
   d["size"] = r.size;
   d["format"] = r.format;
   d["verdict"] = std::string(scan::verdict_name(r.verdict));
@@ -452,26 +465,27 @@ py::dict scan_path(const std::string& path, const std::vector<std::pair<std::str
   loader["ran"] = r.loader.ran;
   loader["ok"] = r.loader.ok;
   loader["code"] = std::string(error_code_name(r.loader.code));
-  loader["message"] = r.loader.message;
+  loader["message"] = text_of(r.loader.message);
   d["loader"] = loader;
   py::list findings;
   for (const scan::Finding& f : r.findings) {
     py::dict x;
     x["rule"] = std::string(scan::rule_info(f.rule).id);
     x["severity"] = std::string(scan::severity_name(f.severity));
-    x["member"] = f.member;
+    x["member"] = text_of(f.member);
     x["offset"] = f.offset == ~std::uint64_t{0} ? py::object(py::none()) : py::object(py::int_(f.offset));
-    x["opcode"] = f.opcode;
-    x["global"] = f.global;
-    x["category"] = f.category;
-    x["message"] = f.message;
-    x["why"] = f.why;
+    x["opcode"] = text_of(f.opcode);
+    x["global"] = text_of(f.global);
+    x["category"] = text_of(f.category);
+    x["message"] = text_of(f.message);
+    x["why"] = text_of(f.why);
     findings.append(x);
   }
   d["findings"] = findings;
   py::list events;
   for (const scan::Event& e : r.events) {
-    events.append(py::make_tuple(std::string(scan::event_type_name(e.type)), e.name, e.allowed, e.member, e.offset));
+    events.append(py::make_tuple(std::string(scan::event_type_name(e.type)), text_of(e.name), e.allowed,
+                                 text_of(e.member), e.offset));
   }
   d["events"] = events;
   return d;
@@ -526,9 +540,7 @@ class PyBuilder {
   std::uint32_t dtype(const std::string& name) { return b_.dtype(dtype_of(name)); }
   std::uint32_t device(const std::string& d) { return b_.device(d); }
   std::uint32_t add_storage(const std::string& dtype, const py::buffer& data, const std::string& location) {
-    py::buffer_info info = data.request();
-    const auto* p = static_cast<const std::uint8_t*>(info.ptr);
-    std::vector<std::uint8_t> copy(p, p + info.size * info.itemsize);
+    std::vector<std::uint8_t> copy = contiguous_bytes(data);
     return take(b_.add_storage(dtype_of(dtype), std::move(copy), location));
   }
   std::uint32_t add_tensor(const std::string& dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> stride,

@@ -245,8 +245,11 @@ void Scanner::add_refusal(const Error& e, const std::string& member, std::string
     rep.loader.opcode = e.where().opcode;
   }
   Finding f;
-  f.rule = Rule::kLoaderRefused;
-  f.severity = is_policy_error(e.code()) ? Severity::kHigh : Severity::kMedium;
+  // A part that could not be read is SCK190 (high; never ignorable), as a
+  // path that could not be: a missing shard or data file is not a damaged
+  // checkpoint to accept.
+  f.rule = e.code() == ErrorCode::kIo ? Rule::kIo : Rule::kLoaderRefused;
+  f.severity = is_policy_error(e.code()) || e.code() == ErrorCode::kIo ? Severity::kHigh : Severity::kMedium;
   f.member = member;
   f.offset = e.where().offset;
   f.opcode = e.where().opcode;
@@ -433,8 +436,10 @@ FileReport scan_bytes(Bytes data, std::string_view name, const ScanOptions& opti
 
 namespace {
 
-// A sharded safetensors index (scan.hpp): the verdict is the index loader's,
-// which opens and validates every shard it names.
+// A sharded index (scan.hpp): every shard it names is opened once by the
+// index rules and scanned as a member named after it; the verdict is the
+// index loader's over those same bytes when every shard is safetensors, else
+// each shard's loader's (pytorch_model.bin.index.json: torch.load per shard).
 FileReport scan_safetensors_index(MappedFile index, const ScanOptions& options) {
   FileReport rep;
   rep.path = index.path().string();
@@ -446,34 +451,33 @@ FileReport scan_safetensors_index(MappedFile index, const ScanOptions& options) 
   so.limits = options.limits;
   const Bytes b = index.bytes();
   auto parsed = parse_safetensors_index(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()), so);
-  std::vector<std::string> others;
-  if (parsed)
-    for (const auto& shard : parsed->shards)
-      if (!shard.ends_with(".safetensors")) others.push_back(shard);
-  if (parsed && !others.empty()) {
-    // pytorch_model.bin.index.json and the like: the shards are another
-    // format, read by their own loaders; each is scanned as a file.
-    Finding f;
-    f.rule = Rule::kUnsupported;
-    f.severity = Severity::kInfo;
-    f.message = "index of shards that are not safetensors files (" + others.front() +
-                (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : std::string()) +
-                "): not followed";
-    f.why = "scan the shard files themselves (scan the directory)";
-    rep.findings.push_back(std::move(f));
+  auto opened =
+      parsed ? open_index_shards(index.path(), *parsed) : Result<std::vector<IndexShard>>(unexpected(parsed.error()));
+  if (!opened) {
+    s.add_refusal(opened.error(), "", "this sharded index");
     s.finish();
-    rep.verdict = Verdict::kNotModel;
     return rep;
   }
-  ++rep.members;
-  auto loaded = load_safetensors_index_file(std::move(index), so);
-  if (loaded) {
-    rep.loader.ran = true;
-    rep.loader.ok = true;
-    if (parsed) rep.members += parsed->shards.size();
-  } else {
-    s.add_refusal(loaded.error(), loaded.error().where().record, "this sharded index");
+  rep.loader.ran = true;
+  bool all_safetensors = true;
+  for (const IndexShard& sh : *opened) {
+    const Bytes data = sh.file.bytes();
+    rep.size += data.size();
+    ++rep.members;
+    s.scan_member(data, sh.name);
+    if (sniff_format(data) == FileFormat::kSafetensors) continue;
+    all_safetensors = false;
+    LoadOptions lo;
+    lo.limits = options.limits;
+    lo.allowlist = &allow;
+    lo.verify_storage_crc = options.verify_data;
+    if (auto r = load_bytes(data, lo); !r) s.add_refusal(r.error(), sh.name, "this shard");
   }
+  if (all_safetensors) {
+    auto r = load_safetensors_index_shards(std::move(index), *parsed, std::move(*opened), so);
+    if (!r) s.add_refusal(r.error(), r.error().where().record, "this sharded index");
+  }
+  if (rep.loader.code == ErrorCode::kOk) rep.loader.ok = true;
   s.finish();
   return rep;
 }

@@ -8,7 +8,6 @@
 // and each payload, a torch.save zip.
 #include <algorithm>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "safeckpt/dcp.hpp"
@@ -48,17 +47,15 @@ FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& opt
   if (!metadata && !ckpt && ckpt.error().code() == ErrorCode::kIo)
     return unscanned_report(rep.path, ckpt.error().message());
 
+  // The report speaks for `.metadata` when it scanned its bytes, and for the
+  // data files once the reader accepted the metadata (their every byte is
+  // then an item it examines: DcpCheckpoint::open). A refused directory
+  // covers no data file: each is scanned as a file (review 2026-12-06: a
+  // malicious .distcp beside a refused .metadata went unexamined).
   if (covered != nullptr) {
-    covered->push_back(dir / ".metadata");
-    if (ckpt) {
+    if (metadata) covered->push_back(dir / ".metadata");
+    if (ckpt)
       for (const DcpFile& f : ckpt->files()) covered->push_back(dir / f.name);
-    } else {
-      // Refused before its data files were known: every data file is the
-      // report's (its refusal already fails the run).
-      std::error_code ec;
-      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        if (it->path().extension() == ".distcp") covered->push_back(it->path());
-    }
   }
   try {
     if (metadata) {
@@ -70,7 +67,12 @@ FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& opt
       ++rep.members;
     }
     Scanner s(options, allow, rep);
-    if (!ckpt) {
+    if (!ckpt && !metadata) {
+      // `.metadata` itself was not read (a symlink, ...): what PyTorch would
+      // unpickle was not examined. Never an accepted, ignorable damage.
+      s.add_refusal(Error(ErrorCode::kIo, ".metadata was not examined: " + ckpt.error().message()), ".metadata",
+                    "this DCP directory");
+    } else if (!ckpt) {
       s.add_refusal(ckpt.error(), ".metadata", "this DCP directory");
     } else {
       const DcpCheckpoint& c = *ckpt;

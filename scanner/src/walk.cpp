@@ -42,6 +42,7 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
     }
     if (S_ISREG(st.st_mode)) {
       out.files.push_back(root);
+      out.named_files.push_back(root);
       continue;
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -123,17 +124,21 @@ std::vector<FileReport> scan_walk(const WalkResult& walk, const ScanOptions& opt
   reports.reserve(walk.dcp_dirs.size() + walk.files.size() + walk.errors.size());
   std::set<fs::path> covered;
   std::size_t done = 0;
-  std::set<fs::path> scanned;
+  std::set<std::pair<dev_t, ino_t>> scanned;
   for (const fs::path& dir : walk.dcp_dirs) {
-    if (!scanned.insert(dir.lexically_normal()).second) continue;  // named and found: once
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0 && !scanned.insert({st.st_dev, st.st_ino}).second)
+      continue;  // named and found: once
     if (progress) progress(++done, walk.dcp_dirs.size() + walk.files.size(), dir.string());
     std::vector<fs::path> mine;
     reports.push_back(scan_dcp_dir(dir, options, &mine));
     for (const fs::path& p : mine) covered.insert(p.lexically_normal());
   }
   std::vector<const fs::path*> rest;
+  // A file named on the command line always gets its own report.
+  std::set<fs::path> named(walk.named_files.begin(), walk.named_files.end());
   for (const fs::path& f : walk.files)
-    if (covered.count(f.lexically_normal()) == 0) rest.push_back(&f);
+    if (covered.count(f.lexically_normal()) == 0 || named.erase(f) != 0) rest.push_back(&f);
   for (const fs::path* f : rest) {
     if (progress) progress(++done, walk.dcp_dirs.size() + rest.size(), f->string());
     reports.push_back(scan_file(*f, options));

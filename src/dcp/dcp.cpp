@@ -294,6 +294,21 @@ Status DcpAccess::check_ranges(DcpCheckpoint& c) {
   for (const auto& t : c.tensors_)
     for (const auto& ch : t.chunks) SAFECKPT_CHECK(check(t.fqn, ch.file, ch.offset, ch.length));
   for (const auto& b : c.bytes_items_) SAFECKPT_CHECK(check(b.fqn, b.file, b.offset, b.length));
+  // Every byte of a data file belongs to an item (dcp.hpp): FileSystemWriter
+  // writes the items back to back and nothing else, and bytes no item names
+  // are bytes no reader of the directory examines — a pickle ahead of the
+  // chunks ran under torch.load(file) while the directory scanned clean
+  // (review 2026-12-06). Ranges are disjoint (assemble), so they tile the
+  // file exactly when their lengths add up to its size.
+  std::vector<std::uint64_t> named(c.files_.size(), 0);
+  for (const auto& t : c.tensors_)
+    for (const auto& ch : t.chunks) named[ch.file] += ch.length;
+  for (const auto& b : c.bytes_items_) named[b.file] += b.length;
+  for (std::size_t f = 0; f < c.files_.size(); ++f)
+    if (named[f] != c.files_[f].size)
+      return malformed(c.files_[f].name + " holds " + std::to_string(c.files_[f].size) +
+                       " bytes, of which the metadata's items cover " + std::to_string(named[f]) +
+                       "; PyTorch's writer stores nothing but the items");
   return {};
 }
 

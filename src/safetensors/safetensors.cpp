@@ -427,40 +427,53 @@ Result<Checkpoint> load_safetensors_index(const std::filesystem::path& index_pat
   return load_safetensors_index_file(std::move(mf), options);
 }
 
-Result<Checkpoint> load_safetensors_index_file(MappedFile index, const SafetensorsOptions& options) {
-  const std::filesystem::path index_path = index.path();
-  std::string_view text(reinterpret_cast<const char*>(index.bytes().data()), index.size());
-  auto parsed = parse_safetensors_index(text, options);
-  if (!parsed) return unexpected(std::move(parsed.error().at_record(index_path.string())));
-  SafetensorsIndex idx = std::move(*parsed);
+Result<std::vector<IndexShard>> open_index_shards(const std::filesystem::path& index_path,
+                                                  const SafetensorsIndex& idx) {
   const std::filesystem::path dir = index_path.has_parent_path() ? index_path.parent_path() : ".";
   int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0)
     return make_error(ErrorCode::kIo,
                       "cannot open the index's directory " + dir.string() + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{dirfd};
   std::error_code ec;
   auto dir_real = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
   if (ec) dir_real.clear();  // no /proc: symlinked shards are refused below
   const std::filesystem::path blobs = hf_cache_blobs(dir_real);
+  std::vector<IndexShard> out;
+  out.reserve(idx.shards.size());
+  for (const auto& name : idx.shards) {
+    auto mf = open_shard(dirfd, dir_real, blobs, dir / name, name);
+    if (!mf) return unexpected(std::move(mf.error().at_record(index_path.string())));
+    out.push_back(IndexShard{name, std::move(*mf)});
+  }
+  return out;
+}
+
+Result<Checkpoint> load_safetensors_index_file(MappedFile index, const SafetensorsOptions& options) {
+  const std::filesystem::path index_path = index.path();
+  std::string_view text(reinterpret_cast<const char*>(index.bytes().data()), index.size());
+  auto parsed = parse_safetensors_index(text, options);
+  if (!parsed) return unexpected(std::move(parsed.error().at_record(index_path.string())));
+  const SafetensorsIndex idx = std::move(*parsed);
+  SAFECKPT_TRY(std::vector<IndexShard> opened, open_index_shards(index_path, idx));
+  return load_safetensors_index_shards(std::move(index), idx, std::move(opened), options);
+}
+
+Result<Checkpoint> load_safetensors_index_shards(MappedFile index, const SafetensorsIndex& idx,
+                                                 std::vector<IndexShard> opened, const SafetensorsOptions& options) {
   CheckpointBuilder b(std::move(index));
   b.set_limits(options.limits);
   std::unordered_map<std::string, std::shared_ptr<SafetensorsFile>> shards;
-  for (const auto& name : idx.shards) {
-    auto mf = open_shard(dirfd, dir_real, blobs, dir / name, name);
-    if (!mf) {
-      ::close(dirfd);
-      return unexpected(std::move(mf.error().at_record(index_path.string())));
-    }
-    auto f = SafetensorsFile::from_file(std::move(*mf), options);
-    if (!f) {
-      ::close(dirfd);
-      return unexpected(std::move(f.error()));
-    }
+  for (auto& [name, mf] : opened) {
+    auto f = SafetensorsFile::from_file(std::move(mf), options);
+    if (!f) return unexpected(std::move(f.error()));
     auto sp = std::make_shared<SafetensorsFile>(std::move(*f));
     b.keep_alive(sp);  // the Checkpoint keeps every shard mapped
     shards.emplace(name, std::move(sp));
   }
-  ::close(dirfd);
   std::unordered_map<std::string, std::string> owner;
   for (const auto& [tensor, shard] : idx.weight_map) owner.emplace(tensor, shard);
   for (const auto& [name, f] : shards)
@@ -471,7 +484,10 @@ Result<Checkpoint> load_safetensors_index_file(MappedFile index, const Safetenso
                          (it == owner.end() ? "does not list" : "assigns to " + it->second));
     }
   for (const auto& [tensor, shard] : idx.weight_map) {
-    const SafetensorsTensor* t = shards.at(shard)->find(tensor);
+    const auto sh = shards.find(shard);
+    if (sh == shards.end())
+      return make_error(ErrorCode::kInvalidArgument, "shard " + shard + " of the index was not opened");
+    const SafetensorsTensor* t = sh->second->find(tensor);
     if (!t) return malformed("index maps \"" + tensor + "\" to " + shard + ", which does not hold it");
     NodeId node;
     SAFECKPT_CHECK(add_safetensors_tensor(b, *t, node));

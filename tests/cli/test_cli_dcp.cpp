@@ -108,8 +108,8 @@ TEST_CASE("cli dcp: scan reports a DCP directory in every format, with -o, --fai
     CHECK(doc["runs"][0]["results"].size() >= 1);
     CHECK(doc["runs"][0]["results"][0]["ruleId"] == "SCK180");
   }
-  // The damage is a medium finding (incomplete): --fail-on high passes it, as for any file.
-  CHECK(test_support::run_cli("scan --fail-on high " + bad.string()).code == 0);
+  // Damage, not code: --fail-on critical passes it, as for any file.
+  CHECK(test_support::run_cli("scan --fail-on critical " + bad.string()).code == 0);
   auto quiet = test_support::run_cli("scan -q " + bad.string());
   CHECK(quiet.code == 1);
   CHECK(quiet.out.empty());

@@ -130,6 +130,15 @@ TEST_CASE("dcp refusals: damaged copies of a real directory") {
     expect_error(r, ErrorCode::kMalformed, "past the end of __1_0.distcp");
     fs::remove_all(d);
   }
+  SUBCASE("bytes in a .distcp that no item names") {
+    // Review 2026-12-06: a pickle after (or ahead of) the chunks ran under
+    // torch.load of the data file while the directory scanned clean.
+    const fs::path d = copy_real("gap");
+    std::ofstream(d / "__1_0.distcp", std::ios::binary | std::ios::app) << "\x80\x02N.";
+    auto r = DcpCheckpoint::open(d);
+    expect_error(r, ErrorCode::kMalformed, "the metadata's items cover");
+    fs::remove_all(d);
+  }
   SUBCASE("a shard file that is a symlink") {
     const fs::path d = copy_real("symlink");
     fs::rename(d / "__0_0.distcp", d / "elsewhere");

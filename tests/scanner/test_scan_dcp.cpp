@@ -50,14 +50,14 @@ std::vector<const scan::Finding*> with_rule(const scan::FileReport& r, scan::Rul
 }
 
 bool has_global(const scan::FileReport& r, const std::string& g, const std::string& member_prefix) {
-  return std::any_of(r.findings.begin(), r.findings.end(), [&](const scan::Finding& f) {
-    return f.global == g && f.member.rfind(member_prefix, 0) == 0;
-  });
+  return std::any_of(r.findings.begin(), r.findings.end(),
+                     [&](const scan::Finding& f) { return f.global == g && f.member.rfind(member_prefix, 0) == 0; });
 }
 
 std::size_t countable(const scan::FileReport& r) {
-  return static_cast<std::size_t>(std::count_if(r.findings.begin(), r.findings.end(),
-                                                [](const scan::Finding& f) { return f.severity != scan::Severity::kInfo; }));
+  return static_cast<std::size_t>(std::count_if(r.findings.begin(), r.findings.end(), [](const scan::Finding& f) {
+    return f.severity != scan::Severity::kInfo;
+  }));
 }
 
 }  // namespace
@@ -103,10 +103,65 @@ TEST_CASE("scan dcp: an os.system pickle as .metadata is a critical finding on .
   scan::ReportOptions critical;
   critical.fail_on = scan::Severity::kCritical;
   CHECK(scan::exit_code({r}, critical) == 1);
-  // Refused before its data files were known: every .distcp is the report's.
-  CHECK(std::count_if(covered.begin(), covered.end(), [](const fs::path& p) { return p.extension() == ".distcp"; }) ==
-        2);
+  // Refused: the report covers what it scanned (.metadata), not the data files.
+  CHECK(covered == std::vector<fs::path>{d / ".metadata"});
   fs::remove_all(d.parent_path());
+}
+
+TEST_CASE("scan dcp: a refused directory leaves its data files to the file scan, so a payload there is found") {
+  // Review 2026-12-06: .metadata naming a missing data file made the report
+  // cover every .distcp, and the os.system pickle in one was never scanned.
+  const fs::path root = fresh("refused");
+  const fs::path d = root / "dcp";
+  fs::create_directories(d);
+  write(d / ".metadata",
+        dcp_test::metadata({dcp_test::Tensor{"w", {4, 3}, {dcp_test::Chunk{{0, 0}, {4, 3}, "__9_0.distcp"}}}}));
+  fs::copy_file(kCorpus / "mal_os_system.pt", d / "__0_0.distcp");
+  const auto reports = scan::scan_walk(scan::expand_paths({root}, {}));
+  REQUIRE(reports.size() == 2);
+  const scan::FileReport& dir = reports[0];
+  CHECK(dir.format == "dcp_directory");
+  // The missing data file is an io-error (high, never ignorable), not a damage to accept.
+  REQUIRE(with_rule(dir, scan::Rule::kIo).size() == 1);
+  CHECK(with_rule(dir, scan::Rule::kIo)[0]->message.find("__9_0.distcp") != std::string::npos);
+  CHECK(reports[1].path == (d / "__0_0.distcp").string());
+  CHECK(reports[1].verdict == scan::Verdict::kUnsafe);
+  scan::ReportOptions high;
+  high.fail_on = scan::Severity::kHigh;
+  CHECK(scan::exit_code(reports, high) == 1);
+  CHECK_FALSE(scan::parse_ignore("* SCK190", "t").has_value());
+  fs::remove_all(root);
+}
+
+TEST_CASE("scan dcp: bytes of a data file that no item names are refused; a named covered file is still reported") {
+  // Review 2026-12-06: a pickle ahead of (or after) the chunks of a data
+  // file ran under torch.load(file) while the directory scanned clean.
+  const fs::path root = fresh("gap");
+  const fs::path d = copy_case("placements-ws2", root / "dcp");
+  {
+    std::ifstream in(kCorpus / "mal_raw_pickle.pkl", std::ios::binary);
+    std::ofstream out(d / "__1_0.distcp", std::ios::binary | std::ios::app);
+    out << in.rdbuf();
+  }
+  const scan::FileReport r = scan::scan_dcp_dir(d);
+  CHECK(r.verdict != scan::Verdict::kClean);
+  const auto refused = with_rule(r, scan::Rule::kLoaderRefused);
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0]->message.find("__1_0.distcp holds") != std::string::npos);
+  // The whole walk: the refused directory's data files are scanned as files.
+  const auto reports = scan::scan_walk(scan::expand_paths({root}, {}));
+  CHECK(scan::exit_code(reports) == 1);
+  CHECK(std::any_of(reports.begin(), reports.end(),
+                    [&](const scan::FileReport& x) { return x.path == (d / "__1_0.distcp").string(); }));
+  // An intact directory with one of its data files also named: that file gets its own report.
+  const fs::path ok = copy_case("placements-ws2", root / "ok");
+  const auto named = scan::scan_walk(scan::expand_paths({ok, ok / "__0_0.distcp"}, {}));
+  REQUIRE(named.size() == 2);
+  CHECK(named[0].format == "dcp_directory");
+  CHECK(named[1].path == (ok / "__0_0.distcp").string());
+  // `d` and `d/`: one report.
+  CHECK(scan::scan_walk(scan::expand_paths({ok, fs::path(ok.string() + "/")}, {})).size() == 1);
+  fs::remove_all(root);
 }
 
 TEST_CASE("scan dcp: a chunk payload that runs code is found inside its data file") {
@@ -120,7 +175,9 @@ TEST_CASE("scan dcp: a chunk payload that runs code is found inside its data fil
   REQUIRE(payload.size() >= 48);
   write(d / ".metadata",
         dcp_test::metadata({dcp_test::Tensor{
-            "w", {4, 3}, {dcp_test::Chunk{{0, 0}, {4, 3}, "__0_0.distcp", 0, static_cast<std::int64_t>(payload.size())}}}}));
+            "w",
+            {4, 3},
+            {dcp_test::Chunk{{0, 0}, {4, 3}, "__0_0.distcp", 0, static_cast<std::int64_t>(payload.size())}}}}));
   write(d / "__0_0.distcp", payload);
   const scan::FileReport r = scan::scan_dcp_dir(d);
   CHECK(r.verdict == scan::Verdict::kUnsafe);
@@ -197,13 +254,43 @@ TEST_CASE("scan: a sharded safetensors index is followed to its shards") {
   const scan::FileReport missing = scan::scan_file(d / "model.safetensors.index.json");
   CHECK(missing.verdict != scan::Verdict::kClean);
   CHECK(scan::exit_code({missing}) == 1);
-  REQUIRE(with_rule(missing, scan::Rule::kLoaderRefused).size() == 1);
-  CHECK(with_rule(missing, scan::Rule::kLoaderRefused)[0]->message.find("model-00002-of-00002.safetensors") !=
-        std::string::npos);
-  // A shard that is a pickle, not safetensors, under a .safetensors name.
+  // Not readable: an io-error (high, never ignorable), naming the shard.
+  REQUIRE(with_rule(missing, scan::Rule::kIo).size() == 1);
+  CHECK(with_rule(missing, scan::Rule::kIo)[0]->message.find("model-00002-of-00002.safetensors") != std::string::npos);
+  // A shard that is a pickle, not safetensors, under a .safetensors name:
+  // scanned by content, named as the member.
   fs::copy_file(kCorpus / "mal_os_system.pt", d / "model-00002-of-00002.safetensors");
   const scan::FileReport swapped = scan::scan_file(d / "model.safetensors.index.json");
-  CHECK(swapped.verdict != scan::Verdict::kClean);
-  CHECK(scan::exit_code({swapped}) == 1);
+  CHECK(swapped.verdict == scan::Verdict::kUnsafe);
+  CHECK(has_global(swapped, "os.system", "model-00002-of-00002.safetensors"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("scan: an index of .bin shards (pytorch_model.bin.index.json) scans every shard it names") {
+  // Review 2026-12-06: any non-safetensors shard made the index "not a
+  // model", exit 0, while transformers torch.loads each shard.
+  const fs::path d = fresh("bin_index");
+  write(d / "pytorch_model.bin.index.json",
+        R"({"metadata": {"total_size": 1}, "weight_map": {"a": "pytorch_model-00001-of-00002.bin",)"
+        R"( "b": "pytorch_model-00002-of-00002.bin"}})");
+  fs::copy_file(kCorpus / "mlp_state_dict.pt", d / "pytorch_model-00001-of-00002.bin");
+  fs::copy_file(kCorpus / "mlp_state_dict.pt", d / "pytorch_model-00002-of-00002.bin");
+  const scan::FileReport ok = scan::scan_file(d / "pytorch_model.bin.index.json");
+  CHECK(ok.format == "safetensors_index");
+  CHECK(ok.verdict == scan::Verdict::kClean);
+  CHECK(ok.loader.ok);
+  fs::copy_file(kCorpus / "mal_os_system.pt", d / "pytorch_model-00002-of-00002.bin",
+                fs::copy_options::overwrite_existing);
+  const scan::FileReport bad = scan::scan_file(d / "pytorch_model.bin.index.json");
+  CHECK(bad.verdict == scan::Verdict::kUnsafe);
+  CHECK(has_global(bad, "os.system", "pytorch_model-00002-of-00002.bin"));
+  scan::ReportOptions critical;
+  critical.fail_on = scan::Severity::kCritical;
+  CHECK(scan::exit_code({bad}, critical) == 1);
+  // A shard named outside the directory is refused by the index rules, not read.
+  write(d / "pytorch_model.bin.index.json", R"({"weight_map": {"a": "../x.bin"}})");
+  const scan::FileReport out = scan::scan_file(d / "pytorch_model.bin.index.json");
+  CHECK(out.verdict != scan::Verdict::kClean);
+  CHECK(out.members == 0);  // nothing was opened
   fs::remove_all(d);
 }

@@ -227,11 +227,14 @@ FileReport unscanned_report(std::string path, std::string reason);
 // the reader accepts the directory and every payload (what `safeckpt
 // convert` and load_dcp need) and nothing else was found. `.metadata` that
 // cannot be opened: unscanned_report (exit 2).
-// `covered` (optional) receives the paths the report speaks for:
-// `.metadata` and every data file the metadata names, or, when the metadata
-// is refused, every `*.distcp` entry of `dir`. Other entries of the
-// directory (a stray pickle beside the checkpoint) are not covered: scan them
-// as files, as scan_walk does.
+// A `.metadata` that was not read (a symlink: the reader opens it with
+// O_NOFOLLOW) is SCK190, high: what PyTorch would unpickle was not examined.
+// `covered` (optional) receives the paths the report speaks for: `.metadata`
+// when its bytes were scanned, and every data file once the reader accepted
+// the directory (it then checked that the items cover every byte of each).
+// A refused directory covers no data file, and other entries (a stray
+// pickle beside the checkpoint) are never covered: scan them as files, as
+// scan_walk does.
 FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& options = {},
                         std::vector<std::filesystem::path>* covered = nullptr);
 
@@ -300,6 +303,8 @@ struct WalkResult {
   // found whose path passes the globs as a file's would. Their entries are
   // in `files` too (scan_walk leaves out those a DCP report covers).
   std::vector<std::filesystem::path> dcp_dirs;
+  // The regular files named as paths (also in `files`): never left out.
+  std::vector<std::filesystem::path> named_files;
   std::vector<PathProblem> errors;
   std::vector<PathProblem> skipped;
 };
@@ -309,8 +314,9 @@ WalkResult expand_paths(const std::vector<std::filesystem::path>& paths, const W
 // total counts the files a DCP report may still cover while DCP directories
 // are scanned, then the exact number.
 using ScanProgress = std::function<void(std::size_t index, std::size_t total, const std::string& path)>;
-// Scans what expand_paths found: every DCP directory once (scan_dcp_dir),
-// then every file no DCP report covers (scan_file), then one
+// Scans what expand_paths found: every DCP directory once (scan_dcp_dir;
+// the same directory named twice, `d` and `d/`, once), then every file no
+// DCP report covers and every named file (scan_file), then one
 // unscanned_report per walk error, in that order. `safeckpt scan` is this.
 std::vector<FileReport> scan_walk(const WalkResult& walk, const ScanOptions& options = {},
                                   const ScanProgress& progress = {});
