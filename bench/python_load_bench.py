@@ -8,8 +8,9 @@ on one multi-GB checkpoint, host or GPU, in one table (issue 16).
       when importable, else `safeckpt convert` from $SAFECKPT_CLI).
   run DIR [--device cpu|cuda] [--repeat 3]
       Warm runs (each file read once before): the best of --repeat. Rows:
-        safeckpt.load              (zero-copy, copy-on-write map; cuda: GPU loader + DLPack)
-        safeckpt.load mmap=False   (every storage copied into owned memory; cpu only)
+        safeckpt.load mmap=True    (zero-copy, copy-on-write map; cpu only)
+        safeckpt.load              (default, as torch.load: every storage copied into
+                                    owned memory; cuda: GPU loader + DLPack)
         torch.load weights_only    (cuda: map_location="cuda")
         torch.load weights_only mmap=True  (cpu only)
         safetensors load_file      (device=cpu|cuda; when the package imports)
@@ -25,8 +26,8 @@ on one multi-GB checkpoint, host or GPU, in one table (issue 16).
       (cli/probes.hpp reads them; note = "FILE; ..."), so the table of
       `safeckpt bench` shows the Python package next to the C++ loader:
         safeckpt.load(map_location=cuda) [python]   warm (best of --repeat) and cold
-        safeckpt.load(cpu) [python]                 zero-copy; the note has the touch time
-        safeckpt.load(cpu, mmap=False) [python]     every storage copied
+        safeckpt.load(cpu, mmap=True) [python]      zero-copy; the note has the touch time
+        safeckpt.load(cpu) [python]                 every storage copied (the default)
         torch.load(cpu) / torch.load(mmap=True, cpu) / safetensors load_file(cpu)
       then, unless --no-torch, bench/torch_baselines.py's CUDA rows for the same
       files (torch.load(map_location=cuda), torch.load(mmap=True)+.cuda(),
@@ -98,8 +99,8 @@ def run(d, device, repeat):
         cases.append(("torch.load weights_only map_location=cuda",
                       lambda: torch.load(pt, weights_only=True, map_location=device)))
     else:
-        cases.append(("safeckpt.load (zero-copy)", lambda: safeckpt.load(pt)))
-        cases.append(("safeckpt.load mmap=False", lambda: safeckpt.load(pt, mmap=False)))
+        cases.append(("safeckpt.load mmap=True (zero-copy)", lambda: safeckpt.load(pt, mmap=True)))
+        cases.append(("safeckpt.load (copies, the default)", lambda: safeckpt.load(pt)))
         cases.append(("torch.load weights_only", lambda: torch.load(pt, weights_only=True)))
         import inspect
         if "mmap" in inspect.signature(torch.load).parameters:
@@ -113,7 +114,7 @@ def run(d, device, repeat):
     except ImportError:
         rows.append(("safetensors.torch.load_file", None, None, None, "package not installed here"))
     if not cuda:
-        cases.append(("safeckpt.load .safetensors", lambda: safeckpt.load(st)))
+        cases.append(("safeckpt.load .safetensors mmap=True", lambda: safeckpt.load(st, mmap=True)))
     if cuda:
         torch.zeros(1, device=device)  # CUDA context before timing
     for name, fn in cases:
@@ -204,12 +205,12 @@ def rows(files, device, repeat, no_cold, no_torch):
             cases.append(("safeckpt.load(map_location=cuda) [python]", True,
                           lambda: safeckpt.load(path, map_location=device),
                           "C++ GPU loader, storages handed to torch through DLPack", True))
-        cases.append(("safeckpt.load(cpu) [python]", False, lambda: safeckpt.load(path),
+        cases.append(("safeckpt.load(cpu, mmap=True) [python]", False, lambda: safeckpt.load(path, mmap=True),
                       "zero-copy views of a copy-on-write map" + ("" if is_st else "; CRC-32 of every record checked"),
                       False))
         if not is_st:
-            cases.append(("safeckpt.load(cpu, mmap=False) [python]", False, lambda: safeckpt.load(path, mmap=False),
-                          "every storage copied into owned memory", False))
+            cases.append(("safeckpt.load(cpu) [python]", False, lambda: safeckpt.load(path),
+                          "the default: every storage copied into owned memory", False))
             cases.append(("torch.load(cpu)", False, lambda: torch.load(path, weights_only=True),
                           "weights_only=True", False))
             if has_mmap:
