@@ -417,21 +417,25 @@ FileReport scan_bytes(Bytes data, std::string_view name, const ScanOptions& opti
   Scanner s(options, allow, rep);
   try {
     s.scan_top(data);
-  } catch (const std::bad_alloc&) {
-    Finding f;
-    f.rule = Rule::kLimit;
-    f.message = "out of memory while scanning";
-    f.why = kIncompleteWhy;
-    rep.findings.push_back(std::move(f));
   } catch (const std::exception& e) {
-    Finding f;
-    f.rule = Rule::kMalformed;
-    f.message = std::string("internal error while scanning: ") + e.what();
-    f.why = kIncompleteWhy;
-    rep.findings.push_back(std::move(f));
+    add_exception_finding(rep, e);
   }
   s.finish();
   return rep;
+}
+
+void add_exception_finding(FileReport& rep, const std::exception& e) {
+  Finding f;
+  const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+  f.rule = oom ? Rule::kLimit : Rule::kMalformed;
+  f.message =
+      oom ? std::string("out of memory while scanning") : std::string("internal error while scanning: ") + e.what();
+  f.why = kIncompleteWhy;
+  rep.findings.push_back(std::move(f));
+  const bool unsafe = std::any_of(rep.findings.begin(), rep.findings.end(),
+                                  [](const Finding& x) { return klass_of(x) == Klass::kUnsafe; });
+  rep.verdict = unsafe ? Verdict::kUnsafe : Verdict::kIncomplete;
+  rep.complete = false;
 }
 
 namespace {
@@ -440,8 +444,20 @@ namespace {
 // index rules and scanned as a member named after it; the verdict is the
 // index loader's over those same bytes when every shard is safetensors, else
 // each shard's loader's (pytorch_model.bin.index.json: torch.load per shard).
+void scan_index_into(MappedFile index, const ScanOptions& options, FileReport& rep);
+
 FileReport scan_safetensors_index(MappedFile index, const ScanOptions& options) {
   FileReport rep;
+  rep.path = index.path().string();
+  try {
+    scan_index_into(std::move(index), options, rep);
+  } catch (const std::exception& e) {
+    add_exception_finding(rep, e);
+  }
+  return rep;
+}
+
+void scan_index_into(MappedFile index, const ScanOptions& options, FileReport& rep) {
   rep.path = index.path().string();
   rep.size = index.size();
   rep.format = std::string(file_format_name(FileFormat::kSafetensorsIndex));
@@ -456,7 +472,7 @@ FileReport scan_safetensors_index(MappedFile index, const ScanOptions& options) 
   if (!opened) {
     s.add_refusal(opened.error(), "", "this sharded index");
     s.finish();
-    return rep;
+    return;
   }
   rep.loader.ran = true;
   bool all_safetensors = true;
@@ -479,7 +495,6 @@ FileReport scan_safetensors_index(MappedFile index, const ScanOptions& options) 
   }
   if (rep.loader.code == ErrorCode::kOk) rep.loader.ok = true;
   s.finish();
-  return rep;
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 // from the ordinary scan of every pickle involved: `.metadata` (PyTorch
 // unpickles it with weights_only=False: an import there runs on dcp.load)
 // and each payload, a torch.save zip.
-#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -100,17 +99,7 @@ FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& opt
     }
     s.finish();
   } catch (const std::exception& e) {
-    // As scan_bytes: the report stays, fails closed (unsafe stays unsafe).
-    Finding f;
-    f.rule = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ? Rule::kLimit : Rule::kMalformed;
-    f.message = f.rule == Rule::kLimit ? std::string("out of memory while scanning")
-                                       : std::string("internal error while scanning: ") + e.what();
-    f.why = kIncompleteWhy;
-    rep.findings.push_back(std::move(f));
-    const bool unsafe = std::any_of(rep.findings.begin(), rep.findings.end(),
-                                    [](const Finding& x) { return klass_of(x) == Klass::kUnsafe; });
-    rep.verdict = unsafe ? Verdict::kUnsafe : Verdict::kIncomplete;
-    rep.complete = false;
+    add_exception_finding(rep, e);
   }
   return rep;
 }

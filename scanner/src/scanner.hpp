@@ -119,6 +119,11 @@ class Scanner {
   bool not_model_ = false;
 };
 
+// An exception out of a scan (std::bad_alloc on a huge part, or an internal
+// error) as the report's last finding: the report stays, fails closed, and
+// an unsafe verdict already earned stays unsafe. scan.cpp.
+void add_exception_finding(FileReport& rep, const std::exception& e);
+
 inline constexpr const char* kIncompleteWhy =
     "scan incomplete: bytes after this point were not examined, so the file "
     "cannot be called clean";
