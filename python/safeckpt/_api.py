@@ -258,8 +258,12 @@ class _Materializer:
         if s is None:
             if self.zero_copy and self.ck.storage_in_file(i):
                 s = self.ck.storage_buffer(i, True)
+            elif self.ck.storage_in_file(i):
+                # The default copies, as for torch tensors (review 2026-12-06: numpy
+                # arrays were views of the mapped file: SIGBUS after a truncation).
+                s = bytearray(self.ck.storage_buffer(i, False))
             else:
-                s = self.ck.storage_buffer(i, False)  # read-only view: numpy refuses writes
+                s = self.ck.storage_buffer(i, False)  # owned by the checkpoint; read-only: numpy refuses writes
             self._storages[i] = s
         return s
 
@@ -631,7 +635,9 @@ class safe_open:
     PyTorch files). device: "cpu" (default), "cuda", "cuda:N", an int N (=
     "cuda:N", as safetensors takes it) or a torch.device of those:
     get_tensor() builds the host tensor (a copy of its storage, so it never
-    depends on the file afterwards) and copies just that
+    depends on the file afterwards; as with safetensors' safe_open, the file
+    must not be truncated while it is open: reading a page past a new end
+    is SIGBUS) and copies just that
     tensor to the device (framework="pt" only; no GPU: RuntimeError as
     torch.load's). For a whole checkpoint on the GPU, load(path,
     map_location="cuda") streams every storage at once."""

@@ -470,7 +470,12 @@ void scan_index_into(MappedFile index, const ScanOptions& options, FileReport& r
   auto opened =
       parsed ? open_index_shards(index.path(), *parsed) : Result<std::vector<IndexShard>>(unexpected(parsed.error()));
   if (!opened) {
-    s.add_refusal(opened.error(), "", "this sharded index");
+    // The shards it names were not examined (a name out of the directory,
+    // a symlink out of it, a missing file): transformers joins the names onto
+    // the directory and loads them. Never an accepted, ignorable damage.
+    s.add_refusal(Error(ErrorCode::kIo, "the shards this index names were not examined: " + opened.error().message(),
+                        opened.error().where()),
+                  "", "this sharded index");
     s.finish();
     return;
   }

@@ -8,6 +8,7 @@
 // and each payload, a torch.save zip.
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "safeckpt/dcp.hpp"
 #include "scanner.hpp"
@@ -27,6 +28,55 @@ Allowlist metadata_allowlist(const Allowlist& base) {
 
 std::string payload_member(const DcpCheckpoint& c, std::uint32_t file, std::uint64_t offset) {
   return c.files()[file].name + "@" + std::to_string(offset);
+}
+
+// Findings that mean "something here imports, calls or carries code": what
+// the whole-file view of a data file adds (its archive anomalies are what a
+// concatenation of payloads looks like to a zip reader, not findings).
+bool is_code_finding(const Finding& f) {
+  switch (f.rule) {
+    case Rule::kImportDangerous:
+    case Rule::kImportUnlisted:
+    case Rule::kImportDynamic:
+    case Rule::kImportDotted:
+    case Rule::kImportExtension:
+    case Rule::kCall:
+    case Rule::kRefusedOpcode:
+    case Rule::kRefusedOperation:
+    case Rule::kEmbeddedPayload:
+    case Rule::kExecutableCode:
+    case Rule::kNumpyObject: return f.severity != Severity::kInfo;
+    default: return false;
+  }
+}
+
+// torch.load(<data file>) does not read the file as its items: a zip reader
+// takes the LAST end-of-central-directory record and its offsets as absolute
+// (miniz, as ZipArchive), a legacy reader the streams from byte 0. A file of
+// several items can so read as an archive no item is (review 2026-12-06: an
+// EOCD in the last chunk's raw tensor bytes pointed at an os.system
+// data.pkl inside them). Each data file not made of one item is scanned
+// whole as well, and what that view imports or calls is reported.
+void scan_whole_files(const DcpCheckpoint& c, const ScanOptions& options, FileReport& rep) {
+  std::vector<std::uint32_t> items(c.files().size(), 0);
+  for (const DcpTensor& t : c.tensors())
+    for (const DcpChunk& ch : t.chunks) items[ch.file] += ch.length > 0 ? 1 : 0;
+  for (const DcpBytesItem& b : c.bytes_items()) items[b.file] += b.length > 0 ? 1 : 0;
+  ScanOptions whole = options;
+  whole.run_loader = false;
+  whole.keep_events = false;
+  for (std::uint32_t f = 0; f < c.files().size(); ++f) {
+    if (items[f] <= 1) continue;  // one item is the whole file (the items cover every byte)
+    const std::string name = c.files()[f].name + " (read whole)";
+    FileReport sub = scan_bytes(c.data_file(f)->bytes(), name, whole);
+    for (Finding& x : sub.findings) {
+      if (!is_code_finding(x)) continue;
+      x.member = name + (x.member.empty() ? std::string() : "!" + x.member);
+      x.why = "torch.load of this data file reads it whole, not as its items: " + x.why;
+      rep.findings.push_back(std::move(x));
+    }
+    rep.pickle_streams += sub.pickle_streams;
+  }
 }
 
 }  // namespace
@@ -92,6 +142,7 @@ FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& opt
         ++rep.members;
         if (auto r = c.load_bytes_item(b); !r) s.add_refusal(r.error(), member, "this item");
       }
+      scan_whole_files(c, options, rep);
       if (!rep.loader.ran) {  // no refusal: the reader accepted every payload
         rep.loader.ran = true;
         rep.loader.ok = true;

@@ -4,8 +4,14 @@
 //  1. empty file                                  -> kEmpty
 //  2. `PK\3\4` at 0 (torch's _is_zipfile)          -> kTorchZip (unclassified zip)
 //  3. "PYTORCH1" at 0 (inline_container.cc)        -> kPreviewPytorch1
-//  4. "ustar" at 257 (POSIX tar; torch tries tarfile before the legacy pickle)
-//                                                  -> kLegacyTar
+//  4. a tar header that Python's tarfile accepts: "ustar" at 257, or any
+//     first 512-byte block (not all zeros) whose checksum field matches the
+//     block's sum as tarfile.TarInfo.frombuf checks it (old V7 tars carry no
+//     magic). torch.load tries tarfile.open before the legacy pickle
+//     (serialization.py _legacy_load), so such a file is read as a tar
+//     whatever else it is; a V7 header hidden in a legacy pickle's string
+//     made a file scan as a clean pickle while torch.load ran the tar's
+//     `storages` pickle (review 2026-12-06)       -> kLegacyTar
 //  5. u64le N, 2 <= N <= max(size - 8, 100,000,000), byte 8 == '{'
 //     (a header cut short is still safetensors: malformed, not unknown)
 //                                                  -> kSafetensors
@@ -25,8 +31,11 @@
 // 11. anything else                               -> kUnknown
 #include "safeckpt/detect.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 #include "util/bytes.hpp"
@@ -110,12 +119,62 @@ std::string_view file_format_name(FileFormat f) noexcept {
   return "unknown";
 }
 
+namespace {
+
+// tarfile.nti() of the checksum field, leniently (a superset of what
+// Python's int(text, 8) accepts: a file that would pass is never missed).
+// nullopt: tarfile raises InvalidHeaderError on it.
+std::optional<std::int64_t> tar_number(Bytes field) {
+  if (field[0] == 0x80 || field[0] == 0xff) {  // base-256
+    std::int64_t n = 0;
+    for (std::size_t i = 1; i < field.size(); ++i)
+      n = static_cast<std::int64_t>(static_cast<std::uint64_t>(n) << 8) | field[i];
+    if (field[0] == 0xff) n -= std::int64_t{1} << (8 * (field.size() - 1));
+    return n;
+  }
+  std::size_t end = 0;
+  while (end < field.size() && field[end] != 0) ++end;  // nts(): up to the first NUL
+  auto space = [](std::uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); };
+  std::size_t b = 0;
+  while (b < end && space(field[b])) ++b;
+  while (end > b && space(field[end - 1])) --end;
+  bool negative = false;
+  if (b < end && (field[b] == '+' || field[b] == '-')) negative = field[b++] == '-';
+  if (end - b >= 2 && field[b] == '0' && (field[b + 1] == 'o' || field[b + 1] == 'O')) b += 2;
+  std::int64_t n = 0;
+  for (std::size_t i = b; i < end; ++i) {
+    if (field[i] == '_') continue;
+    if (field[i] < '0' || field[i] > '7') return std::nullopt;
+    n = n * 8 + (field[i] - '0');
+  }
+  return negative ? -n : n;
+}
+
+// tarfile.TarInfo.frombuf's acceptance of the first block (BLOCKSIZE 512).
+bool is_tar_block(Bytes f) {
+  if (f.size() < 512) return false;
+  const Bytes h = f.first(512);
+  if (std::all_of(h.begin(), h.end(), [](std::uint8_t c) { return c == 0; })) return false;  // EOFHeaderError
+  const auto chksum = tar_number(h.subspan(148, 8));
+  if (!chksum) return false;
+  // calc_chksums: 256 (the field as 8 spaces) + every other byte, unsigned and signed.
+  std::int64_t unsigned_sum = 256, signed_sum = 256;
+  for (std::size_t i = 0; i < 512; ++i) {
+    if (i >= 148 && i < 156) continue;
+    unsigned_sum += h[i];
+    signed_sum += static_cast<std::int8_t>(h[i]);
+  }
+  return *chksum == unsigned_sum || *chksum == signed_sum;
+}
+
+}  // namespace
+
 FileFormat sniff_format(Bytes f) noexcept {
   using namespace std::string_view_literals;
   if (f.empty()) return FileFormat::kEmpty;
   if (starts_with(f, "PK\x03\x04"sv)) return FileFormat::kTorchZip;
   if (starts_with(f, "PYTORCH1"sv)) return FileFormat::kPreviewPytorch1;
-  if (starts_with(f, "ustar"sv, 257)) return FileFormat::kLegacyTar;
+  if (starts_with(f, "ustar"sv, 257) || is_tar_block(f)) return FileFormat::kLegacyTar;
   if (is_safetensors(f)) return FileFormat::kSafetensors;
   if (starts_with(f, "\x93NUMPY"sv)) return FileFormat::kNumpyNpy;
   if (starts_with(f, "\x1f\x8b"sv)) return FileFormat::kGzip;

@@ -1028,6 +1028,43 @@ TEST_CASE("detect: sniff_format by magic bytes") {
   CHECK(safeckpt::sniff_format(span(tar)) == FileFormat::kLegacyTar);
 }
 
+TEST_CASE("detect: an old (V7) tar header with no magic is a tar when its checksum holds, as tarfile.frombuf") {
+  // Review 2026-12-06: torch.load tries tarfile before the legacy pickle and
+  // tarfile accepts V7 headers, so a legacy pickle carrying one (in a pushed
+  // string) was read by torch as a tar while we scanned it as a clean pickle.
+  // The pickle-looking first byte ('\x80') is part of the tar member name.
+  auto block = [](const std::string& checksum_field) {
+    Buf h(600, 0);
+    const std::string name = "\x80\x02Xabc";
+    std::memcpy(h.data(), name.data(), name.size());
+    std::memcpy(h.data() + 124, "00000000001", 11);  // size
+    h[156] = '0';
+    std::memcpy(h.data() + 148, checksum_field.data(), std::min<std::size_t>(8, checksum_field.size()));
+    return h;
+  };
+  auto sum_with_spaces = [](Buf h) {
+    std::uint64_t sum = 256;
+    for (std::size_t i = 0; i < 512; ++i)
+      if (i < 148 || i >= 156) sum += h[i];
+    return sum;
+  };
+  const std::uint64_t sum = sum_with_spaces(block(""));
+  char field[9] = {};
+  std::snprintf(field, sizeof field, "%06o", static_cast<unsigned>(sum));
+  CHECK(safeckpt::sniff_format(span(block(std::string(field, 6) + std::string("\0 ", 2)))) == FileFormat::kLegacyTar);
+  // Python's int(text, 8) also takes spaces around the digits.
+  std::snprintf(field, sizeof field, " %o  ", static_cast<unsigned>(sum));
+  CHECK(safeckpt::sniff_format(span(block(std::string(field, 8)))) == FileFormat::kLegacyTar);
+  // Off by one, or not a number: not a tar (tarfile raises InvalidHeaderError), so the pickle it starts with.
+  std::snprintf(field, sizeof field, "%06o", static_cast<unsigned>(sum + 1));
+  CHECK(safeckpt::sniff_format(span(block(std::string(field, 6) + std::string("\0 ", 2)))) == FileFormat::kBarePickle);
+  CHECK(safeckpt::sniff_format(span(block("99999999"))) == FileFormat::kBarePickle);
+  // Shorter than one block: never a tar.
+  Buf shortb = block("");
+  shortb.resize(511);
+  CHECK(safeckpt::sniff_format(span(shortb)) == FileFormat::kBarePickle);
+}
+
 TEST_CASE("detect: a safetensors file cut inside its JSON header is safetensors, and opening it says malformed") {
   // The safetensors package's basic.safetensors (header of 888 bytes) cut to
   // 8 + 216 bytes, as by an interrupted download: detection must not call it

@@ -183,3 +183,145 @@ def test_scan_reports_a_dcp_directory_as_one_checkpoint(tmp_path):
     rep = safeckpt.scan(bad)
     assert rep.verdict == "unsafe"
     assert "os.system" in rep.globals
+    # A pickle beside an intact checkpoint is part of what scan(DIR) reports, as with the CLI.
+    stray = tmp_path / "stray"
+    shutil.copytree(DCP / "placements-ws2" / "dcp", stray)
+    shutil.copyfile(DATA / "corpus" / "torch-2.11" / "mal_os_system.pt", stray / "evil.pt")
+    rep = safeckpt.scan(stray)
+    assert rep.format == "dcp_directory"
+    assert rep.verdict == "unsafe"
+    assert any(f["member"].startswith("evil.pt") for f in rep.findings)
+    assert "os.system" in rep.globals
+
+
+def _dcp_metadata(tensors):
+    """A hand-written DCP .metadata pickle, the shape PyTorch 2.11 writes (a port
+    of tests/support/dcp_metadata.hpp by the 2026-12-06 review). tensors: a list
+    of (fqn, shape, [(offsets, sizes, file, byte offset, byte length)])."""
+    md = b"torch.distributed.checkpoint.metadata"
+    out = bytearray(b"\x80\x02")
+
+    def glob(m, n):
+        out.extend(b"c" + m + b"\n" + n + b"\n")
+
+    def text(v):
+        v = v.encode()
+        out.extend(b"X" + struct.pack("<I", len(v)) + v)
+
+    def integer(v):
+        out.extend(b"J" + struct.pack("<i", v))
+
+    def size(v):
+        glob(b"torch", b"Size")
+        out.extend(b"(")
+        for x in v:
+            integer(x)
+        out.extend(b"t\x85R")
+
+    def dataclass(mod, cls, fields):
+        glob(mod, cls)
+        out.extend(b")\x81}(")
+        fields()
+        out.extend(b"ub")
+
+    def props():
+        glob(md, b"TensorProperties")
+        out.extend(b")\x81(")
+        glob(b"torch", b"float32")
+        glob(b"torch.serialization", b"_get_layout")
+        text("torch.strided")
+        out.extend(b"\x85R\x89")
+        glob(md, b"_MEM_FORMAT_ENCODING")
+        integer(0)
+        out.extend(b"\x85R\x89tb")
+
+    def top():
+        text("state_dict_metadata")
+        out.extend(b"}(")
+        for fqn, shape, chunks in tensors:
+            text(fqn)
+
+            def tsm(shape=shape, chunks=chunks):
+                text("properties")
+                props()
+                text("size")
+                size(shape)
+                text("chunks")
+                out.extend(b"](")
+                for c in chunks:
+                    dataclass(md, b"ChunkStorageMetadata",
+                              lambda c=c: (text("offsets"), size(c[0]), text("sizes"), size(c[1])))
+                out.extend(b"e")
+            dataclass(md, b"TensorStorageMetadata", tsm)
+        out.extend(b"u")
+        text("storage_data")
+        out.extend(b"}(")
+        for fqn, _, chunks in tensors:
+            for c in chunks:
+                dataclass(md, b"MetadataIndex",
+                          lambda fqn=fqn, c=c: (text("fqn"), text(fqn), text("offset"), size(c[0]), text("index"),
+                                                out.extend(b"N")))
+                dataclass(b"torch.distributed.checkpoint.filesystem", b"_StorageInfo",
+                          lambda c=c: (text("relative_path"), text(c[2]), text("offset"), integer(c[3]),
+                                       text("length"), integer(c[4])))
+        out.extend(b"u")
+    dataclass(md, b"Metadata", top)
+    out.extend(b".")
+    return bytes(out)
+
+
+def test_scan_reads_a_data_file_whole_as_torch_load_would(tmp_path):
+    """Review 2026-12-06: a data file of two items (a torch.save zip, then a legacy
+    torch.save of a float tensor) whose last zip end record lies in the second
+    item's raw storage and points, with absolute offsets, at an os.system
+    data.pkl also inside it. Every item loads and scans clean on its own;
+    torch.load of the file reads that hidden archive."""
+    mal = b"\x80\x02cos\nsystem\nX" + struct.pack("<I", 4) + b"true\x85R."
+    zb = __import__("io").BytesIO()
+    with __import__("zipfile").ZipFile(zb, "w") as z:
+        z.writestr("archive/data.pkl", mal)
+        z.writestr("archive/version", "3\n")
+    hidden = zb.getvalue()
+
+    def shifted(zipbytes, q):  # every offset of the zip moved by q: absolute in the whole file
+        b = bytearray(zipbytes)
+        e = b.rfind(b"PK\x05\x06")
+        n = struct.unpack_from("<H", b, e + 10)[0]
+        cdo = struct.unpack_from("<I", b, e + 16)[0]
+        p = cdo
+        for _ in range(n):
+            lho = struct.unpack_from("<I", b, p + 42)[0]
+            struct.pack_into("<I", b, p + 42, lho + q)
+            nl, xl, cl = struct.unpack_from("<HHH", b, p + 28)
+            p += 46 + nl + xl + cl
+        struct.pack_into("<I", b, e + 16, cdo + q)
+        return bytes(b)
+
+    def torch_save(t, legacy):
+        bio = __import__("io").BytesIO()
+        torch.save(t, bio, _use_new_zipfile_serialization=not legacy)
+        return bio.getvalue()
+
+    first = torch_save(torch.arange(12, dtype=torch.float32).reshape(4, 3).clone(), False)
+    pad = -len(hidden) % 4
+    as_floats = lambda raw: torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()  # noqa: E731
+    probe = torch_save(as_floats(b"\0" * pad + b"\xee" * len(hidden)), True)
+    at = len(first) + probe.find(b"\xee" * len(hidden))
+    second = torch_save(as_floats(b"\0" * pad + shifted(hidden, at)), True)
+    assert len(second) == len(probe)
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "__0_0.distcp").write_bytes(first + second)
+    nv = (pad + len(hidden)) // 4
+    (d / ".metadata").write_bytes(_dcp_metadata([
+        ("w", [4, 3], [([0, 0], [4, 3], "__0_0.distcp", 0, len(first))]),
+        ("v", [nv], [([0], [nv], "__0_0.distcp", len(first), len(second))])]))
+    # The reader accepts it: each item is a tensor of the metadata's dtype and shape.
+    assert set(safeckpt.load_dcp(d)) == {"w", "v"}
+    rep = safeckpt.scan(d)
+    assert rep.verdict == "unsafe"
+    assert "os.system" in rep.globals or any("os.system" in f["global"] for f in rep.findings)
+    assert any(f["member"].startswith("__0_0.distcp (read whole)") for f in rep.findings)
+    # An intact PyTorch directory with several items per file gets no such finding.
+    clean = safeckpt.scan(DCP / "placements-ws2" / "dcp")
+    assert clean.verdict == "clean"

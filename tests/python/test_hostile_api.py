@@ -11,7 +11,8 @@ import safeckpt
 from conftest import CORPUS
 
 # A value no other byte run of the file repeats: where the tensor's bytes lie.
-VALUES = torch.arange(1024, dtype=torch.float32) * 3.25 + 12345.0
+# 2 MiB: files up to 1 MiB are read into memory, not mapped (mapped_file.cpp).
+VALUES = torch.arange(512 * 1024, dtype=torch.float32) * 0.5 + 12345.0
 
 
 def _saved(tmp_path, obj, name="w.pt"):
@@ -41,6 +42,19 @@ def test_load_default_copies_so_later_writes_to_the_file_do_not_change_tensors(t
     with open(p, "wb"):
         pass  # what torch.save to the same path does first
     assert torch.equal(t, VALUES)
+
+
+def test_numpy_arrays_and_raw_bits_are_copies_too(tmp_path):
+    # framework="np", and dtypes torch 1.13 lacks (uint16 comes back through
+    # numpy): these were views of the mapping whatever mmap said.
+    p = _saved(tmp_path, {"w": VALUES})
+    a = safeckpt.load(p, framework="np")["w"]
+    _overwrite_tensor_bytes(p)
+    assert (a == VALUES.numpy()).all()
+    with safeckpt.safe_open(_saved(tmp_path, {"w": VALUES}, "v.pt"), framework="np") as f:
+        b = f.get_tensor("w")
+    _overwrite_tensor_bytes(tmp_path / "v.pt")
+    assert (b == VALUES.numpy()).all()
 
 
 def test_load_mmap_true_is_zero_copy_as_torch_mmap(tmp_path):
@@ -96,6 +110,20 @@ def test_scan_reports_a_global_with_a_lone_surrogate_instead_of_raising(tmp_path
     assert "os.system" in safeckpt.get_unsafe_globals_in_checkpoint(p)
 
 
+def test_scan_reports_a_record_name_that_is_not_utf8(tmp_path):
+    # Zip names are raw bytes: `a\xff/data.pkl` made scan() raise
+    # UnicodeDecodeError instead of reporting the os.system call inside.
+    p = tmp_path / "n.pt"
+    _zip(p, b"\x80\x02cos\nsystem\n" + _u("echo hi") + b"\x85R.")
+    raw = p.read_bytes()
+    p.write_bytes(raw.replace(b"archive/", b"archiv\xff/"))  # same length: offsets hold
+    rep = safeckpt.scan(p)
+    assert rep.verdict == "unsafe"
+    assert "os.system" in rep.globals
+    with pytest.raises(__import__("pickle").UnpicklingError):
+        safeckpt.load(p)
+
+
 def test_a_storage_location_with_a_lone_surrogate_is_a_checkpoint_error(tmp_path):
     # torch.load raises UnpicklingError; ours leaked UnicodeDecodeError.
     i32 = lambda n: b"J" + struct.pack("<i", n)  # noqa: E731
@@ -117,3 +145,70 @@ def test_save_refuses_conjugate_and_negative_views(tmp_path):
         safeckpt.save({"y": torch._neg_view(torch.ones(3))}, tmp_path / "n.pt")
     safeckpt.save({"x": x.conj().resolve_conj()}, tmp_path / "ok.pt")
     assert torch.equal(safeckpt.load(tmp_path / "ok.pt")["x"], x.conj())
+
+
+def _v7_tar_in_legacy_pickle(path):
+    """A legacy torch.save file (magic, protocol, sys_info, one FloatStorage
+    tensor) that is also an old V7 tar: the tar header's bytes 100..512 sit in
+    a string the protocol pickle pushes and pops, and the tar's `storages`
+    member (an os.system pickle) lies in the tensor's raw storage bytes.
+    Construction by the 2026-12-06 review (mk_p1.py); the command is `true`."""
+    mal = b"\x80\x02cos\nsystem\nX" + struct.pack("<I", 4) + b"true\x85R."
+
+    def tar_header(name, size):
+        h = bytearray(512)
+        h[0:len(name)] = name
+        h[100:108] = b"0000644\x00"
+        h[108:116] = b"0000000\x00"
+        h[116:124] = b"0000000\x00"
+        h[124:136] = b"%011o\x00" % size
+        h[136:148] = b"00000000000\x00"
+        h[156:157] = b"0"
+        h[148:156] = b" " * 8
+        h[148:156] = b"%06o\x00 " % sum(h)
+        return bytes(h)
+
+    magic = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19."
+    sysinfo = (b"\x80\x02}q\x00(X\x10\x00\x00\x00protocol_versionq\x01M\xe9\x03X\r\x00\x00\x00little_endianq\x02"
+               b"\x88X\n\x00\x00\x00type_sizesq\x03}q\x04(X\x05\x00\x00\x00shortq\x05K\x02X\x03\x00\x00\x00intq"
+               b"\x06K\x04X\x04\x00\x00\x00longq\x07K\x04uu.")
+
+    def head(first_size):
+        string = b"A" * (100 - (len(magic) + 7)) + tar_header(b"x", first_size)[100:512]
+        return magic + b"\x80\x02X" + struct.pack("<I", len(string)) + string + b"0M\xe9\x03." + sysinfo
+
+    def main_pickle(pad_len, n):
+        p = b"\x80\x02X" + struct.pack("<I", pad_len) + b"p" * pad_len + b"0"
+        p += (b"ctorch._utils\n_rebuild_tensor_v2\nq\x04((X\x07\x00\x00\x00storageq\x05ctorch\nFloatStorage\nq\x06"
+              b"X\x01\x00\x00\x000q\x07X\x03\x00\x00\x00cpuq\x08")
+        p += (b"J" + struct.pack("<i", n) + b"Ntq\tQK\x00J" + struct.pack("<i", n) +
+              b"\x85q\nK\x01\x85q\x0b\x89ccollections\nOrderedDict\nq\x0c)Rq\rtq\x0eRq\x0f.")
+        return p
+
+    keys = b"\x80\x02]q\x00X\x01\x00\x00\x000q\x01a."
+    payload = tar_header(b"storages", len(mal)) + mal
+    payload += b"\x00" * (-len(payload) % 512) + b"\x00" * 1024
+    n = len(payload) // 4
+    for pad_len in range(1, 2000):
+        pre = len(head(0)) + len(main_pickle(pad_len, n)) + len(keys) + 8
+        if pre % 512 == 0:
+            break
+    data = bytearray(head(pre - 512) + main_pickle(pad_len, n) + keys + struct.pack("<Q", n) + payload)
+    data[148:156] = b" " * 8
+    data[148:156] = b"%06o\x00 " % sum(data[0:512])
+    path.write_bytes(bytes(data))
+
+
+def test_a_legacy_pickle_that_is_also_a_v7_tar_is_judged_as_the_tar_torch_reads(tmp_path):
+    import tarfile
+    p = tmp_path / "poly.pt"
+    _v7_tar_in_legacy_pickle(p)
+    # What torch.load's _legacy_load tries first on a file that is not a zip:
+    with tarfile.open(p, "r:") as tar:
+        assert "storages" in tar.getnames()
+    rep = safeckpt.scan(p)
+    assert rep.format == "legacy_tar"
+    assert rep.verdict == "unsafe"
+    assert "os.system" in rep.globals
+    with pytest.raises(__import__("pickle").UnpicklingError):
+        safeckpt.load(p)

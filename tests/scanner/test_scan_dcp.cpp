@@ -292,5 +292,8 @@ TEST_CASE("scan: an index of .bin shards (pytorch_model.bin.index.json) scans ev
   const scan::FileReport out = scan::scan_file(d / "pytorch_model.bin.index.json");
   CHECK(out.verdict != scan::Verdict::kClean);
   CHECK(out.members == 0);  // nothing was opened
+  // Not examined, so never an ignorable damage: SCK190, high (transformers would load ../x.bin).
+  REQUIRE(with_rule(out, scan::Rule::kIo).size() == 1);
+  CHECK(with_rule(out, scan::Rule::kIo)[0]->severity == scan::Severity::kHigh);
   fs::remove_all(d);
 }

@@ -221,6 +221,10 @@ FileReport unscanned_report(std::string path, std::string reason);
 //    scanned like a file, member "<data file>@<byte offset>" (nested members
 //    after '!'), and read by DcpCheckpoint::load_chunk / load_bytes_item with
 //    ScanOptions::allowlist (storage CRC only with verify_data).
+//  - a data file holding several items is also scanned whole, as
+//    torch.load(<data file>) would read it (the last zip end record with
+//    absolute offsets, or the streams from byte 0), and every import, call
+//    or code that view finds is a finding (member "<file> (read whole)!...").
 // Every refusal of the DCP reader is an SCK180 finding (severity high for a
 // policy refusal, which makes the report unsafe; else medium: incomplete);
 // the first fills FileReport::loader (JSON "by": "dcp"). Clean exactly when
