@@ -421,7 +421,9 @@ def _open_native(f, allow_pairs, cuda_target=None):
     C++ GPU loader's (file opened once, storages streamed to the device)."""
     with native_errors():
         if isinstance(f, (str, os.PathLike)):
-            path = os.fspath(f)
+            # Bytes, as the OS names it: a name that is not UTF-8 (os.fsdecode's
+            # surrogates) cannot cross into C++ as str (review 2026-12-06).
+            path = os.fsencode(f)
             if cuda_target is not None:
                 return _native.load_cuda(path, allow_pairs, cuda_target)
             return _native.load_path(path, allow_pairs)
@@ -544,7 +546,7 @@ def get_unsafe_globals_in_checkpoint(f):
     path, tmp = _as_path(f)
     try:
         with native_errors():
-            rep = _native.scan_path(path, pairs)
+            rep = _native.scan_path(os.fsencode(path), pairs)
     finally:
         if tmp:
             os.unlink(tmp)
@@ -600,7 +602,7 @@ def scan(path, *, allow=None):
     found in any pickle it holds."""
     pairs, _ = _globals.current(allow)
     with native_errors():
-        return Report(_native.scan_path(os.fspath(path), pairs))
+        return Report(_native.scan_path(os.fsencode(path), pairs))
 
 
 def _safe_open_device(device, fw):

@@ -212,3 +212,20 @@ def test_a_legacy_pickle_that_is_also_a_v7_tar_is_judged_as_the_tar_torch_reads(
     assert "os.system" in rep.globals
     with pytest.raises(__import__("pickle").UnpicklingError):
         safeckpt.load(p)
+
+
+def test_a_path_that_is_not_utf8_loads_and_scans(tmp_path):
+    # A name the OS allows but that is not UTF-8: torch.load opens it; ours
+    # raised TypeError at the C++ boundary, so an audit loop stopped there.
+    import os
+    p = os.path.join(os.fsencode(tmp_path), b"w\xff.pt")
+    with open(p, "wb") as out:
+        out.write((CORPUS / "mlp_state_dict.pt").read_bytes())
+    name = os.fsdecode(p)  # a str with a surrogate escape, as os.listdir gives it
+    ref = safeckpt.load(CORPUS / "mlp_state_dict.pt")
+    got = safeckpt.load(name)
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+    rep = safeckpt.scan(name)
+    assert rep.verdict == "clean"
+    assert os.fsencode(rep.path) == p
+    assert safeckpt.get_unsafe_globals_in_checkpoint(name) == []
