@@ -22,7 +22,7 @@
 namespace safeckpt {
 namespace {
 
-using json = nlohmann::ordered_json;
+using json = nlohmann::json;
 
 struct StDtype {
   std::string_view name;
@@ -67,10 +67,6 @@ Unexpected malformed(std::string msg) {
   return make_error(ErrorCode::kMalformed, "safetensors: " + std::move(msg));
 }
 
-struct JsonReject {
-  std::string why;
-};
-
 }  // namespace
 
 std::string_view safetensors_dtype_name(DType d) noexcept {
@@ -92,31 +88,82 @@ int safetensors_dtype_rank(std::string_view name) noexcept {
   return -1;
 }
 
-// Parses JSON text refusing duplicate keys (at every level) and nesting
-// deeper than `max_depth`. Throws nothing; kMalformed on any problem.
-Result<json> parse_strict_json(std::string_view text, std::size_t max_depth, std::string_view what) {
-  std::vector<std::unordered_set<std::string>> keys;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
-    if (static_cast<std::size_t>(depth) > max_depth)
-      throw JsonReject{"nesting deeper than " + std::to_string(max_depth)};
-    switch (ev) {
-      case json::parse_event_t::object_start: keys.emplace_back(); break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& k = parsed.get_ref<const std::string&>();
-        if (keys.empty() || !keys.back().insert(k).second) throw JsonReject{"duplicate key \"" + k + "\""};
-        break;
-      }
-      default: break;
+// The strict checks as a SAX pass that builds nothing: duplicate keys at
+// every level, nesting deeper than `max_depth` (root object = 1), and the
+// key order. Not nlohmann's callback parser: its end_object walks the whole
+// parent object after each member object (to drop discarded values), which
+// made a header of 50,000 tensor entries take seconds to minutes (review
+// 2026-12-06).
+namespace {
+class StrictJsonPass final : public nlohmann::json_sax<json> {
+ public:
+  StrictJsonPass(std::size_t max_depth, JsonKeyOrder* order) : max_depth_(max_depth), order_(order) {}
+  std::string why;  // set when a check fails
+
+  bool null() override { return true; }
+  bool boolean(bool /*v*/) override { return true; }
+  bool number_integer(number_integer_t /*v*/) override { return true; }
+  bool number_unsigned(number_unsigned_t /*v*/) override { return true; }
+  bool number_float(number_float_t /*v*/, const string_t& /*s*/) override { return true; }
+  bool string(string_t& /*v*/) override { return true; }
+  bool binary(binary_t& /*v*/) override { return true; }
+  bool start_object(std::size_t /*n*/) override {
+    keys_.emplace_back();
+    return enter();
+  }
+  bool key(string_t& k) override {
+    if (keys_.empty() || !keys_.back().insert(k).second) return reject("duplicate key \"" + k + "\"");
+    if (order_ != nullptr && level_ == 1) {
+      order_->root.push_back(k);
+      member_ = order_->root.size();
+    } else if (order_ != nullptr && level_ == 2 && member_ != 0) {
+      order_->members[order_->root[member_ - 1]].push_back(k);
     }
     return true;
-  };
+  }
+  bool end_object() override {
+    if (!keys_.empty()) keys_.pop_back();
+    --level_;
+    return true;
+  }
+  bool start_array(std::size_t /*n*/) override { return enter(); }
+  bool end_array() override {
+    --level_;
+    return true;
+  }
+  bool parse_error(std::size_t /*position*/, const std::string& /*token*/,
+                   const nlohmann::detail::exception& ex) override {
+    return reject(std::string("not valid JSON: ") + ex.what());
+  }
+
+ private:
+  bool enter() {
+    if (++level_ > max_depth_) return reject("nesting deeper than " + std::to_string(max_depth_));
+    return true;
+  }
+  bool reject(std::string w) {
+    if (why.empty()) why = std::move(w);
+    return false;
+  }
+  std::size_t max_depth_;
+  JsonKeyOrder* order_;
+  std::size_t level_ = 0;
+  std::size_t member_ = 0;  // 1 + index in order_->root of the root key being read
+  std::vector<std::unordered_set<std::string>> keys_;
+};
+}  // namespace
+
+// Parses JSON text refusing duplicate keys (at every level) and nesting
+// deeper than `max_depth`: the checks first (StrictJsonPass), then the tree
+// (plain parse, no callback). Throws nothing; kMalformed on any problem.
+Result<json> parse_strict_json(std::string_view text, std::size_t max_depth, std::string_view what,
+                               JsonKeyOrder* order) {
   try {
-    return json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const JsonReject& r) {
-    return malformed(std::string(what) + ": " + r.why);
+    StrictJsonPass pass(max_depth, order);
+    if (!json::sax_parse(text.begin(), text.end(), &pass, nlohmann::json::input_format_t::json, /*strict=*/true,
+                         /*ignore_comments=*/false))
+      return malformed(std::string(what) + ": " + (pass.why.empty() ? std::string("not valid JSON") : pass.why));
+    return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     return malformed(std::string(what) + " is not valid JSON: " + e.what());
   } catch (const std::bad_alloc&) {
@@ -151,21 +198,22 @@ Result<SafetensorsFile> SafetensorsFile::validate(SafetensorsFile f, const Safet
   }
   // Depth: root object (1) > tensor entry / __metadata__ (2) > shape,
   // data_offsets arrays (3).
-  SAFECKPT_TRY(json root, parse_strict_json(text, 3, "header"));
+  JsonKeyOrder order;
+  SAFECKPT_TRY(json root, parse_strict_json(text, 3, "header", &order));
   if (!root.is_object()) return malformed("header is not a JSON object");
   const std::uint64_t data_start = 8 + n, data_size = b.size() - data_start;
   f.header_bytes_ = n;
   std::vector<SafetensorsTensor> ts;
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string& key = it.key();
-    const json& v = it.value();
+  for (const std::string& key : order.root) {  // the header's order (ties of the data order below)
+    const json& v = root.at(key);
     if (key == "__metadata__") {
       if (!v.is_object()) return malformed("__metadata__ is not an object");
       f.has_metadata_ = true;
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          return malformed("__metadata__[\"" + m.key() + "\"] is not a string (only string -> string is allowed)");
-        f.metadata_.emplace_back(m.key(), m.value().get<std::string>());
+      for (const std::string& mk : order.members[key]) {
+        const json& mv = v.at(mk);
+        if (!mv.is_string())
+          return malformed("__metadata__[\"" + mk + "\"] is not a string (only string -> string is allowed)");
+        f.metadata_.emplace_back(mk, mv.get<std::string>());
       }
       continue;
     }
@@ -348,7 +396,8 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const Sa
   if (text.size() > options.max_header_bytes)
     return make_error(ErrorCode::kLimitExceeded, "safetensors index: larger than max_header_bytes");
   if (!util::valid_utf8(text)) return malformed("index is not valid UTF-8");
-  SAFECKPT_TRY(json root, parse_strict_json(text, 64, "index"));
+  JsonKeyOrder order;
+  SAFECKPT_TRY(json root, parse_strict_json(text, 64, "index", &order));
   if (!root.is_object()) return malformed("index is not a JSON object");
   if (!root.contains("weight_map") || !root["weight_map"].is_object())
     return malformed("index has no weight_map object");
@@ -358,9 +407,10 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const Sa
   const json& wm = root["weight_map"];
   if (wm.size() > options.limits.max_tensors)
     return make_error(ErrorCode::kLimitExceeded, "safetensors index: more than max_tensors entries");
-  for (auto it = wm.begin(); it != wm.end(); ++it) {
-    if (!it.value().is_string()) return malformed("index weight_map[\"" + it.key() + "\"] is not a string");
-    std::string shard = it.value().get<std::string>();
+  for (const std::string& name : order.members["weight_map"]) {  // file order
+    const json& value = wm.at(name);
+    if (!value.is_string()) return malformed("index weight_map[\"" + name + "\"] is not a string");
+    std::string shard = value.get<std::string>();
     if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
         shard.find('\\') != std::string::npos || shard.find('\0') != std::string::npos)
       return malformed("index names shard \"" + shard + "\", which is not a plain file name");
@@ -370,7 +420,7 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const Sa
                                                          std::to_string(options.max_shards) + " shard files");
       idx.shards.push_back(shard);
     }
-    idx.weight_map.emplace_back(it.key(), std::move(shard));
+    idx.weight_map.emplace_back(name, std::move(shard));
   }
   return idx;
 }
