@@ -501,7 +501,7 @@ def load(f, map_location=None, weights_only=True, mmap=None, *, allow=None, fram
     if fw != "pt" and (where.fn is not None or where.constant not in (None, "cpu")):
         raise ValueError("map_location other than 'cpu' needs framework='pt' (torch)")
     pairs, names = _globals.current(allow)
-    zero_copy = mmap is True
+    zero_copy = bool(mmap)  # torch.load: `if mmap:`
     if (where.constant is not None and where.constant.startswith("cuda") and _native.has_cuda
             and isinstance(f, (str, os.PathLike))):
         ck = _open_native(f, pairs, _resolve_cuda(where.constant))
