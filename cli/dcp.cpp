@@ -22,11 +22,9 @@ std::string dims(const std::vector<std::int64_t>& v) {
 }
 
 // One line of a non-tensor item's value (the loader's text view, first line).
-std::string item_text(const DcpCheckpoint& c, const DcpBytesItem& b) {
-  auto v = c.load_bytes_item(b);
-  if (!v) return "<refused: " + v.error().to_string() + ">";
+std::string item_text(const Checkpoint& v) {
   TextOptions to;
-  auto t = to_text(*v, to);
+  auto t = to_text(v, to);
   if (!t) return "<" + t.error().to_string() + ">";
   // The value section of the text view: its last non-empty line.
   std::string s = *t;
@@ -60,13 +58,18 @@ int inspect_dcp(const std::string& dir, bool json) {
       if (auto p = c.load_chunk(t, ch); !p) return refused(dir, p.error());
       ++checked;
     }
-  for (const auto& b : c.bytes_items())
-    if (auto p = c.load_bytes_item(b); !p) return refused(dir, p.error());
+  std::vector<Checkpoint> items;  // read once: checked here, shown below
+  items.reserve(c.bytes_items().size());
+  for (const auto& b : c.bytes_items()) {
+    auto p = c.load_bytes_item(b);
+    if (!p) return refused(dir, p.error());
+    items.push_back(std::move(*p));
+  }
   if (json) {
     nlohmann::json j;
     j["format"] = "dcp";
     j["version"] = c.version();
-    j["payloads_checked"] = checked + c.bytes_items().size();
+    j["payloads_checked"] = checked + items.size();
     j["files"] = nlohmann::json::array();
     for (const auto& f : c.files()) j["files"].push_back({{"name", f.name}, {"bytes", f.size}});
     j["tensors"] = nlohmann::json::array();
@@ -82,8 +85,10 @@ int inspect_dcp(const std::string& dir, bool json) {
           {{"fqn", t.fqn}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"chunks", chunks}});
     }
     j["items"] = nlohmann::json::array();
-    for (const auto& b : c.bytes_items())
-      j["items"].push_back({{"fqn", b.fqn}, {"file", c.files()[b.file].name}, {"value", item_text(c, b)}});
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const DcpBytesItem& b = c.bytes_items()[i];
+      j["items"].push_back({{"fqn", b.fqn}, {"file", c.files()[b.file].name}, {"value", item_text(items[i])}});
+    }
     std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
@@ -104,10 +109,11 @@ int inspect_dcp(const std::string& dir, bool json) {
                   static_cast<unsigned long long>(ch.length));
   }
   if (!c.bytes_items().empty()) std::printf("other items:\n");
-  for (const auto& b : c.bytes_items())
-    std::printf("  %s = %s  (%s)\n", b.fqn.c_str(), item_text(c, b).c_str(), c.files()[b.file].name.c_str());
-  std::printf("payloads: %zu chunks and %zu items read and checked against the metadata\n", checked,
-              c.bytes_items().size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const DcpBytesItem& b = c.bytes_items()[i];
+    std::printf("  %s = %s  (%s)\n", b.fqn.c_str(), item_text(items[i]).c_str(), c.files()[b.file].name.c_str());
+  }
+  std::printf("payloads: %zu chunks and %zu items read and checked against the metadata\n", checked, items.size());
   return 0;
 }
 
