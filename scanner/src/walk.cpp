@@ -135,10 +135,16 @@ std::vector<FileReport> scan_walk(const WalkResult& walk, const ScanOptions& opt
     for (const fs::path& p : mine) covered.insert(p.lexically_normal());
   }
   std::vector<const fs::path*> rest;
-  // A file named on the command line always gets its own report.
-  std::set<fs::path> named(walk.named_files.begin(), walk.named_files.end());
-  for (const fs::path& f : walk.files)
-    if (covered.count(f.lexically_normal()) == 0 || named.erase(f) != 0) rest.push_back(&f);
+  // A file named on the command line always gets its own report; one path
+  // spelled twice (`x` and `./x`, or named and found again under a named
+  // directory) gets one. Distinct names of one inode (hard links, followed
+  // symlinks) each keep theirs: the report names the path.
+  std::set<fs::path> named(walk.named_files.begin(), walk.named_files.end()), seen;
+  for (const fs::path& f : walk.files) {
+    const fs::path normal = f.lexically_normal();
+    if (!seen.insert(normal).second) continue;
+    if (covered.count(normal) == 0 || named.erase(f) != 0) rest.push_back(&f);
+  }
   for (const fs::path* f : rest) {
     if (progress) progress(++done, walk.dcp_dirs.size() + rest.size(), f->string());
     reports.push_back(scan_file(*f, options));

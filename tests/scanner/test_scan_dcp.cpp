@@ -236,6 +236,10 @@ TEST_CASE("scan dcp: a walk finds DCP directories at any depth; their files are 
   CHECK(scan::scan_walk(w2).size() == 2);  // model.pt, evil.pt
   // Named twice (itself and its parent): one report.
   CHECK(scan::scan_walk(scan::expand_paths({root / "step200", root}, {})).size() == 4);
+  // A file spelled twice, or named and found under a named directory: one report each.
+  const fs::path model = root / "model.pt";
+  CHECK(scan::scan_walk(scan::expand_paths({model, root / "." / "model.pt", model}, {})).size() == 1);
+  CHECK(scan::scan_walk(scan::expand_paths({model, root}, {})).size() == 4);
   fs::remove_all(root);
 }
 
