@@ -100,10 +100,18 @@
 // The persistent compile cache (safeckpt/compile_cache.hpp; EngineOptions::
 // cache, on by default as PyTorch's inductor cache is): what is cached is the
 // NVRTC output of each generated module (the cubin of one fused_source, one
-// entry per distinct source); plans, cuBLASLt algorithms and CUDA graphs are
-// rebuilt per process (they hold device pointers). Two levels: the engine's
-// in-process map (source text -> loaded module) first, then the directory.
-// Key (src/engine/module_cache.hpp): SHA-256 of the generated source (it is
+// entry per distinct source), and the choices that cost time to make: the
+// cuBLASLt algorithm of each GEMM (the heuristic's or the autotuner's
+// pick), cuDNN's algorithm for each convolution and cuDNN's own
+// serialization of each runtime-compiled graph plan (fused convolution or
+// attention), each keyed by everything that decided it and re-checked by
+// the library when read (module_cache.hpp choice_cache_key;
+// EngineStats::choices_*). The lowered step list, the arena and the CUDA
+// graphs are rebuilt per process (they hold device pointers; lowering at a
+// warm cache took 1-21 ms of the first call on the real-size programs,
+// bench/RESULTS.md 2026-12-06). Two levels: the engine's in-process map
+// (source text -> loaded module) first, then the directory.
+// Modules' key (src/engine/module_cache.hpp): SHA-256 of the generated source (it is
 // made only from the validated plan and is the whole NVRTC input, so equal
 // text is an equal module), the device name and sm, the driver and CUDA
 // runtime versions, the NVRTC soname major (not nvrtcVersion(): a hit loads
@@ -345,14 +353,28 @@ struct EngineOptions {
   // may differ from later ones in the last bits. The first run after the
   // build finished installs the plans and captures the CUDA graph;
   // CompiledProgram::wait_compiled() waits for that point without running
-  // anything. Plans the cache holds are restored before the first run
-  // either way; eager plans (force_eager) build theirs before it. A graph
+  // anything. Plans the cache holds are restored on those threads too
+  // (background_graph_restore) or before the first run; eager plans
+  // (force_eager) build theirs before it. A graph
   // cuDNN fails to build in the background is a warning (its steps keep the
   // fallback), not an error. What it buys (bench/RESULTS.md 2026-12-05,
   // H100): ResNet-50 bfloat16 batch 1's cold first call took 997 ms instead
   // of 2869 (its 23 graphs were in 2.5 s after the start). false: the first
   // call builds them all, and every run uses them.
   bool background_graph_plans = true;
+  // With background_graph_plans: the graph plans the compile cache holds are
+  // restored on the background threads too, so a warm-cache first call
+  // runs at once on the fallback steps, as a cold one does, instead of
+  // waiting for cuDNN to finalize every plan from its serialization
+  // (cudnnBackendFinalize per plan: it loads the compiled kernels; ResNet-50
+  // bfloat16's 23 graphs took 32-74 ms of a warm-cache first call on an
+  // H100). The plans are installed, and the CUDA graph captured, by the
+  // first run after they are in; until then ProgramStats::
+  // dnn_graphs_pending is true. Measured (bench/RESULTS.md 2026-12-06, one
+  // H100, same call): ResNet-50 bfloat16 batch 1's warm-cache first output
+  // 58.8-60.7 ms instead of 75.9, its final plan run at 74-76 ms.
+  // false: restored before the first run, which then already uses them.
+  bool background_graph_restore = true;
   // Attention's materialized-score path (see "Attention" above): the most
   // arena bytes one attention step may take for scores (and bfloat16
   // probabilities). 0 = always the flash-style kernel; UINT64_MAX = always

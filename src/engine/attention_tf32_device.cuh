@@ -4,15 +4,16 @@
 // dispatcher, over a launch policy as in kernels_device.cuh.
 // attention_tc.cu launches it on the device; tests/engine/test_kernels_host.cpp
 // runs it under the host emulator (cuda_host_sim.hpp models mma.sync
-// m16n8k8 tf32 and cvt.rna.tf32).
+// m16n8k8 tf32).
 //
 // 3xTF32 (CUTLASS's OpMultiplyAddFastF32, which PyTorch's memory-efficient
 // attention uses for float32 on sm_80+: aten/src/ATen/native/transformers/
 // cuda/mem_eff_attention/gemm_kernel_utils.h DefaultGemmType): each float x
-// is split into big = tf32(x) (cvt.rna: 10 mantissa bits) and small =
-// tf32(x - big), and a * b is a_small b_big + a_big b_small + a_big b_big
-// on the tensor cores (a_small b_small, about 2^-22 relative, dropped):
-// float32 accuracy within a few ulps, unlike one TF32 product (2^-11).
+// is split into big = x rounded to TF32 (10 mantissa bits) and small =
+// x - big truncated to TF32 (split() below), and a * b is a_small b_big +
+// a_big b_small + a_big b_big on the tensor cores (a_small b_small, about
+// 2^-22 relative, dropped): float32 accuracy within a few ulps, unlike one
+// TF32 product (2^-11).
 //
 // Grid (B * H, ceil(L / 64)), 128 threads = 4 warps; a block owns 64 query
 // rows (the last row blocks first: under a causal mask they have the most
@@ -87,21 +88,12 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, int rows, const fl
 
 #if defined(SAFECKPT_HOST_SIM)
 #define SAFECKPT_TF32_BODY 1
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-  return __float_as_uint(cuda_host_sim::cvt_rna_tf32(x));
-}
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                          std::uint32_t b1) {
   cuda_host_sim::mma_m16n8k8_tf32(d, a, b0, b1);
 }
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define SAFECKPT_TF32_BODY 1
-// cvt.rna.tf32.f32: the nearest TF32 value, ties away from zero (low 13 bits 0).
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-  std::uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
 // d += a b: a 16x8 (row), b 8x8 (col), tf32 inputs, d 16x8 fp32.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                          std::uint32_t b1) {
@@ -126,10 +118,17 @@ __device__ __forceinline__ void load_rows_async(float* dst, int ld, int rows, co
     cp_async_16(dst + r * ld + c, valid ? src + r * row_stride + c : src, valid);
   }
 }
-// x as big + small TF32 parts.
+// x as big + small TF32 parts, in integer ops (full rate; cvt.rna.tf32 is a
+// conversion, issued at a fraction of that): big = x rounded to nearest,
+// ties away (cvt.rna's value: half a TF32 ulp added to the bit pattern,
+// then the low 13 bits cleared), small = x - big (exact) truncated to TF32,
+// as CUTLASS's OpMultiplyAddFastF32 rounds them (round_half_ulp_truncate,
+// round_toward_zero): |small| <= 2^-11 |x|, its truncation <= 2^-21 |x|.
+// NaN and infinity: big may become an infinity or 0, small = x - big is then
+// NaN, and the sum of the three products is NaN, as with cvt.rna.
 __device__ __forceinline__ void split(float x, std::uint32_t& big, std::uint32_t& small) {
-  big = to_tf32(x);
-  small = to_tf32(x - __uint_as_float(big));
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(x - __uint_as_float(big)) & 0xffffe000u;
 }
 // An A fragment as big and small TF32 parts: split once, used for every
 // 8-column tile of B (the split is most of the work of a 3xTF32 product).

@@ -345,7 +345,8 @@ Status Lowering::prepare_graph_plans() {
   for (auto& [key, slot] : graph_plans) {
     if (!slot || slot->plan) continue;
     bool cached = false;
-    (background && !eng.find_choice(slot->key, &cached) ? later : now).push_back(slot);
+    const bool to_background = background && (eng.opt.background_graph_restore || !eng.find_choice(slot->key, &cached));
+    (to_background ? later : now).push_back(slot);
   }
   if (now.empty() && later.empty()) return {};
   int device = 0;

@@ -496,15 +496,6 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::u
   }
 }
 
-// cvt.rna.tf32.f32: the nearest value with 10 explicit mantissa bits, ties
-// away from zero (the low 13 bits cleared); NaN and infinities unchanged.
-inline float cvt_rna_tf32(float x) {
-  std::uint32_t u = __float_as_uint(x);
-  if ((u & 0x7f800000u) == 0x7f800000u) return x;
-  u = (u + 0x1000u) & 0xffffe000u;
-  return __uint_as_float(u);
-}
-
 // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, warp-collective (PTX
 // ISA "Matrix Fragments for mma.m16n8k8", .tf32): A 16 x 8 with a0 = (g, t),
 // a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4); B 8 x 8 with b0 =

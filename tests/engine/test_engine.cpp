@@ -836,8 +836,9 @@ void check_stances_vs_cuda(engine::CompiledProgram& cp, const Inputs& in, const 
 // prepare_graph_plans): an engine with an empty persistent cache compiles
 // the runtime-compiled graph plans (before its first run) and stores cuDNN's
 // serialization of each; a second engine on the same directory (as a second
-// process would; background_graph_plans on, which restores cached plans
-// before the first run all the same) finalizes them from the cache instead
+// process would; background_graph_plans on with background_graph_restore
+// off, which restores cached plans before the first run) finalizes them from
+// the cache instead
 // (conv.hpp graph_conv_from_bytes), step for step, and gives the same outputs.
 void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inputs& in, const std::string& what) {
   const auto dir = std::filesystem::temp_directory_path() / ("safeckpt_graph_plans_" + std::to_string(::getpid()));
@@ -881,6 +882,7 @@ void check_graph_plans_cached(const Program& prog, const WeightMap& w, const Inp
   }
   {
     o.background_graph_plans = true;
+    o.background_graph_restore = false;
     auto eng = make_engine(o);
     auto cp = eng.compile(prog, w);
     REQUIRE_MESSAGE(cp.has_value(), (cp ? "" : cp.error().to_string()));
@@ -2573,7 +2575,9 @@ TEST_CASE("engine: every pt2-2.11-extra program matches PyTorch CUDA and the CPU
 // tolerance; wait_compiled installs them (steps named after cuDNN's engine),
 // then the CUDA graph replays bit-identically. With the option off the same
 // plans are built before the first run. A second engine on a cache the
-// first filled restores them before its first run (none in the background).
+// first filled restores them (none built): on the background threads with
+// background_graph_restore (the first call may take the fallback), before
+// its first run without.
 TEST_CASE("engine: cuDNN graph plans built in the background, then installed (llama_cuda_bf16)") {
   if (!have_device()) return;
   const std::string dir = test_support::test_data_dir("pt2-2.11-extra");
@@ -2646,15 +2650,37 @@ TEST_CASE("engine: cuDNN graph plans built in the background, then installed (ll
                    << " run(s) before them, installed " << 1e3 * s1.last_dnn_graphs_ready_seconds
                    << " ms after the plan began");
     }
-    {  // A second engine on that cache: restored before the first run.
-      auto eng = make_engine(on);
+    {  // A second engine on that cache, background_graph_restore off: restored before the first run.
+      engine::EngineOptions before = on;
+      before.background_graph_restore = false;
+      auto eng = make_engine(before);
       auto c = eng.compile(l.program, l.weights);
       REQUIRE(c.has_value());
-      run(*c, "warm cache, call 0");
+      run(*c, "warm cache, restored before call 0");
       const auto s = c->stats();
       CHECK(s.dnn_graphs_background == 0);
       CHECK(s.dnn_graphs_restored == sa.dnn_graphs_built);
+      CHECK(s.dnn_graphs_built == 0);
       CHECK(s.background_runs == 0);
+      CHECK(cudnn_steps(*c) == layers);
+    }
+    {  // ... and on (the default): restored on the background threads, nothing built.
+      auto eng = make_engine(on);
+      auto c = eng.compile(l.program, l.weights);
+      REQUIRE(c.has_value());
+      run(*c, "warm cache, restoring in the background, call 0");
+      const auto s0 = c->stats();
+      CHECK(s0.dnn_graphs_background == sa.dnn_graphs_built);
+      CHECK(s0.background_runs <= 1);
+      REQUIRE(c->wait_compiled().has_value());
+      auto r1 = run(*c, "warm cache, after wait_compiled");
+      auto r2 = run(*c, "warm cache, replay");
+      CHECK(*r1[0].data == *r2[0].data);
+      const auto s = c->stats();
+      CHECK_FALSE(s.dnn_graphs_pending);
+      CHECK(s.dnn_graphs_restored == sa.dnn_graphs_built);
+      CHECK(s.dnn_graphs_built == 0);
+      CHECK(s.graph_replays == s0.graph_replays + 2);
       CHECK(cudnn_steps(*c) == layers);
     }
     std::filesystem::remove_all(cache_dir);

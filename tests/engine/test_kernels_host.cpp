@@ -628,6 +628,30 @@ TEST_CASE("3xTF32 flash attention kernel on the host emulator: float32 accuracy 
       check_close(pr.out, want, 1e-4, 1e-5);
     }
   }
+  // A NaN whose bit pattern is all ones (sign set): rounding its pattern up
+  // to TF32 wraps to +0, so only the split's small part still carries the
+  // NaN. A query row holding it, and every row meeting a key holding it,
+  // must come out NaN (as PyTorch's), never finite.
+  {
+    const float nan_ones = __uint_as_float(0xffffffffu);
+    AttnProblem pr(1, 1, 20, 20, 64, 64, true, 0, false, false, false, rng);
+    const long long qrow = 5, krow = 12;
+    for (long long d = 0; d < 64; d += 9) pr.q.t.set(static_cast<std::size_t>(qrow * pr.q.s[2] + d), nan_ones);
+    pr.k.t.set(static_cast<std::size_t>(krow * pr.k.s[2] + 7), nan_ones);
+    REQUIRE(dispatch_attention_tf32x3(SimLaunch{}, pr.a) == 0);
+    for (long long r = 0; r < 20; ++r) {
+      CAPTURE(r);
+      const bool poisoned = r == qrow || r >= krow;  // causal: rows from krow on see that key
+      for (long long d = 0; d < 64; ++d) {
+        const double o = pr.out.at(static_cast<std::size_t>(r * pr.a.o_s[2] + d));
+        if (poisoned) {
+          CHECK(std::isnan(o));
+        } else {
+          CHECK(std::isfinite(o));
+        }
+      }
+    }
+  }
   AttnArgs bf{};
   bf.bf16 = 1;
   bf.B = bf.H = bf.L = bf.S = 1;
