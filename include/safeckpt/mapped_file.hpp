@@ -79,6 +79,12 @@ class MappedFile {
   // /proc/self/fd/N), owned by this object (also for a small file that was
   // read); -1 for buffers.
   int fd() const noexcept { return fd_; }
+  // True when bytes() is a mapping of the file (pages read on first touch:
+  // a truncation by another writer makes a later touch past the new end
+  // SIGBUS); false when they are owned (a small file read by open(),
+  // from_reader, from_buffer). A reader that must survive truncation copies
+  // a mapped span with pread(fd(), ...) at its offset instead.
+  bool mapped() const noexcept { return mapped_; }
   const std::filesystem::path& path() const noexcept { return path_; }
 
  private:

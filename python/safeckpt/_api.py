@@ -260,8 +260,10 @@ class _Materializer:
                 s = self.ck.storage_buffer(i, True)
             elif self.ck.storage_in_file(i):
                 # The default copies, as for torch tensors (review 2026-12-06: numpy
-                # arrays were views of the mapped file: SIGBUS after a truncation).
-                s = bytearray(self.ck.storage_buffer(i, False))
+                # arrays were views of the mapped file: SIGBUS after a truncation),
+                # read from the file (copy_storage_to: a truncated file is an OSError).
+                s = bytearray(self.sinfo[i]["nbytes"])
+                self.ck.copy_storage_to(i, _np.frombuffer(s, dtype=_np.uint8).ctypes.data)
             else:
                 s = self.ck.storage_buffer(i, False)  # owned by the checkpoint; read-only: numpy refuses writes
             self._storages[i] = s
@@ -636,10 +638,10 @@ class safe_open:
     metadata(): safetensors' __metadata__ dict, or None (always None for
     PyTorch files). device: "cpu" (default), "cuda", "cuda:N", an int N (=
     "cuda:N", as safetensors takes it) or a torch.device of those:
-    get_tensor() builds the host tensor (a copy of its storage, so it never
-    depends on the file afterwards; as with safetensors' safe_open, the file
-    must not be truncated while it is open: reading a page past a new end
-    is SIGBUS) and copies just that
+    get_tensor() builds the host tensor (a copy of its storage read from the
+    open file with pread, so it never depends on the file afterwards; a file
+    truncated while open is an OSError naming the storage, where safetensors'
+    safe_open dies of SIGBUS) and copies just that
     tensor to the device (framework="pt" only; no GPU: RuntimeError as
     torch.load's). For a whole checkpoint on the GPU, load(path,
     map_location="cuda") streams every storage at once."""
@@ -653,8 +655,8 @@ class safe_open:
             self._names = dict(self._ck.named_tensors())
             tensors = self._ck.tensors()
         # Copies (review 2026-12-06): a zero-copy tensor outlived a truncation
-        # of the file as SIGBUS. The file stays mapped; each get_tensor copies
-        # the storage it needs out of it.
+        # of the file as SIGBUS. The file stays open; each get_tensor reads
+        # the storage it needs from it (pread: a truncation is an OSError).
         self._m = _Materializer(self._ck, self._fw, False, _Scalars(self._fw, names, tensors))
 
     def __enter__(self):

@@ -18,8 +18,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -378,11 +380,51 @@ class PyCheckpoint {
   }
 
   // Copies storage `i` to host memory at address `dest` (a buffer of at
-  // least nbytes the caller owns, e.g. a torch tensor's data_ptr()).
+  // least nbytes the caller owns, e.g. a torch tensor's data_ptr()). A
+  // record that lies in a mapped file is read with pread(2) from the
+  // checkpoint's open descriptor, not copied out of the mapping: a file
+  // truncated since it was opened (torch.save to the same path truncates
+  // first) is then a kIo error naming the storage, where touching the
+  // mapping past the new end was SIGBUS (a safe_open handle lives long).
+  // Errors: kInvalidArgument (index), kIo (read failed, or the file ended
+  // before the record).
   void copy_storage_to(std::uint32_t i, std::uintptr_t dest) const {
     const StorageInfo& s = storage(i);
-    if (!s.bytes.empty()) {
-      std::memcpy(reinterpret_cast<void*>(dest), s.bytes.data(), s.bytes.size());
+    if (s.bytes.empty()) {
+      return;
+    }
+    auto* out = reinterpret_cast<std::uint8_t*>(dest);
+    const MappedFile& f = ckpt().file();
+    const std::int64_t off = f.mapped() ? file_offset_of(s) : -1;
+    if (off < 0) {
+      std::memcpy(out, s.bytes.data(), s.bytes.size());
+      return;
+    }
+    std::size_t done = 0;
+    int err = 0;
+    {
+      py::gil_scoped_release unlocked;
+      while (done < s.bytes.size()) {
+        const ssize_t n = ::pread(f.fd(), out + done, s.bytes.size() - done,
+                                  static_cast<off_t>(off + static_cast<std::int64_t>(done)));
+        if (n < 0 && errno == EINTR) {
+          continue;
+        }
+        if (n < 0) {
+          err = errno;
+        }
+        if (n <= 0) {
+          break;
+        }
+        done += static_cast<std::size_t>(n);
+      }
+    }
+    if (done < s.bytes.size()) {
+      const std::string why = err != 0 ? std::strerror(err) : "the file ended early";
+      raise(Error(ErrorCode::kIo, "reading storage " + std::to_string(i) + " (" + std::to_string(s.bytes.size()) +
+                                      " bytes at offset " + std::to_string(off) + ") of " + f.path().string() +
+                                      ": got " + std::to_string(done) + " bytes (" + why +
+                                      "; was the file truncated or replaced in place since it was opened?)"));
     }
   }
 

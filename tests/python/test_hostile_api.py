@@ -2,6 +2,8 @@
 loading, strided buffers, strings with lone surrogates from the file, views
 that save would write wrongly. Each case failed (or crashed) before its fix."""
 import struct
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -70,6 +72,37 @@ def test_safe_open_tensors_do_not_depend_on_the_file(tmp_path):
         t = f.get_tensor("w")
     _overwrite_tensor_bytes(p)
     assert torch.equal(t, VALUES)
+
+
+def _safetensors_file(path):
+    """A safetensors file holding VALUES as "w" (written here: 2 MiB, so mapped)."""
+    data = VALUES.numpy().tobytes()
+    header = ('{"w":{"dtype":"F32","shape":[%d],"data_offsets":[0,%d]}}' % (VALUES.numel(), len(data))).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors"])
+@pytest.mark.parametrize("framework", ["pt", "np"])
+def test_safe_open_on_a_file_truncated_while_open_is_an_oserror_not_sigbus(tmp_path, kind, framework):
+    # safe_open keeps the file mapped; get_tensor copied out of the mapping, so
+    # a truncation in between (torch.save to the same path truncates first)
+    # killed the process with SIGBUS. In a child process: that is what died.
+    p = _saved(tmp_path, {"w": VALUES}) if kind == "pt" else _safetensors_file(tmp_path / "w.safetensors")
+    code = (
+        "import os, sys, safeckpt\n"
+        f"f = safeckpt.safe_open({str(p)!r}, framework={framework!r})\n"
+        f"os.truncate({str(p)!r}, 4096)\n"
+        "try:\n"
+        "    f.get_tensor('w')\n"
+        "except OSError as e:\n"
+        "    print('OSError:', e)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "truncated" in r.stdout and "storage" in r.stdout, r.stdout
 
 
 def test_strided_memoryview_reads_its_own_bytes():
