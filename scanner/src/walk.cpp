@@ -139,11 +139,12 @@ std::vector<FileReport> scan_walk(const WalkResult& walk, const ScanOptions& opt
   // spelled twice (`x` and `./x`, or named and found again under a named
   // directory) gets one. Distinct names of one inode (hard links, followed
   // symlinks) each keep theirs: the report names the path.
-  std::set<fs::path> named(walk.named_files.begin(), walk.named_files.end()), seen;
+  std::set<fs::path> named, seen;
+  for (const fs::path& f : walk.named_files) named.insert(f.lexically_normal());
   for (const fs::path& f : walk.files) {
     const fs::path normal = f.lexically_normal();
     if (!seen.insert(normal).second) continue;
-    if (covered.count(normal) == 0 || named.erase(f) != 0) rest.push_back(&f);
+    if (covered.count(normal) == 0 || named.count(normal) != 0) rest.push_back(&f);
   }
   for (const fs::path* f : rest) {
     if (progress) progress(++done, walk.dcp_dirs.size() + rest.size(), f->string());

@@ -159,6 +159,10 @@ TEST_CASE("scan dcp: bytes of a data file that no item names are refused; a name
   REQUIRE(named.size() == 2);
   CHECK(named[0].format == "dcp_directory");
   CHECK(named[1].path == (ok / "__0_0.distcp").string());
+  // ... however it is spelled (found first by the walk as ok/__0_0.distcp).
+  const auto spelled = scan::scan_walk(scan::expand_paths({ok, ok / "." / "__0_0.distcp"}, {}));
+  REQUIRE(spelled.size() == 2);
+  CHECK(fs::path(spelled[1].path).lexically_normal() == (ok / "__0_0.distcp").lexically_normal());
   // `d` and `d/`: one report.
   CHECK(scan::scan_walk(scan::expand_paths({ok, fs::path(ok.string() + "/")}, {})).size() == 1);
   fs::remove_all(root);
