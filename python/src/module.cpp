@@ -400,24 +400,23 @@ class PyCheckpoint {
       std::memcpy(out, s.bytes.data(), s.bytes.size());
       return;
     }
+    // The GIL stays held, as for the memcpy before: no other Python thread
+    // can hand this checkpoint to to_device() mid-copy.
     std::size_t done = 0;
     int err = 0;
-    {
-      py::gil_scoped_release unlocked;
-      while (done < s.bytes.size()) {
-        const ssize_t n = ::pread(f.fd(), out + done, s.bytes.size() - done,
-                                  static_cast<off_t>(off + static_cast<std::int64_t>(done)));
-        if (n < 0 && errno == EINTR) {
-          continue;
-        }
-        if (n < 0) {
-          err = errno;
-        }
-        if (n <= 0) {
-          break;
-        }
-        done += static_cast<std::size_t>(n);
+    while (done < s.bytes.size()) {
+      const ssize_t n =
+          ::pread(f.fd(), out + done, s.bytes.size() - done, static_cast<off_t>(off + static_cast<std::int64_t>(done)));
+      if (n < 0 && errno == EINTR) {
+        continue;
       }
+      if (n < 0) {
+        err = errno;
+      }
+      if (n <= 0) {
+        break;
+      }
+      done += static_cast<std::size_t>(n);
     }
     if (done < s.bytes.size()) {
       const std::string why = err != 0 ? std::strerror(err) : "the file ended early";
