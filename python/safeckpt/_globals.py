@@ -27,6 +27,12 @@ from ._errors import native_errors
 _lock = threading.Lock()
 # name -> the object the user registered (the name itself for strings), in order.
 _user = {}
+# name -> [object, count]: the names of the safe_globals blocks open now, with
+# how many open blocks hold each. A name leaves when its last block exits, so
+# blocks that overlap without nesting (two threads) neither drop each other's
+# names early nor leave one allowed after both exited, as restoring a
+# snapshot did (and torch.serialization.safe_globals does).
+_scoped = {}
 
 
 def _name_of(entry):
@@ -61,40 +67,60 @@ def add_safe_globals(safe_globals):
             _user[name] = obj
 
 
+def _merged():
+    """name -> object: add_safe_globals' names, then those of open blocks (a
+    block's object wins for its name while it is open). Call with _lock held."""
+    names = dict(_user)
+    for name, (obj, _) in _scoped.items():
+        names[name] = obj
+    return names
+
+
 def get_safe_globals():
-    """The user-added safe globals, as given (objects or strings)."""
+    """The user-added safe globals, as given (objects or strings): those of
+    add_safe_globals and of the safe_globals blocks open now."""
     with _lock:
-        return list(_user.values())
+        return list(_merged().values())
 
 
 def clear_safe_globals():
-    """Forgets every user-added safe global (the defaults stay)."""
+    """Forgets every safe global add_safe_globals added (the defaults stay;
+    the names of safe_globals blocks still open leave when their blocks do)."""
     with _lock:
         _user.clear()
 
 
 @contextlib.contextmanager
 def safe_globals(safe_globals):
-    """Context manager: the globals are safe inside the block only; the
-    previous set is restored on exit, also when the block raises."""
+    """Context manager: the globals are safe while the block runs, for every
+    load in the process (as torch's), and leave when it exits, also when it
+    raises. Blocks may overlap (threads): a name stays while any block
+    holding it is open, and a name add_safe_globals added stays after."""
     pairs = _checked(safe_globals)
     with _lock:
-        saved = dict(_user)
         for name, obj in pairs:
-            _user[name] = obj
+            entry = _scoped.get(name)
+            if entry is None:
+                _scoped[name] = [obj, 1]
+            else:
+                entry[0] = obj
+                entry[1] += 1
     try:
         yield
     finally:
         with _lock:
-            _user.clear()
-            _user.update(saved)
+            for name, _ in pairs:
+                entry = _scoped[name]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del _scoped[name]
 
 
 def current(extra=None):
     """(name, handled_as) pairs for the native loader and the name -> object
     map for this call: the user-added globals plus ``extra`` (load's allow=)."""
     with _lock:
-        names = dict(_user)
+        names = _merged()
     if extra:
         for name, obj in _checked(extra):
             names[name] = obj

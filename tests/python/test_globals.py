@@ -49,6 +49,42 @@ def test_safe_globals_scope_restored_on_exception():
         safeckpt.load(path)
 
 
+def test_overlapping_safe_globals_blocks_neither_drop_nor_leak_names():
+    # Two threads' blocks overlap without nesting: A enters, B enters, A exits,
+    # B exits (driven by hand here, so the order is certain). Restoring a
+    # snapshot on exit (torch's way, and ours before) dropped B's name when A
+    # exited and left A's name allowed for good when B exited.
+    path = CORPUS / "argparse_namespace.pt"
+    a = safeckpt.safe_globals(["argparse.Namespace"])
+    b = safeckpt.safe_globals(["collections.somethingelse"])
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert safeckpt.get_safe_globals() == ["collections.somethingelse"]
+    with pytest.raises(safeckpt.UnsafeGlobalError):
+        safeckpt.load(path)
+    b.__exit__(None, None, None)
+    assert safeckpt.get_safe_globals() == []
+    # One name in two overlapping blocks stays until the last of them exits.
+    a = safeckpt.safe_globals(["argparse.Namespace"])
+    b = safeckpt.safe_globals(["argparse.Namespace"])
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    safeckpt.load(path)
+    b.__exit__(None, None, None)
+    with pytest.raises(safeckpt.UnsafeGlobalError):
+        safeckpt.load(path)
+
+
+def test_add_safe_globals_inside_a_block_outlives_it():
+    path = CORPUS / "argparse_namespace.pt"
+    with safeckpt.safe_globals(["argparse.Namespace"]):
+        safeckpt.add_safe_globals(["argparse.Namespace"])
+    safeckpt.load(path)
+    assert safeckpt.get_safe_globals() == ["argparse.Namespace"]
+
+
 def test_allow_keyword_is_per_call():
     path = CORPUS / "python_values.pt"
     with pytest.raises(safeckpt.UnsafeGlobalError):
