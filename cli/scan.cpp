@@ -26,7 +26,6 @@
 
 #include "allow_arg.hpp"
 #include "commands.hpp"
-#include "safeckpt/dcp.hpp"
 #include "safeckpt/version.hpp"
 
 namespace safeckpt::cli {
@@ -264,21 +263,7 @@ void register_scan(CLI::App& app, int& exit_code) {
   cmd->add_flag("--progress", args->progress, "progress on stderr even when it is not a terminal");
   // The options of `safeckpt verify` (one parser): the PATH is then the signed model.
   add_verify_options(cmd, args->verify, false);
-  cmd->callback([args, &exit_code] {
-    // A torch.distributed.checkpoint directory is one report (scan_walk); a
-    // signature over one is not supported yet.
-    if (!args->verify.signature.empty())
-      for (const auto& p : args->paths)
-        if (is_dcp_directory(p)) {
-          std::fprintf(stderr,
-                       "safeckpt scan: --signature with a torch.distributed.checkpoint directory (%s) is not "
-                       "supported; run `safeckpt verify` and `safeckpt scan` on it separately\n",
-                       p.c_str());
-          exit_code = 2;
-          return;
-        }
-    exit_code = run_scan(*args);
-  });
+  cmd->callback([args, &exit_code] { exit_code = run_scan(*args); });
 }
 
 }  // namespace safeckpt::cli

@@ -86,10 +86,17 @@ bool add_signature_findings(std::vector<FileReport>& reports, const SignatureChe
   const sign::Method method = bundle->statement.method;
   std::vector<Finding> on_bundle;
   std::size_t verified = 0, changed = 0, missing = 0, extra = 0;
+  // A torch.distributed.checkpoint directory as the model is one report (the
+  // directory's, scan_dcp_dir) for the files it covers: their findings go
+  // there, naming the file as the member.
+  FileReport* dir_report = nullptr;
+  if (is_dir)
+    if (auto it = by_path.find(path_key(check.model)); it != by_path.end()) dir_report = it->second;
   for (const sign::FileResult& f : r->files) {
     const std::string rel = sign::resource_path(f.name, method);
     auto it = by_path.find(path_key(is_dir ? check.model / rel : check.model));
-    FileReport* target = it == by_path.end() ? nullptr : it->second;
+    FileReport* target = it == by_path.end() ? dir_report : it->second;
+    const bool in_dir_report = target != nullptr && target == dir_report;
     Finding fd;
     switch (f.status) {
       case sign::FileStatus::kVerified:
@@ -120,6 +127,7 @@ bool add_signature_findings(std::vector<FileReport>& reports, const SignatureChe
       on_bundle.push_back(std::move(fd));
       continue;
     }
+    if (in_dir_report) fd.member = rel;
     if (is_signature_failure(fd.rule) && (target->verdict == Verdict::kClean || target->verdict == Verdict::kNotModel))
       target->verdict = Verdict::kUnsafe;
     target->findings.push_back(std::move(fd));

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "support/dcp_cases.hpp"
 #include "support/run_cli.hpp"
 #include "support/save_util.hpp"
 
@@ -266,6 +267,60 @@ TEST_CASE("scan --signature: signed real checkpoints keep their parse findings; 
   CHECK((*cfg)["verdict"] == "unsafe");
   const std::string cm = (*cfg)["findings"][0]["message"];
   CHECK_MESSAGE(cm.find("config.json:0:") != std::string::npos, cm);
+}
+
+TEST_CASE("scan --signature: a signed torch.distributed.checkpoint directory; a changed chunk byte fails") {
+  // Was refused with exit 2 (stop 40's note). The directory is one report
+  // (scan_dcp_dir); the signature's per-file findings land on it, each naming
+  // its file as the member.
+  TempDir t;
+  const fs::path m = t.path / "ckpt";
+  fs::create_directories(m);
+  for (const auto& e : fs::directory_iterator(dcp_test::case_dir("placements-ws2") / "dcp"))
+    fs::copy_file(e.path(), m / e.path().filename());
+  const fs::path sigf = t.path / "ckpt.sig";
+  auto s = run_cli("sign " + q(m) + " --signature " + q(sigf) + " --private-key " + q(kOms / "minted" / "p256-key.pem"),
+                   true);
+  REQUIRE_MESSAGE(s.code == 0, s.out);
+  const std::string sig = " --signature " + q(sigf) + kP256;
+  json j = scan_json(q(m) + sig, 0);
+  const json* dir = report(j, "ckpt");
+  REQUIRE(dir != nullptr);
+  CHECK((*dir)["verdict"] == "clean");
+  std::size_t verified = 0;
+  for (const json& f : (*dir)["findings"])
+    if (f["rule"] == "SCK204") {
+      ++verified;
+      CHECK(!f["member"].get<std::string>().empty());
+    }
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(m)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(verified == files);  // .metadata and every .distcp
+  CHECK((*report(j, "ckpt.sig"))["verdict"] == "clean");
+
+  // The last byte of a data file changed after signing: SCK201 on the
+  // directory's report naming that file, exit 1 (the DCP reader may refuse
+  // the item that byte belongs to too: the report is not clean either way).
+  fs::path data;
+  for (const auto& e : fs::directory_iterator(m))
+    if (e.path().extension() == ".distcp") data = e.path();
+  REQUIRE(!data.empty());
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(data)) - 1;
+    f.seekg(at);
+    const int c = f.get();
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  json jc = scan_json(q(m) + sig, 1);
+  const json* changed = report(jc, "ckpt");
+  REQUIRE(changed != nullptr);
+  CHECK((*changed)["verdict"] != "clean");
+  bool named = false;
+  for (const json& f : (*changed)["findings"])
+    if (f["rule"] == "SCK201") named = f["member"] == data.filename().string();
+  CHECK(named);
 }
 
 TEST_CASE("scan --signature: usage errors and unreadable or malformed bundles") {

@@ -262,8 +262,11 @@ FileReport scan_dcp_dir(const std::filesystem::path& dir, const ScanOptions& opt
 //    = the shard's resource name), SCK203 (medium) a file the bundle does not
 //    sign (not reported with VerifyOptions::ignore_unsigned_files), SCK204
 //    (info) verified. A clean or not_model file with SCK201/SCK203 becomes
-//    kUnsafe. A resource with no report of its own (excluded from the walk)
-//    is reported on the bundle's report with `member` = its name.
+//    kUnsafe. The files a torch.distributed.checkpoint directory's report
+//    covers (`model` itself a DCP directory, scan_dcp_dir) get theirs on
+//    that report, `member` = the file's path in the model. A resource with
+//    no report of its own (excluded from the walk) is reported on the
+//    bundle's report with `member` = its name.
 // Fail closed: SCK200-SCK203 findings that are not suppressed make the exit
 // code at least 1 whatever ReportOptions::fail_on is, and SCK200 cannot be
 // ignored (parse_ignore refuses it, as SCK190).
