@@ -2626,26 +2626,33 @@ TEST_CASE("engine: cuDNN graph plans built in the background, then installed (ll
     engine::EngineOptions on = no_cache();
     on.cache = engine::CacheMode::kReadWrite;
     on.cache_dir = cache_dir;
+    // Call 0 while the plans are in the background, wait_compiled, then two
+    // runs of the final plan (CUDA graph replays, bit-identical). Returns the
+    // stats after call 0 and after wait_compiled.
+    auto in_background = [&](engine::CompiledProgram& cp, const std::string& label) {
+      run(cp, label + ", call 0");
+      const auto s0 = cp.stats();
+      CHECK(s0.dnn_graphs_background == sa.dnn_graphs_built);
+      CHECK(s0.background_runs <= 1);  // 0 when the build won the race with the first run
+      REQUIRE(cp.wait_compiled().has_value());
+      const auto s1 = cp.stats();
+      CHECK_FALSE(s1.dnn_graphs_pending);
+      auto r1 = run(cp, label + ", after wait_compiled");
+      auto r2 = run(cp, label + ", replay");
+      CHECK(*r1[0].data == *r2[0].data);
+      const auto s2 = cp.stats();
+      CHECK(s2.graph_replays == s0.graph_replays + 2);
+      CHECK(cudnn_steps(cp) == layers);
+      return std::pair{s0, s1};
+    };
     {
       auto eng = make_engine(on);
       auto b = eng.compile(l.program, l.weights);
       REQUIRE(b.has_value());
-      run(*b, "background on, call 0");
-      const auto s0 = b->stats();
-      CHECK(s0.dnn_graphs_background == sa.dnn_graphs_built);
-      CHECK(s0.background_runs <= 1);  // 0 when the build won the race with the first run
-      REQUIRE(b->wait_compiled().has_value());
-      const auto s1 = b->stats();
-      CHECK_FALSE(s1.dnn_graphs_pending);
+      const auto [s0, s1] = in_background(*b, "background on");
       CHECK(s1.dnn_graphs_built == sa.dnn_graphs_built);
       CHECK(s1.last_dnn_graphs_ready_seconds > 0);
-      auto r1 = run(*b, "background on, after wait_compiled");
-      auto r2 = run(*b, "background on, replay");
-      CHECK(*r1[0].data == *r2[0].data);
-      const auto s2 = b->stats();
-      CHECK(s2.graph_replays == s0.graph_replays + 2);
-      CHECK(s2.background_runs == s0.background_runs);
-      CHECK(cudnn_steps(*b) == layers);
+      CHECK(b->stats().background_runs == s0.background_runs);
       MESSAGE(what << ": " << s0.dnn_graphs_background << " graph plans in the background, " << s0.background_runs
                    << " run(s) before them, installed " << 1e3 * s1.last_dnn_graphs_ready_seconds
                    << " ms after the plan began");
@@ -2668,20 +2675,10 @@ TEST_CASE("engine: cuDNN graph plans built in the background, then installed (ll
       auto eng = make_engine(on);
       auto c = eng.compile(l.program, l.weights);
       REQUIRE(c.has_value());
-      run(*c, "warm cache, restoring in the background, call 0");
-      const auto s0 = c->stats();
-      CHECK(s0.dnn_graphs_background == sa.dnn_graphs_built);
-      CHECK(s0.background_runs <= 1);
-      REQUIRE(c->wait_compiled().has_value());
-      auto r1 = run(*c, "warm cache, after wait_compiled");
-      auto r2 = run(*c, "warm cache, replay");
-      CHECK(*r1[0].data == *r2[0].data);
+      in_background(*c, "warm cache, restoring in the background");
       const auto s = c->stats();
-      CHECK_FALSE(s.dnn_graphs_pending);
       CHECK(s.dnn_graphs_restored == sa.dnn_graphs_built);
       CHECK(s.dnn_graphs_built == 0);
-      CHECK(s.graph_replays == s0.graph_replays + 2);
-      CHECK(cudnn_steps(*c) == layers);
     }
     std::filesystem::remove_all(cache_dir);
   }
